@@ -1,0 +1,48 @@
+"""CPU leaky_swish forward at 2^24 float32 vs the eager composite and torch.compile of it.
+
+Run: python benchmarks/cpu_leaky_swish.py [--threads 2] [--log2-size 24]
+Prints medians from torch.utils.benchmark (adaptive autorange) in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch.utils import benchmark
+
+
+def composite(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    return x * torch.sigmoid(x) + alpha * x
+
+
+def median_ms(fn, x: torch.Tensor, threads: int) -> float:
+    timer = benchmark.Timer(stmt="fn(x, 0.1)", globals={"fn": fn, "x": x}, num_threads=threads)
+    return timer.adaptive_autorange(min_run_time=2.0).median * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--log2-size", type=int, default=24)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from opforge.ops.leaky_swish import leaky_swish
+
+    x = torch.randn(2**args.log2_size)
+    compiled = torch.compile(composite)
+    compiled(x, 0.1)
+    rows = {
+        "eager composite": median_ms(composite, x, args.threads),
+        "torch.compile(composite)": median_ms(compiled, x, args.threads),
+        "opforge::leaky_swish": median_ms(leaky_swish, x, args.threads),
+    }
+    print(f"torch {torch.__version__}, {args.threads} threads, 2^{args.log2_size} float32")
+    for name, ms in rows.items():
+        print(f"{name:28s} {ms:8.2f} ms")
+    print(f"speedup over eager: {rows['eager composite'] / rows['opforge::leaky_swish']:.2f}x, "
+          f"over compile: {rows['torch.compile(composite)'] / rows['opforge::leaky_swish']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

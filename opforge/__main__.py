@@ -1,0 +1,3 @@
+from opforge.cli import main
+
+main()

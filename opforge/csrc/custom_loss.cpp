@@ -1,0 +1,84 @@
+// opforge::custom_loss(pred, target) = where(d < 0, d^2, |d|) with d = pred - target, elementwise with
+// broadcasting. The backward op returns the gradient with respect to d in the broadcast shape; the Python
+// autograd formula (opforge/ops/custom_loss.py) reduces it to each input's shape.
+#include <ATen/ExpandUtils.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include "elementwise.h"
+
+namespace opforge::cpu {
+namespace {
+
+void check_pair(const at::Tensor& pred, const at::Tensor& target, const char* op) {
+  TORCH_CHECK(at::isFloatingType(pred.scalar_type()), op, ": pred must be float32, float64, float16 or bfloat16, got ",
+              pred.scalar_type(), ". Cast it first, e.g. pred.float().");
+  TORCH_CHECK(pred.scalar_type() == target.scalar_type(), op, ": target must have pred's dtype ",
+              pred.scalar_type(), ", got ", target.scalar_type(), ". Cast one of them.");
+  TORCH_CHECK(pred.device() == target.device(), op, ": target must be on pred's device ", pred.device(), ", got ",
+              target.device(), ". Move one of them with .to().");
+}
+
+// Broadcast output, always contiguous: the fake implementation returns the same.
+at::Tensor broadcast_output(const at::Tensor& a, const at::Tensor& b) {
+  return at::empty(at::infer_size(a.sizes(), b.sizes()), a.options());
+}
+
+at::Tensor custom_loss(const at::Tensor& pred, const at::Tensor& target) {
+  check_pair(pred, target, "opforge::custom_loss");
+  at::Tensor out = broadcast_output(pred, target);
+  const at::Tensor p = with_layout_of(pred, out);
+  const at::Tensor t = with_layout_of(target, out);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), "opforge::custom_loss", [&] {
+    using V = Vectorized<opmath_t<scalar_t>>;
+    elementwise_kernel<scalar_t>(
+        out.data_ptr<scalar_t>(), out.numel(),
+        [](const V& pv, const V& tv) {
+          const V d = pv - tv;
+          return V::blendv(d.abs(), d * d, d < V(0));
+        },
+        p.const_data_ptr<scalar_t>(), t.const_data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+// dL/dd = 2d where d < 0, sign(d) elsewhere (0 at the kink, as autograd's abs does).
+at::Tensor custom_loss_backward(const at::Tensor& grad, const at::Tensor& pred, const at::Tensor& target) {
+  check_pair(pred, target, "opforge::custom_loss_backward");
+  at::Tensor out = broadcast_output(pred, target);
+  TORCH_CHECK(grad.sizes() == out.sizes(), "opforge::custom_loss_backward: grad must have the broadcast shape ",
+              out.sizes(), ", got ", grad.sizes(), ".");
+  TORCH_CHECK(grad.scalar_type() == pred.scalar_type(), "opforge::custom_loss_backward: grad must have pred's dtype ",
+              pred.scalar_type(), ", got ", grad.scalar_type(), ".");
+  const at::Tensor g = with_layout_of(grad, out);
+  const at::Tensor p = with_layout_of(pred, out);
+  const at::Tensor t = with_layout_of(target, out);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), "opforge::custom_loss_backward", [&] {
+    using V = Vectorized<opmath_t<scalar_t>>;
+    elementwise_kernel<scalar_t>(
+        out.data_ptr<scalar_t>(), out.numel(),
+        [](const V& gv, const V& pv, const V& tv) {
+          const V d = pv - tv;
+          const V zero(0);
+          const V positive = V::blendv(zero, V(1), d > zero);
+          return gv * V::blendv(positive, d + d, d < zero);
+        },
+        g.const_data_ptr<scalar_t>(), p.const_data_ptr<scalar_t>(), t.const_data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(opforge, m) {
+  m.set_python_module("opforge.ops.custom_loss");
+  m.def("custom_loss(Tensor pred, Tensor target) -> Tensor");
+  m.def("custom_loss_backward(Tensor grad, Tensor pred, Tensor target) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(opforge, CPU, m) {
+  m.impl("custom_loss", &custom_loss);
+  m.impl("custom_loss_backward", &custom_loss_backward);
+}
+
+}  // namespace opforge::cpu

@@ -1,0 +1,70 @@
+// opforge::leaky_swish(x, alpha) = x * sigmoid(x) + alpha * x, and its backward as an op of its own so that
+// autograd, torch.compile and double backward (registered in opforge/ops/leaky_swish.py) all see a real op.
+#include <torch/library.h>
+
+#include "elementwise.h"
+
+namespace opforge::cpu {
+namespace {
+
+void check_floating(const at::Tensor& t, const char* op, const char* arg) {
+  TORCH_CHECK(at::isFloatingType(t.scalar_type()), op, ": ", arg,
+              " must be float32, float64, float16 or bfloat16, got ", t.scalar_type(),
+              ". Cast it first, e.g. x.float().");
+}
+
+at::Tensor leaky_swish(const at::Tensor& x, double alpha) {
+  check_floating(x, "opforge::leaky_swish", "x");
+  at::Tensor out = elementwise_output_like(x);
+  const at::Tensor xd = with_layout_of(x, out);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "opforge::leaky_swish", [&] {
+    using V = Vectorized<opmath_t<scalar_t>>;
+    const V a(static_cast<opmath_t<scalar_t>>(alpha));
+    elementwise_kernel<scalar_t>(
+        out.data_ptr<scalar_t>(), out.numel(),
+        [a](const V& v) { return v * (sigmoid(v) + a); },
+        xd.const_data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+// d/dx [x * s + alpha * x] = s + x * s * (1 - s) + alpha, with s = sigmoid(x).
+at::Tensor leaky_swish_backward(const at::Tensor& grad, const at::Tensor& x, double alpha) {
+  check_floating(x, "opforge::leaky_swish_backward", "x");
+  TORCH_CHECK(grad.sizes() == x.sizes(), "opforge::leaky_swish_backward: grad must have x's shape ", x.sizes(),
+              ", got ", grad.sizes(), ".");
+  TORCH_CHECK(grad.scalar_type() == x.scalar_type(), "opforge::leaky_swish_backward: grad must have x's dtype ",
+              x.scalar_type(), ", got ", grad.scalar_type(), ".");
+  at::Tensor out = elementwise_output_like(x);
+  const at::Tensor xd = with_layout_of(x, out);
+  // Autograd often hands in an expanded (stride-0) or differently-strided grad.
+  const at::Tensor gd = with_layout_of(grad, out);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "opforge::leaky_swish_backward", [&] {
+    using V = Vectorized<opmath_t<scalar_t>>;
+    const V a(static_cast<opmath_t<scalar_t>>(alpha));
+    const V one(1);
+    elementwise_kernel<scalar_t>(
+        out.data_ptr<scalar_t>(), out.numel(),
+        [a, one](const V& g, const V& v) {
+          const V s = sigmoid(v);
+          return g * (at::vec::fmadd(v * s, one - s, s) + a);
+        },
+        gd.const_data_ptr<scalar_t>(), xd.const_data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(opforge, m) {
+  m.set_python_module("opforge.ops.leaky_swish");
+  m.def("leaky_swish(Tensor x, float alpha=0.1) -> Tensor");
+  m.def("leaky_swish_backward(Tensor grad, Tensor x, float alpha) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(opforge, CPU, m) {
+  m.impl("leaky_swish", &leaky_swish);
+  m.impl("leaky_swish_backward", &leaky_swish_backward);
+}
+
+}  // namespace opforge::cpu
