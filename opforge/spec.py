@@ -82,15 +82,21 @@ Input = TensorInput | ScalarInput
 
 @dataclass(frozen=True)
 class XFail:
+    """A known failure. Strict (the default): a case that passes anyway is XPASS and fails the run, so stale
+    entries get noticed. Non-strict: for failures that depend on the sampled values, a pass is just a pass."""
+
     check: str
     reason: str
+    implementation: str | None = None
     dtype: str | None = None
     device: str | None = None
+    strict: bool = True
 
-    def matches(self, check: str, dtype: str, device: str) -> bool:
+    def matches(self, implementation: str, check: str, dtype: str, device: str) -> bool:
         base = check.split(":", 1)[0]
         return (
             self.check in (check, base)
+            and (self.implementation is None or self.implementation == implementation)
             and (self.dtype is None or self.dtype == dtype)
             and (self.device is None or self.device == device)
         )
@@ -136,8 +142,8 @@ class OpSpec:
     def tensor_inputs(self) -> tuple[TensorInput, ...]:
         return tuple(i for i in self.inputs if isinstance(i, TensorInput))
 
-    def xfail_for(self, check: str, dtype: str, device: str) -> XFail | None:
-        return next((x for x in self.xfail if x.matches(check, dtype, device)), None)
+    def xfail_for(self, implementation: str, check: str, dtype: str, device: str) -> XFail | None:
+        return next((x for x in self.xfail if x.matches(implementation, check, dtype, device)), None)
 
 
 # ---------------------------------------------------------------------------------------- YAML with line numbers
@@ -333,15 +339,17 @@ def _avoid(r: _Reader, key: str, node: _Node) -> Avoid:
 
 
 def _xfail(r: _Reader, key: str, node: _Node) -> XFail:
-    x = _Reader(r.path, node, key, ("check", "dtype", "device", "reason"), required=("check", "reason"))
+    x = _Reader(r.path, node, key, ("check", "implementation", "dtype", "device", "reason", "strict"),
+                required=("check", "reason"))
     check = x.get("check", _str)
     if check.split(":", 1)[0] not in KNOWN_CHECKS or (
         ":" in check and check.split(":", 1)[1] not in OPCHECK_SUBTESTS
     ):
         raise x.fail(x.child("check"), f"{key}.check", f"one of {', '.join(KNOWN_CHECKS)} (or opcheck:<sub-test>)",
                      repr(check), _suggest(check, KNOWN_CHECKS))
-    return XFail(check=check, reason=x.get("reason", _str), dtype=x.get("dtype", _one_of(KNOWN_DTYPES)),
-                 device=x.get("device", _one_of(KNOWN_DEVICES)))
+    return XFail(check=check, reason=x.get("reason", _str), implementation=x.get("implementation", _str),
+                 dtype=x.get("dtype", _one_of(KNOWN_DTYPES)), device=x.get("device", _one_of(KNOWN_DEVICES)),
+                 strict=x.get("strict", _bool, True))
 
 
 _INPUT_KEYS = ("shapes", "low", "high", "avoid", "requires_grad", "dtype", "values")
@@ -438,6 +446,7 @@ def load_spec(path: Path | str) -> OpSpec:
     if checks is None:
         checks = tuple(c for c in KNOWN_CHECKS if _applicable_by_default(c, differentiable, double_backward))
     inputs = r.get("inputs", _inputs)
+    implementations = r.get("implementations", _implementations, ())
     lines = tuple((k, r.line(k)) for k in root.value) + tuple(
         (f"inputs.{name}", child.line) for name, child in r.child("inputs").value.items()
     )
@@ -449,7 +458,7 @@ def load_spec(path: Path | str) -> OpSpec:
         description=r.get("description", _str, ""),
         python_modules=python_modules,
         sources=sources,
-        implementations=r.get("implementations", _implementations, ()),
+        implementations=implementations,
         reference=r.get("reference", _callable_ref),
         inputs=inputs,
         dtypes=r.get("dtypes", _list(_one_of(KNOWN_DTYPES))),
@@ -458,11 +467,21 @@ def load_spec(path: Path | str) -> OpSpec:
         tolerances=r.get("tolerances", _tolerances, ()),
         grad_tolerances=r.get("grad_tolerances", _tolerances, ()),
         checks=checks,
-        xfail=r.get("xfail", _list(_xfail, allow_empty=True), ()),
+        xfail=_xfails(r, implementations),
         differentiable=differentiable,
         double_backward=double_backward,
         lines=lines,
     )
+
+
+def _xfails(r: _Reader, implementations: tuple[tuple[str, str], ...]) -> tuple[XFail, ...]:
+    xfails = r.get("xfail", _list(_xfail, allow_empty=True), ())
+    known = ("native",) + tuple(name for name, _ in implementations)
+    for i, x in enumerate(xfails):
+        if x.implementation is not None and x.implementation not in known:
+            raise r.fail(r.child("xfail").value[i], f"xfail[{i}].implementation", f"one of {', '.join(known)}",
+                         repr(x.implementation), "Name the op (native) or one of the spec's implementations.")
+    return xfails
 
 
 def _applicable_by_default(check: str, differentiable: bool, double_backward: bool) -> bool:

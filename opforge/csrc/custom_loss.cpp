@@ -30,12 +30,12 @@ at::Tensor custom_loss(const at::Tensor& pred, const at::Tensor& target) {
   const at::Tensor p = with_layout_of(pred, out);
   const at::Tensor t = with_layout_of(target, out);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), "opforge::custom_loss", [&] {
-    using V = Vectorized<opmath_t<scalar_t>>;
+    using acc_t = opmath_t<scalar_t>;
     elementwise_kernel<scalar_t>(
         out.data_ptr<scalar_t>(), out.numel(),
-        [](const V& pv, const V& tv) {
-          const V d = pv - tv;
-          return V::blendv(d.abs(), d * d, d < V(0));
+        [](acc_t pv, acc_t tv) {
+          const acc_t d = pv - tv;
+          return d < acc_t(0) ? d * d : std::abs(d);
         },
         p.const_data_ptr<scalar_t>(), t.const_data_ptr<scalar_t>());
   });
@@ -54,14 +54,13 @@ at::Tensor custom_loss_backward(const at::Tensor& grad, const at::Tensor& pred, 
   const at::Tensor p = with_layout_of(pred, out);
   const at::Tensor t = with_layout_of(target, out);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), "opforge::custom_loss_backward", [&] {
-    using V = Vectorized<opmath_t<scalar_t>>;
+    using acc_t = opmath_t<scalar_t>;
     elementwise_kernel<scalar_t>(
         out.data_ptr<scalar_t>(), out.numel(),
-        [](const V& gv, const V& pv, const V& tv) {
-          const V d = pv - tv;
-          const V zero(0);
-          const V positive = V::blendv(zero, V(1), d > zero);
-          return gv * V::blendv(positive, d + d, d < zero);
+        [](acc_t gv, acc_t pv, acc_t tv) {
+          const acc_t d = pv - tv;
+          const acc_t slope = d < acc_t(0) ? d + d : (d > acc_t(0) ? acc_t(1) : acc_t(0));
+          return gv * slope;
         },
         g.const_data_ptr<scalar_t>(), p.const_data_ptr<scalar_t>(), t.const_data_ptr<scalar_t>());
   });

@@ -8,16 +8,15 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty_like.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
-#include <tuple>
+#include <cstring>
 
 namespace opforge::cpu {
-
-using at::vec::Vectorized;
 
 // Work per task below which at::parallel_for stays on one thread. ATen's own elementwise loops use 32768
 // (at::internal::GRAIN_SIZE); leaky_swish at 2^24 float32 on 2 threads ran within noise of it at 16384 and 65536.
@@ -43,76 +42,86 @@ inline at::Tensor elementwise_output_like(const at::Tensor& x) {
 template <typename scalar_t>
 using opmath_t = at::opmath_type<scalar_t>;
 
-namespace detail {
+// Low-precision elements are widened to float in blocks of this many, computed, and rounded back once.
+// 256 floats (1 KiB per input) stay in L1 with three inputs and the output.
+constexpr int64_t kWidenBlock = 256;
 
-template <typename scalar_t, typename VecFn, size_t... I, typename... In>
-inline void vector_step(scalar_t* out, int64_t i, int64_t count, const VecFn& fn, std::index_sequence<I...>,
-                        const In*... in) {
-  using Vec = Vectorized<scalar_t>;
-  if constexpr (std::is_same_v<opmath_t<scalar_t>, scalar_t>) {
-    fn(Vec::loadu(in + i, count)...).store(out + i, count);
-  } else {
-    // One Vectorized<Half/BFloat16> holds two Vectorized<float>: compute each half in float, round once at the end.
-    auto halves = std::make_tuple(at::vec::convert_to_float<scalar_t>(Vec::loadu(in + i, count))...);
-    auto lo = fn(std::get<0>(std::get<I>(halves))...);
-    auto hi = fn(std::get<1>(std::get<I>(halves))...);
-    at::vec::convert_from_float<scalar_t>(lo, hi).store(out + i, count);
+template <typename acc_t, typename Fn, size_t N, size_t... I>
+inline void widened_step(acc_t* result, int64_t len, const Fn& fn, acc_t (&wide)[N][kWidenBlock],
+                         std::index_sequence<I...>) {
+  for (int64_t j = 0; j < len; ++j) {
+    result[j] = fn(wide[I][j]...);
   }
 }
 
-}  // namespace detail
-
-// out[i] = fn(in0[i], in1[i], ...) over `n` elements of dense buffers that share one layout.
-// `fn` takes and returns Vectorized<opmath_t<scalar_t>>. The tail goes through the same vector code with a partial
-// load, so every element is computed by one formula and the result does not depend on how the range was split
-// across threads (bitwise-identical results for any thread count).
-template <typename scalar_t, typename VecFn, typename... In>
-void elementwise_kernel(scalar_t* out, int64_t n, const VecFn& fn, const In*... in) {
+// out[i] = fn(in0[i], in1[i], ...) over `n` elements of dense buffers that share one layout, in parallel.
+//
+// `fn` is a branch-free scalar function of opmath_t values. Written that way GCC vectorizes the float loop for
+// whatever ISA -march=native finds (measured at 2^24 float32 on 2 threads: as fast as a plain copy, 1.7x faster
+// than the same math written with at::vec::Vectorized, whose generic AVX-less fallback does not vectorize its
+// shifts and blends). at::vec::convert widens and narrows Half/BFloat16 with the CPU's conversion instructions
+// where it has them. Every element goes through the same formula, so results do not depend on how the range is
+// split across threads.
+template <typename scalar_t, typename Fn, typename... In>
+void elementwise_kernel(scalar_t* out, int64_t n, const Fn& fn, const In*... in) {
   static_assert((std::is_same_v<In, scalar_t> && ...), "all inputs share the output's dtype");
-  constexpr int64_t step = Vectorized<scalar_t>::size();
+  using acc_t = opmath_t<scalar_t>;
   at::parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
-    int64_t i = begin;
-    for (; i + step <= end; i += step) {
-      detail::vector_step(out, i, step, fn, std::index_sequence_for<In...>{}, in...);
-    }
-    if (i < end) {
-      detail::vector_step(out, i, end - i, fn, std::index_sequence_for<In...>{}, in...);
+    if constexpr (std::is_same_v<acc_t, scalar_t>) {
+      for (int64_t i = begin; i < end; ++i) {
+        out[i] = fn(in[i]...);
+      }
+    } else {
+      acc_t wide[sizeof...(In)][kWidenBlock];
+      acc_t result[kWidenBlock];
+      for (int64_t block = begin; block < end; block += kWidenBlock) {
+        const int64_t len = std::min(kWidenBlock, end - block);
+        int k = 0;
+        ((at::vec::convert(in + block, wide[k++], len)), ...);
+        widened_step(result, len, fn, wide, std::index_sequence_for<In...>{});
+        at::vec::convert(result, out + block, len);
+      }
     }
   });
 }
 
-// 1 / (1 + exp(-x)) for float, with exp computed by Cody-Waite range reduction and the Cephes degree-6
-// polynomial: about 2 ulp over the clamped range, and branch-free so it vectorizes on any ISA (std::exp does not
-// vectorize here, and this CPU has no AVX2 for ATen's own vector exp).
-inline Vectorized<float> sigmoid(const Vectorized<float>& x) {
-  using V = Vectorized<float>;
+// sigmoid(x) = 1 / (1 + exp(-x)) for float, with exp by Cody-Waite range reduction and the Cephes degree-6
+// polynomial (about 2 ulp). Branch-free (ternaries become blends), so the loop around it vectorizes; std::exp
+// would be a libm call per element.
+inline float sigmoid(float x) {
   // exp(t) for t in [kMinArg, kMaxArg] keeps 2^n a normal float; beyond them sigmoid is 0 or 1 to within a float.
   constexpr float kMaxArg = 88.3f, kMinArg = -87.3f;
   constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-  // Adding 1.5 * 2^23 rounds to the nearest integer in the float's low mantissa bits.
+  // Adding 1.5 * 2^23 leaves round(t * log2(e)) in the low mantissa bits, readable without a float-to-int
+  // conversion (undefined for NaN).
   constexpr float kRoundMagic = 12582912.0f;
-  const V t = at::vec::clamp(V(0.0f) - x, V(kMinArg), V(kMaxArg));
-  const V n = at::vec::fmadd(t, V(kLog2e), V(kRoundMagic)) - V(kRoundMagic);
-  V r = at::vec::fmadd(n, V(-kLn2Hi), t);
-  r = at::vec::fmadd(n, V(-kLn2Lo), r);
-  V p = V(1.9875691500e-4f);
-  p = at::vec::fmadd(p, r, V(1.3981999507e-3f));
-  p = at::vec::fmadd(p, r, V(8.3334519073e-3f));
-  p = at::vec::fmadd(p, r, V(4.1665795894e-2f));
-  p = at::vec::fmadd(p, r, V(1.6666665459e-1f));
-  p = at::vec::fmadd(p, r, V(5.0000001201e-1f));
-  const V expr = at::vec::fmadd(p, r * r, r + V(1.0f));
-  const auto bits = (at::vec::convert_to_int_of_same_size(n) + Vectorized<int32_t>(127)) << Vectorized<int32_t>(23);
-  const V scale = at::vec::cast<float>(bits);
-  const V e = expr * scale;
-  // clamp() dropped a NaN input's payload into t; re-inject it so NaN propagates like the reference.
-  return V::blendv(V(1.0f) / (V(1.0f) + e), x, x != x);
+  constexpr uint32_t kRoundMagicBits = 0x4B400000u;
+  float t = -x;
+  t = t > kMaxArg ? kMaxArg : t;
+  t = t < kMinArg ? kMinArg : t;  // NaN fails both tests and stays NaN
+  const float shifted = t * kLog2e + kRoundMagic;
+  const float n = shifted - kRoundMagic;
+  float r = n * -kLn2Hi + t;
+  r = n * -kLn2Lo + r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float exp_r = p * (r * r) + (r + 1.0f);
+  uint32_t bits;
+  std::memcpy(&bits, &shifted, sizeof bits);
+  // Unsigned, so the garbage exponent of a NaN wraps instead of overflowing.
+  const uint32_t scale_bits = (bits - kRoundMagicBits + 127u) << 23;
+  float scale;
+  std::memcpy(&scale, &scale_bits, sizeof scale);
+  return 1.0f / (1.0f + exp_r * scale);
 }
 
 // Double is computed exactly as the float64 reference does (std::exp), so gradcheck sees no float32 rounding.
-inline Vectorized<double> sigmoid(const Vectorized<double>& x) {
-  using V = Vectorized<double>;
-  return V(1.0) / (V(1.0) + (V(0.0) - x).exp());
+inline double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
 }
 
 }  // namespace opforge::cpu

@@ -18,11 +18,11 @@ at::Tensor leaky_swish(const at::Tensor& x, double alpha) {
   at::Tensor out = elementwise_output_like(x);
   const at::Tensor xd = with_layout_of(x, out);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "opforge::leaky_swish", [&] {
-    using V = Vectorized<opmath_t<scalar_t>>;
-    const V a(static_cast<opmath_t<scalar_t>>(alpha));
+    using acc_t = opmath_t<scalar_t>;
+    const auto a = static_cast<acc_t>(alpha);
     elementwise_kernel<scalar_t>(
         out.data_ptr<scalar_t>(), out.numel(),
-        [a](const V& v) { return v * (sigmoid(v) + a); },
+        [a](acc_t v) { return v * (sigmoid(v) + a); },
         xd.const_data_ptr<scalar_t>());
   });
   return out;
@@ -40,14 +40,13 @@ at::Tensor leaky_swish_backward(const at::Tensor& grad, const at::Tensor& x, dou
   // Autograd often hands in an expanded (stride-0) or differently-strided grad.
   const at::Tensor gd = with_layout_of(grad, out);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "opforge::leaky_swish_backward", [&] {
-    using V = Vectorized<opmath_t<scalar_t>>;
-    const V a(static_cast<opmath_t<scalar_t>>(alpha));
-    const V one(1);
+    using acc_t = opmath_t<scalar_t>;
+    const auto a = static_cast<acc_t>(alpha);
     elementwise_kernel<scalar_t>(
         out.data_ptr<scalar_t>(), out.numel(),
-        [a, one](const V& g, const V& v) {
-          const V s = sigmoid(v);
-          return g * (at::vec::fmadd(v * s, one - s, s) + a);
+        [a](acc_t g, acc_t v) {
+          const acc_t s = sigmoid(v);
+          return g * (s + v * s * (acc_t(1) - s) + a);
         },
         gd.const_data_ptr<scalar_t>(), xd.const_data_ptr<scalar_t>());
   });

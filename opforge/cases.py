@@ -1,0 +1,196 @@
+"""The test matrix of a spec and the inputs of each case.
+
+A case is one (dtype, device, layout, shape pairing, argument values) point. Its seed is derived from the run's
+base seed and the case id alone, so a case rerun on its own (`-k <id>`) sees exactly the inputs it saw in the full
+run. Inputs are sampled in float64, rounded to the case's dtype, and the reference sees those rounded values
+upcast back to float64: any difference the checks find is the op's, not the sampling's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from opforge.spec import OpSpec, ScalarInput, TensorInput
+
+# The spec's `noncontiguous` layout expands into both kinds of non-contiguous view, since kernels get them wrong in
+# different ways: a transpose is dense with permuted strides, a strided slice has gaps.
+LAYOUT_VARIANTS = {"contiguous": ("contiguous",), "noncontiguous": ("transposed", "strided"),
+                   "channels_last": ("channels_last",)}
+
+
+@dataclass(frozen=True)
+class Case:
+    dtype: str
+    device: str
+    layout: str  # contiguous, transposed, strided, channels_last
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    values: tuple[tuple[str, Any], ...]
+    values_index: int
+    shape_index: int
+
+    @property
+    def id(self) -> str:
+        shapes = "-".join(f"{name}={_shape_label(shape)}" for name, shape in self.shapes)
+        values = "-".join(f"{name}={value}" for name, value in self.values)
+        return "-".join(p for p in (self.dtype, self.device, self.layout, shapes, values) if p)
+
+    def seed(self, base_seed: int) -> int:
+        return zlib.crc32(f"{base_seed}:{self.id}".encode())
+
+
+def _shape_label(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape)) if shape else "0d"
+
+
+def layout_applies(layout: str, shape: tuple[int, ...]) -> bool:
+    if layout == "contiguous":
+        return True
+    if layout == "channels_last":
+        return len(shape) == 4
+    if layout == "transposed":
+        return len(shape) >= 2 and shape[-1] > 1 and shape[-2] > 1
+    return len(shape) >= 1 and all(shape)  # strided: a slice with step 2 of a non-empty last dim
+
+
+def build_matrix(spec: OpSpec, dtypes: tuple[str, ...], devices: tuple[str, ...]) -> list[Case]:
+    """Every applicable case. Tensor shapes are paired by position; non-tensor values are crossed."""
+    tensors = spec.tensor_inputs()
+    scalars = [i for i in spec.inputs if isinstance(i, ScalarInput)]
+    value_combos = list(itertools.product(*(s.values for s in scalars))) or [()]
+    n_shapes = len(tensors[0].shapes) if tensors else 1
+    cases = []
+    for dtype, device, spec_layout in itertools.product(dtypes, devices, spec.layouts):
+        for layout in LAYOUT_VARIANTS[spec_layout]:
+            for shape_index in range(n_shapes):
+                shapes = tuple((t.name, t.shapes[shape_index]) for t in tensors)
+                if not all(layout_applies(layout, s) for _, s in shapes):
+                    continue
+                for values_index, combo in enumerate(value_combos):
+                    values = tuple((s.name, v) for s, v in zip(scalars, combo))
+                    cases.append(Case(dtype, device, layout, shapes, values, values_index, shape_index))
+    return cases
+
+
+# ------------------------------------------------------------------------------------------------- the inputs
+
+
+@dataclass
+class CaseInputs:
+    """The arguments of one case, ready for the op, plus float64 CPU copies of the same values for the reference."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    reference_args: tuple[Any, ...]
+    reference_kwargs: dict[str, Any]
+    tensor_names: tuple[str, ...]
+
+
+def make_inputs(spec: OpSpec, schema_arguments: list[Any], case: Case, base_seed: int,
+                requires_grad: bool = False) -> CaseInputs:
+    import torch
+
+    generator = torch.Generator().manual_seed(case.seed(base_seed))
+    shapes = dict(case.shapes)
+    values64 = {t.name: _sample(t, shapes[t.name], case.dtype, generator) for t in spec.tensor_inputs()}
+    for t in spec.tensor_inputs():
+        if t.avoid:
+            _apply_avoid(t, values64, case.dtype)
+    given = {i.name: i for i in spec.inputs}
+    scalars = dict(case.values)
+    args, kwargs, ref_args, ref_kwargs, positional = [], {}, [], {}, True
+    for argument in schema_arguments:
+        if argument.name not in given:
+            positional = False  # left to its default; later arguments go by name
+            continue
+        entry = given[argument.name]
+        if isinstance(entry, TensorInput):
+            dtype = _torch_dtype(entry.dtype or case.dtype)
+            value = _in_layout(values64[entry.name], case.layout, dtype, case.device)
+            grad = requires_grad and entry.requires_grad and (value.is_floating_point() or value.is_complex())
+            value = value.requires_grad_(grad) if grad else value
+            ref = values64[entry.name].to(_reference_dtype(dtype)).requires_grad_(grad)
+        else:
+            value = ref = scalars[entry.name]
+        if positional and not argument.kwarg_only:
+            args.append(value)
+            ref_args.append(ref)
+        else:
+            kwargs[argument.name] = value
+            ref_kwargs[argument.name] = ref
+    return CaseInputs(tuple(args), kwargs, tuple(ref_args), ref_kwargs,
+                      tuple(t.name for t in spec.tensor_inputs()))
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def _reference_dtype(dtype):
+    import torch
+
+    if dtype.is_floating_point:
+        return torch.float64
+    if dtype.is_complex:
+        return torch.complex128
+    return dtype
+
+
+def _sample(t: TensorInput, shape: tuple[int, ...], case_dtype: str, generator):
+    """Uniform values in [low, high], already rounded to the dtype the op will see, held in float64."""
+    import torch
+
+    dtype = _torch_dtype(t.dtype or case_dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).to(torch.float64)
+    if not (dtype.is_floating_point or dtype.is_complex):
+        low, high = int(max(t.low, torch.iinfo(dtype).min)), int(min(t.high, torch.iinfo(dtype).max))
+        return torch.randint(low, high + 1, shape, generator=generator).to(torch.float64)
+    values = torch.rand(shape, generator=generator, dtype=torch.float64) * (t.high - t.low) + t.low
+    return values.to(dtype).to(torch.float64)
+
+
+def _apply_avoid(t: TensorInput, values64: dict[str, Any], case_dtype: str) -> None:
+    """Move values closer than `margin` to an avoided point out to 1.5 margins (rounded to the dtype again)."""
+    import torch
+
+    avoid = t.avoid
+    dtype = _torch_dtype(t.dtype or case_dtype)
+    this = values64[t.name]
+    other = values64[avoid.relative_to] if avoid.relative_to else torch.zeros(())
+    shape = torch.broadcast_shapes(this.shape, other.shape)
+    if this.shape == shape:
+        moved, adjusted, base, sign = t.name, this.clone(), other.expand(shape), 1.0
+    elif other.shape == shape:
+        moved, adjusted, base, sign = avoid.relative_to, other.clone(), this.expand(shape), -1.0
+    else:
+        raise ValueError(f"avoid.relative_to needs {t.name} or {avoid.relative_to} to have the broadcast shape "
+                         f"{tuple(shape)}, got {tuple(this.shape)} and {tuple(other.shape)}")
+    for point in avoid.values:
+        diff = sign * (adjusted - base) - point
+        near = diff.abs() < avoid.margin
+        pushed = base + sign * (point + torch.where(diff < 0, -1.5, 1.5) * avoid.margin)
+        adjusted = torch.where(near, pushed, adjusted)
+    values64[moved] = adjusted.to(dtype).to(torch.float64)
+
+
+def _in_layout(values64, layout: str, dtype, device: str):
+    """A tensor holding `values64` (cast to dtype) with the case's memory layout."""
+    import torch
+
+    shape = tuple(values64.shape)
+    if layout == "transposed":
+        storage = torch.empty(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=device)
+        view = storage.transpose(-1, -2)
+    elif layout == "strided":
+        storage = torch.empty(*shape[:-1], 2 * shape[-1], dtype=dtype, device=device)
+        view = storage[..., ::2]
+    elif layout == "channels_last":
+        view = torch.empty(shape, dtype=dtype, device=device, memory_format=torch.channels_last)
+    else:
+        view = torch.empty(shape, dtype=dtype, device=device)
+    return view.copy_(values64)

@@ -1,0 +1,97 @@
+"""The checks. Each picks the cases it applies to from the spec's matrix and runs one case at a time, returning
+one outcome per result row it owns (opcheck owns one row per sub-test).
+
+An outcome is None for a pass or a CheckFailure. An exception escaping from the reference becomes an ERROR row;
+anything the op under test raises is that op's failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from opforge.cases import Case
+from opforge.compare import CheckFailure
+from opforge.loading import LoadedOp, Target
+from opforge.spec import OPCHECK_SUBTESTS
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    loaded: LoadedOp
+    base_seed: int
+
+
+Outcomes = dict[str, CheckFailure | None]
+Selector = Callable[[LoadedOp, Target, list[Case]], list[Case]]
+Runner = Callable[[CheckContext, Target, Case], Outcomes]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    select: Selector
+    run: Runner
+    # The result rows it produces, when more than its own name.
+    rows: tuple[str, ...] = ()
+
+    def row_names(self) -> tuple[str, ...]:
+        return self.rows or (self.name,)
+
+
+def all_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    return cases
+
+
+def first_values(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    """Registration and compilation do not depend on argument values: the first combination is enough."""
+    return [c for c in cases if c.values_index == 0]
+
+
+def registered_op_first_values(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    return first_values(loaded, target, cases) if target.overload is not None else []
+
+
+def float64_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    """gradcheck runs in float64 whatever dtypes the op claims: one case per device/layout/shape/values point."""
+    if not loaded.spec.differentiable:
+        return []
+    seen: dict[str, Case] = {}
+    for case in cases:
+        as64 = replace(case, dtype="float64")
+        seen.setdefault(as64.id, as64)
+    return list(seen.values())
+
+
+def double_backward_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    return float64_cases(loaded, target, cases) if loaded.spec.double_backward else []
+
+
+def low_precision_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    if not loaded.spec.differentiable:
+        return []
+    return [c for c in cases if c.dtype != "float64"]
+
+
+def all_shapes_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    """One case per dtype/device/layout that runs every shape through one compiled function (dynamic shapes)."""
+    seen: dict[str, Case] = {}
+    for case in first_values(loaded, target, cases):
+        merged = replace(case, shapes=(), shape_index=-1)
+        seen.setdefault(merged.id, merged)
+    return list(seen.values())
+
+
+def registry() -> dict[str, Check]:
+    from opforge.checks import compiled, gradients, numerics, registration
+
+    checks = [
+        Check("correctness", all_cases, numerics.correctness),
+        Check("opcheck", registered_op_first_values, registration.opcheck,
+              rows=tuple(f"opcheck:{t}" for t in OPCHECK_SUBTESTS)),
+        Check("gradcheck", float64_cases, gradients.gradcheck),
+        Check("gradgradcheck", double_backward_cases, gradients.gradgradcheck),
+        Check("grad_lowp", low_precision_cases, numerics.grad_lowp),
+        Check("compile", all_shapes_cases, compiled.compile_check),
+    ]
+    return {c.name: c for c in checks}

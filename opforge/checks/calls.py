@@ -1,0 +1,78 @@
+"""Calling the op under test and the reference, with failures attributed to the right side."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opforge.cases import Case, CaseInputs, make_inputs
+from opforge.compare import CheckFailure, ReferenceFailure, as_tuple
+from opforge.loading import LoadedOp, Target
+
+# Lines of an exception message kept in a result; the rest is noise (C++ stack frames, dispatcher dumps).
+MESSAGE_LINES = 6
+
+
+def short(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    text = "\n".join(lines[:MESSAGE_LINES])
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def inputs_for(loaded: LoadedOp, case: Case, base_seed: int, requires_grad: bool = False) -> CaseInputs:
+    try:
+        return make_inputs(loaded.spec, loaded.arguments, case, base_seed, requires_grad)
+    except Exception as exc:
+        raise ReferenceFailure(f"could not make the inputs: {short(exc)}") from exc
+
+
+def call_target(target: Target, inputs: CaseInputs) -> Any:
+    try:
+        return target.fn(*inputs.args, **inputs.kwargs)
+    except Exception as exc:
+        raise CheckFailure(f"{target.name} raised {short(exc)}") from exc
+
+
+def call_reference(loaded: LoadedOp, inputs: CaseInputs) -> tuple[Any, ...]:
+    try:
+        result = loaded.reference(*inputs.reference_args, **inputs.reference_kwargs)
+    except Exception as exc:
+        raise ReferenceFailure(f"the reference raised {short(exc)}") from exc
+    return as_tuple(result) if result is not None else ()
+
+
+def split_reference(loaded: LoadedOp, expected: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The reference returns the op's outputs, then the new values of each mutated argument in schema order."""
+    n_returns = len(loaded.overload._schema.returns)
+    mutated = loaded.mutated_arguments
+    if len(expected) != n_returns + len(mutated):
+        raise ReferenceFailure(
+            f"the reference returned {len(expected)} value(s), expected {n_returns} output(s)"
+            + (f" plus the new values of {', '.join(mutated)}" if mutated else "")
+            + ". Make it return what the op returns, then each mutated argument."
+        )
+    return expected[:n_returns], dict(zip(mutated, expected[n_returns:]))
+
+
+def argument(inputs: CaseInputs, loaded: LoadedOp, name: str, reference: bool = False) -> Any:
+    """Argument `name` as the op (or, with reference=True, the reference) receives it."""
+    args, kwargs = (inputs.reference_args, inputs.reference_kwargs) if reference else (inputs.args, inputs.kwargs)
+    index = [a.name for a in loaded.arguments].index(name)
+    return args[index] if index < len(args) else kwargs[name]
+
+
+def output_names(loaded: LoadedOp) -> list[str]:
+    returns = loaded.overload._schema.returns
+    if len(returns) == 1:
+        return ["result"]
+    return [r.name or f"result[{i}]" for i, r in enumerate(returns)]
+
+
+def expected_dtype(case_dtype: str, reference_value: Any):
+    """The reference computes in float64; the op is expected to return the case's dtype for floating outputs."""
+    import torch
+
+    if reference_value.dtype == torch.float64:
+        return getattr(torch, case_dtype) if getattr(torch, case_dtype).is_floating_point else torch.float64
+    if reference_value.dtype == torch.complex128:
+        return {"complex64": torch.complex64}.get(case_dtype, torch.complex128)
+    return reference_value.dtype

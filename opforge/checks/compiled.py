@@ -1,0 +1,41 @@
+"""compile: torch.compile(fullgraph=True, dynamic=True) with inductor over every shape, against eager."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from opforge.cases import Case, layout_applies
+from opforge.checks import CheckContext, Outcomes
+from opforge.checks.calls import call_target, inputs_for, short
+from opforge.compare import CheckFailure, as_tuple, check_result, tolerance_for
+from opforge.loading import Target
+
+
+def compile_check(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+    import torch
+
+    spec = ctx.loaded.spec
+    tensors = spec.tensor_inputs()
+    n_shapes = len(tensors[0].shapes) if tensors else 1
+    torch._dynamo.reset()  # a fresh cache, so earlier cases' graphs neither help nor hit the recompile limit
+
+    def call(*args, **kwargs):
+        return target.fn(*args, **kwargs)
+
+    compiled = torch.compile(call, fullgraph=True, dynamic=True, backend="inductor")
+    tol = tolerance_for(spec, case.dtype)
+    for shape_index in range(n_shapes):
+        shapes = tuple((t.name, t.shapes[shape_index]) for t in tensors)
+        if not all(layout_applies(case.layout, s) for _, s in shapes):
+            continue
+        shaped = replace(case, shape_index=shape_index, shapes=shapes)
+        inputs = inputs_for(ctx.loaded, shaped, ctx.base_seed)
+        eager = as_tuple(call_target(target, inputs))
+        try:
+            got = as_tuple(compiled(*inputs.args, **inputs.kwargs))
+        except Exception as exc:
+            raise CheckFailure(f"torch.compile(fullgraph=True) of {target.name} failed on {shaped.id}: {short(exc)}")\
+                from exc
+        for i, (g, e) in enumerate(zip(got, eager)):
+            check_result(f"compiled result[{i}] ({shaped.id})", g, e, tol, e.dtype, case.device)
+    return {"compile": None}

@@ -1,0 +1,68 @@
+"""correctness and grad_lowp: the op's values and gradients against the float64 reference."""
+
+from __future__ import annotations
+
+from opforge.cases import Case
+from opforge.checks import CheckContext, Outcomes
+from opforge.checks.calls import (argument, call_reference, call_target, expected_dtype, inputs_for, output_names,
+                                  split_reference)
+from opforge.compare import CheckFailure, ReferenceFailure, as_tuple, check_result, tolerance_for
+from opforge.loading import Target
+
+
+def correctness(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+    """Outputs and mutated arguments vs the reference; dtype, shape and device too; unmutated inputs untouched."""
+    loaded = ctx.loaded
+    inputs = inputs_for(loaded, case, ctx.base_seed)
+    mutated = set(loaded.mutated_arguments)
+    before = {name: argument(inputs, loaded, name).clone() for name in inputs.tensor_names if name not in mutated}
+    got = as_tuple(call_target(target, inputs))
+    outputs, new_values = split_reference(loaded, call_reference(loaded, inputs))
+    tol = tolerance_for(loaded.spec, case.dtype)
+    if len(got) != len(outputs):
+        raise CheckFailure(f"{target.name} returned {len(got)} value(s), expected {len(outputs)}.")
+    for name, g, e in zip(output_names(loaded), got, outputs):
+        check_result(name, g, e, tol, expected_dtype(case.dtype, e), case.device)
+    for name, e in new_values.items():
+        value = argument(inputs, loaded, name)
+        check_result(f"{name} (mutated)", value, e, tol, value.dtype, case.device)
+    for name, original in before.items():
+        value = argument(inputs, loaded, name)
+        if not value.equal(original) and not (value.isnan() & original.isnan()).any():
+            raise CheckFailure(f"{target.name} modified input {name} in place, but the schema does not declare it "
+                               f"mutable. Declare it as Tensor(a!) {name} or stop writing to it.")
+    return {"correctness": None}
+
+
+def grad_lowp(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+    """Gradients computed in the case's dtype vs autograd through the float64 reference (same grad_output)."""
+    import torch
+
+    loaded = ctx.loaded
+    inputs = inputs_for(loaded, case, ctx.base_seed, requires_grad=True)
+    wrt = [(n, argument(inputs, loaded, n)) for n in inputs.tensor_names]
+    wrt = [(n, t) for n, t in wrt if t.requires_grad]
+    ref_wrt = [argument(inputs, loaded, n, reference=True) for n, _ in wrt]
+    if not wrt:
+        raise ReferenceFailure("no tensor input has requires_grad: true in the spec, so there is no gradient to check")
+    outs = [o for o in as_tuple(call_target(target, inputs)) if o.requires_grad]
+    ref_outs, _ = split_reference(loaded, call_reference(loaded, inputs))
+    generator = torch.Generator().manual_seed(case.seed(ctx.base_seed) + 1)
+    grad_outs = [torch.randn(o.shape, generator=generator, dtype=torch.float64).to(o.dtype).to(o.device) for o in outs]
+    try:
+        grads = torch.autograd.grad(outs, [t for _, t in wrt], grad_outs, allow_unused=True)
+    except Exception as exc:
+        raise CheckFailure(f"backward of {target.name} raised {type(exc).__name__}: {exc}") from exc
+    try:
+        ref_grads = torch.autograd.grad(list(ref_outs[: len(outs)]), ref_wrt, [g.double().cpu() for g in grad_outs],
+                                        allow_unused=True)
+    except Exception as exc:
+        raise ReferenceFailure(f"backward of the reference raised {type(exc).__name__}: {exc}") from exc
+    tol = tolerance_for(loaded.spec, case.dtype, grad=True)
+    for (name, t), g, e in zip(wrt, grads, ref_grads):
+        if g is None:
+            raise CheckFailure(f"grad[{name}]: expected a gradient, got None. Return it from the backward formula.")
+        check_result(f"grad[{name}]", g, e if e is not None else torch.zeros_like(g, dtype=torch.float64),
+                     tol, t.dtype, case.device)
+    return {"grad_lowp": None}
+

@@ -1,0 +1,187 @@
+"""The command line. Commands are thin: parse, call the library, render, map errors to exit codes.
+
+Exit codes: 0 all passed (skip and xfail allowed), 1 a check failed, 2 bad usage or a bad spec, 3 a build failed,
+4 an internal error (a bug in opforge: rerun with --debug and report it).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import typer
+
+from opforge import report
+from opforge.errors import OpforgeError, UsageError
+from opforge.spec import (KNOWN_CHECKS, KNOWN_DEVICES, KNOWN_DTYPES, OPCHECK_SUBTESTS, OpSpec, find_spec, list_specs,
+                          load_spec)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUILD, EXIT_INTERNAL = 0, 1, 2, 3, 4
+
+app = typer.Typer(
+    name="opforge",
+    help="Prove a PyTorch custom operator right before you ship it.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+_state = {"debug": False}
+
+
+@app.callback()
+def _main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks.")) -> None:
+    _state["debug"] = debug
+
+
+def _guarded(command: Callable[[], int]) -> None:
+    """Run a command body, turning opforge's errors into a one-line message and an exit code."""
+    try:
+        code = command()
+    except OpforgeError as exc:
+        if _state["debug"]:
+            raise
+        report.error(str(exc))
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        report.error("interrupted")
+        code = 130
+    except Exception as exc:  # a bug in opforge: say so briefly, keep the traceback for --debug
+        if _state["debug"]:
+            raise
+        report.error(f"internal error: {type(exc).__name__}: {exc}. Rerun with --debug and report the traceback.")
+        code = EXIT_INTERNAL
+    raise typer.Exit(code)
+
+
+def _specs(targets: list[str], all_specs: bool) -> list[Path]:
+    if all_specs:
+        return list_specs()
+    if not targets:
+        raise UsageError("opforge check", "an op name, a spec path or --all", "nothing",
+                         "Run `opforge list` to see the bundled ops.")
+    return [find_spec(t) for t in targets]
+
+
+def _validate(values: list[str], known: tuple[str, ...], option: str) -> tuple[str, ...]:
+    for value in values:
+        if value not in known:
+            raise UsageError(option, f"one of {', '.join(known)}", repr(value), f"Fix the {option} value.")
+    return tuple(values)
+
+
+@app.command()
+def check(
+    targets: List[str] = typer.Argument(None, help="Op names (see `opforge list`) or paths to spec files."),
+    all_specs: bool = typer.Option(False, "--all", help="Check every bundled spec."),
+    dtype: List[str] = typer.Option([], "--dtype", help="Only these dtypes (repeatable)."),
+    device: List[str] = typer.Option([], "--device", help="Only these devices (repeatable)."),
+    check_: List[str] = typer.Option([], "--check", help="Only these checks (repeatable)."),
+    keyword: Optional[str] = typer.Option(None, "-k", help="Only results whose id contains this substring."),
+    seed: int = typer.Option(0, "--seed", help="Base seed; each case derives its own from it and its id."),
+    fail_fast: bool = typer.Option(False, "--fail-fast", "-x", help="Stop at the first failure."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="List every result."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write a JSON report here."),
+    junit_path: Optional[Path] = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
+    cuda_arch: Optional[str] = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
+) -> None:
+    """Build an op's kernels and run every check its spec declares."""
+
+    def body() -> int:
+        from opforge.runner import Filters
+
+        filters = Filters(
+            dtypes=_validate(dtype, KNOWN_DTYPES, "--dtype"),
+            devices=_validate(device, KNOWN_DEVICES, "--device"),
+            checks=_validate(check_, KNOWN_CHECKS + tuple(f"opcheck:{t}" for t in OPCHECK_SUBTESTS), "--check"),
+            keyword=keyword, seed=seed, fail_fast=fail_fast,
+        )
+        specs = [load_spec(p) for p in _specs(targets or [], all_specs)]
+        run = _run_checks(specs, filters, cuda_arch)
+        report.render_run(run, verbose)
+        _write_reports(run, json_path, junit_path)
+        return EXIT_FAILED if run.failed else EXIT_OK
+
+    _guarded(body)
+
+
+def _run_checks(specs: list[OpSpec], filters, cuda_arch: str | None):
+    from opforge.loading import load_op
+    from opforge.runner import new_report, plan_op, run_op
+
+    start = time.perf_counter()
+    run = new_report(filters.seed)
+    for spec in specs:
+        with report.spinner(f"loading {spec.name}") as _:
+            loaded = load_op(spec, cuda_arch, on_step=report.info)
+        plan = plan_op(loaded, filters)
+        with report.progress(spec.name, len(plan.rows) + len(plan.skipped)) as advance:
+            op_report = run_op(loaded, filters, plan, on_result=advance)
+        run.ops.append(op_report)
+        if filters.fail_fast and op_report.failed:
+            break
+    run.seconds = time.perf_counter() - start
+    return run
+
+
+def _write_reports(run, json_path: Path | None, junit_path: Path | None) -> None:
+    from opforge.results import write_json, write_junit
+
+    if json_path:
+        write_json(run, json_path)
+        report.info(f"JSON report: {json_path}")
+    if junit_path:
+        write_junit(run, junit_path)
+        report.info(f"JUnit report: {junit_path}")
+
+
+@app.command("list")
+def list_() -> None:
+    """List the bundled op specs."""
+
+    def body() -> int:
+        rows = []
+        for path in list_specs():
+            spec = load_spec(path)
+            rows.append((spec.op, str(path.name), spec.description.strip().splitlines()[0] if spec.description else ""))
+        report.render_spec_list(rows)
+        return EXIT_OK
+
+    _guarded(body)
+
+
+@app.command()
+def build(
+    targets: List[str] = typer.Argument(None, help="Op names or spec paths; all bundled specs when none."),
+    cuda_arch: Optional[str] = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
+) -> None:
+    """Compile (or find in the cache) the C++/CUDA sources of op specs."""
+
+    def body() -> int:
+        from opforge.build import build_sources
+
+        rows = []
+        for path in _specs(targets or [], all_specs=not targets):
+            spec = load_spec(path)
+            if not spec.sources:
+                rows.append((spec.op, "-", "no sources (pure Python)"))
+                continue
+            with report.spinner(f"building {spec.name}"):
+                result = build_sources(spec.sources, cuda_arch, on_step=report.info)
+            status = f"cached ({result.seconds:.2f} s)" if result.cached else f"built in {result.seconds:.1f} s"
+            if result.plan.skipped_sources:
+                status += f"; left out {', '.join(s.name for s in result.plan.skipped_sources)}: " \
+                          f"{result.plan.toolchain.skip_reason}"
+            rows.append((spec.op, str(result.plan.library), status))
+        report.render_builds(rows)
+        return EXIT_OK
+
+    _guarded(body)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""Everything opforge shows a person. The only module that owns a rich Console.
+
+Readable without a TTY (CI logs): no live redraws, a fixed width, and NO_COLOR honoured (rich reads it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Iterator
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from opforge.results import CaseResult, OpReport, RunReport, Status, describe_mismatch
+from opforge.spec import KNOWN_DEVICES, KNOWN_DTYPES
+
+# Width used when stdout is not a terminal, so CI logs do not wrap the tables at rich's default 80 columns.
+LOG_WIDTH = 140
+# Failure panels printed in full; the rest are counted and left to --json / --junit.
+MAX_FAILURE_PANELS = 20
+
+_STYLE = {
+    Status.PASS: "green", Status.FAIL: "bold red", Status.ERROR: "bold red", Status.XPASS: "bold red",
+    Status.SKIP: "dim", Status.XFAIL: "yellow",
+}
+_LABEL = {
+    Status.PASS: "pass", Status.FAIL: "FAIL", Status.ERROR: "ERROR", Status.XPASS: "XPASS",
+    Status.SKIP: "skip", Status.XFAIL: "xfail",
+}
+# A cell shows the most severe status among its cases.
+_SEVERITY = [Status.ERROR, Status.FAIL, Status.XPASS, Status.XFAIL, Status.PASS, Status.SKIP]
+
+
+def _make_console(stderr: bool = False) -> Console:
+    interactive = Console(stderr=stderr).is_terminal
+    width = None if interactive or os.environ.get("COLUMNS") else LOG_WIDTH
+    return Console(stderr=stderr, highlight=False, width=width, soft_wrap=False)
+
+
+console = _make_console()
+err_console = _make_console(stderr=True)
+
+
+def error(message: str) -> None:
+    err_console.print(Text("error: ", style="bold red") + Text(message))
+
+
+def info(message: str) -> None:
+    console.print(message)
+
+
+@contextmanager
+def spinner(message: str) -> Iterator[None]:
+    if console.is_terminal:
+        with console.status(message):
+            yield
+    else:
+        console.print(message)
+        yield
+
+
+@contextmanager
+def progress(description: str, total: int) -> Iterator[callable]:
+    """A progress bar on a terminal; nothing in a log (the summary follows)."""
+    if not console.is_terminal:
+        yield lambda result: None
+        return
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[failed]}", style="red"))
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(description, total=total, failed="")
+        failures = 0
+
+        def advance(result: CaseResult) -> None:
+            nonlocal failures
+            failures += result.status.failed
+            bar.update(task, advance=1, failed=f"{failures} failed" if failures else "")
+
+        yield advance
+
+
+def render_run(report: RunReport, verbose: bool = False) -> None:
+    for op in report.ops:
+        render_op(op, verbose)
+    render_failures(report)
+    render_totals(report)
+
+
+def render_op(op: OpReport, verbose: bool = False) -> None:
+    cells: dict[tuple[str, str], dict[tuple[str, str], list[CaseResult]]] = defaultdict(lambda: defaultdict(list))
+    for r in op.results:
+        cells[(r.target, r.check)][(r.device, r.dtype)].append(r)
+    columns = sorted({c for by_column in cells.values() for c in by_column}, key=_column_order)
+    table = Table(title=f"{op.op}  ({op.spec_path})", title_justify="left", show_lines=False)
+    table.add_column("implementation", no_wrap=True)
+    table.add_column("check", no_wrap=True)
+    for device, dtype in columns:
+        table.add_column(f"{dtype}\n{device}", justify="center")
+    rows = sorted(cells.items(), key=lambda item: _row_order(op, item[0]))
+    for (target, check), by_column in rows:
+        table.add_row(target, check.replace("opcheck:test_", "opcheck:"),
+                      *(_cell(by_column.get(c, [])) for c in columns))
+    console.print(table)
+    for reason in dict.fromkeys(r.message for r in op.results if r.status == Status.SKIP and r.message):
+        console.print(f"[dim]skip: {reason}[/dim]")
+    build = op.build or {}
+    if build.get("skipped_sources"):
+        console.print(f"[dim]not built: {', '.join(os.path.basename(s) for s in build['skipped_sources'])} "
+                      f"({build['cuda_skipped_because']})[/dim]")
+    if verbose:
+        for r in op.results:
+            console.print(f"  {_LABEL[r.status]:5s} {r.full_id}  [dim]{r.seconds * 1e3:.1f} ms[/dim]"
+                          + (f"  {r.message.splitlines()[0]}" if r.message and not r.status.failed else ""))
+
+
+def _column_order(column: tuple[str, str]) -> tuple[int, int]:
+    device, dtype = column
+    return (KNOWN_DEVICES.index(device) if device in KNOWN_DEVICES else 99,
+            KNOWN_DTYPES.index(dtype) if dtype in KNOWN_DTYPES else 99)
+
+
+def _row_order(op: OpReport, row: tuple[str, str]) -> tuple[int, int]:
+    targets = list(dict.fromkeys(r.target for r in op.results if r.status != Status.SKIP)) or [row[0]]
+    checks = list(dict.fromkeys(r.check for r in op.results))
+    return (targets.index(row[0]) if row[0] in targets else 99, checks.index(row[1]))
+
+
+def _cell(results: list[CaseResult]) -> Text:
+    """The most severe status among a cell's cases: `pass 36`, `FAIL 2/36`, `skip`."""
+    if not results:
+        return Text("")
+    worst = min((r.status for r in results), key=_SEVERITY.index)
+    if worst == Status.PASS:
+        return Text(f"pass {len(results)}", style=_STYLE[worst])
+    if worst == Status.SKIP:
+        return Text("skip", style=_STYLE[worst])
+    count = sum(r.status == worst for r in results)
+    return Text(f"{_LABEL[worst]} {count}/{len(results)}", style=_STYLE[worst])
+
+
+def render_failures(report: RunReport) -> None:
+    failures = [r for r in report.results() if r.status.failed]
+    for r in failures[:MAX_FAILURE_PANELS]:
+        body = Text()
+        body.append(r.message or r.status.value)
+        if r.mismatch:
+            body.append("\n" + describe_mismatch(r.mismatch), style="bold")
+        if r.seed is not None:
+            body.append(f"\nseed: {r.seed}", style="dim")
+        if r.repro:
+            body.append("\nrepro: ", style="dim")
+            body.append(r.repro)
+        console.print(Panel(body, title=f"[bold red]{_LABEL[r.status]}[/] {r.full_id}", title_align="left",
+                            border_style="red"))
+    if len(failures) > MAX_FAILURE_PANELS:
+        console.print(f"[red]... and {len(failures) - MAX_FAILURE_PANELS} more failures (write them all with "
+                      "--json or --junit).[/red]")
+
+
+def render_totals(report: RunReport) -> None:
+    counts = report.counts()
+    parts = [f"{counts[s.value]} {s.value}" for s in Status if counts[s.value]]
+    style = "bold red" if report.failed else "bold green"
+    verdict = "FAILED" if report.failed else "OK"
+    suffix = " (incomplete)" if report.incomplete else ""
+    console.print(Text(f"{verdict}{suffix}: ", style=style) + Text(", ".join(parts) or "nothing ran")
+                  + Text(f" in {report.seconds:.1f} s", style="dim"))
+
+
+def render_spec_list(rows: list[tuple[str, str, str]]) -> None:
+    table = Table(title="opforge specs", title_justify="left")
+    for name in ("op", "spec", "description"):
+        table.add_column(name)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+def render_builds(rows: list[tuple[str, str, str]]) -> None:
+    table = Table(title="opforge build", title_justify="left")
+    for name in ("op", "library", "status"):
+        table.add_column(name)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)

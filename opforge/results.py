@@ -1,0 +1,198 @@
+"""The result model: what a run found, as data. Rendering lives in opforge.report; nothing here prints.
+
+One CaseResult per (implementation, check, case). The JSON form is versioned (JSON_SCHEMA_VERSION); add fields
+freely, bump the version when one changes meaning or goes away.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+JSON_SCHEMA_VERSION = 1
+
+
+class Status(str, enum.Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    ERROR = "error"  # the check could not run: the reference raised, the inputs could not be made
+    SKIP = "skip"
+    XFAIL = "xfail"
+    XPASS = "xpass"  # declared xfail but passed: the spec is stale, so the run fails
+
+    @property
+    def failed(self) -> bool:
+        return self in (Status.FAIL, Status.ERROR, Status.XPASS)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """The worst element of a comparison: the one furthest beyond atol + rtol * |expected|."""
+
+    output: str
+    index: tuple[int, ...]
+    got: float
+    expected: float
+    abs_error: float
+    rel_error: float
+    atol: float
+    rtol: float
+    mismatched: int
+    total: int
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    op: str
+    target: str
+    check: str
+    case_id: str
+    dtype: str
+    device: str
+    status: Status
+    seconds: float = 0.0
+    message: str = ""
+    mismatch: Mismatch | None = None
+    seed: int | None = None
+    repro: str | None = None
+
+    @property
+    def full_id(self) -> str:
+        return f"{self.op}/{self.target}::{self.check}[{self.case_id}]"
+
+
+@dataclass
+class OpReport:
+    op: str
+    spec_path: str
+    results: list[CaseResult] = field(default_factory=list)
+    build: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return any(r.status.failed for r in self.results)
+
+    def counts(self) -> dict[str, int]:
+        counts = {s.value: 0 for s in Status}
+        for r in self.results:
+            counts[r.status.value] += 1
+        return counts
+
+
+@dataclass
+class RunReport:
+    environment: dict[str, Any]
+    ops: list[OpReport] = field(default_factory=list)
+    seed: int = 0
+    seconds: float = 0.0
+    incomplete: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return any(op.failed for op in self.ops)
+
+    def results(self) -> list[CaseResult]:
+        return [r for op in self.ops for r in op.results]
+
+    def counts(self) -> dict[str, int]:
+        counts = {s.value: 0 for s in Status}
+        for r in self.results():
+            counts[r.status.value] += 1
+        return counts
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": JSON_SCHEMA_VERSION,
+            "tool": "opforge",
+            "environment": self.environment,
+            "seed": self.seed,
+            "seconds": self.seconds,
+            "incomplete": self.incomplete,
+            "counts": self.counts(),
+            "ops": [
+                {
+                    "op": op.op,
+                    "spec": op.spec_path,
+                    "seconds": op.seconds,
+                    "build": op.build,
+                    "counts": op.counts(),
+                    "results": [_result_json(r) for r in op.results],
+                }
+                for op in self.ops
+            ],
+        }
+
+
+def _result_json(r: CaseResult) -> dict[str, Any]:
+    data = asdict(r)
+    data["status"] = r.status.value
+    data["id"] = r.full_id
+    return data
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so a reader never sees half a report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(report: RunReport, path: Path) -> None:
+    write_atomically(path, json.dumps(report.to_json(), indent=2, default=str) + "\n")
+
+
+def write_junit(report: RunReport, path: Path) -> None:
+    from xml.etree import ElementTree as ET
+
+    suites = ET.Element("testsuites", name="opforge", time=f"{report.seconds:.3f}")
+    for op in report.ops:
+        counts = op.counts()
+        suite = ET.SubElement(
+            suites, "testsuite", name=op.op, tests=str(len(op.results)),
+            failures=str(counts["fail"] + counts["xpass"]), errors=str(counts["error"]),
+            skipped=str(counts["skip"] + counts["xfail"]), time=f"{op.seconds:.3f}",
+        )
+        for r in op.results:
+            case = ET.SubElement(suite, "testcase", classname=f"{op.op}.{r.target}.{r.check}", name=r.case_id,
+                                 time=f"{r.seconds:.3f}")
+            detail = failure_text(r)
+            if r.status in (Status.FAIL, Status.XPASS):
+                ET.SubElement(case, "failure", message=r.message.splitlines()[0] if r.message else r.status.value)\
+                    .text = detail
+            elif r.status == Status.ERROR:
+                ET.SubElement(case, "error", message=r.message.splitlines()[0] if r.message else "error").text = detail
+            elif r.status in (Status.SKIP, Status.XFAIL):
+                ET.SubElement(case, "skipped", message=r.message)
+    ET.indent(suites)
+    write_atomically(path, ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n")
+
+
+def failure_text(r: CaseResult) -> str:
+    """Plain-text account of a result: message, worst mismatch, seed and repro. Shared by JUnit and pytest."""
+    lines = [r.message] if r.message else []
+    if r.mismatch:
+        lines.append(describe_mismatch(r.mismatch))
+    if r.seed is not None:
+        lines.append(f"seed: {r.seed}")
+    if r.repro:
+        lines.append(f"repro: {r.repro}")
+    return "\n".join(lines)
+
+
+def describe_mismatch(m: Mismatch) -> str:
+    index = ", ".join(map(str, m.index))
+    return (f"worst mismatch in {m.output} at [{index}]: got {m.got!r}, expected {m.expected!r} "
+            f"(abs error {m.abs_error:.3g}, rel error {m.rel_error:.3g}; atol {m.atol:g}, rtol {m.rtol:g}; "
+            f"{m.mismatched} of {m.total} elements outside tolerance)")

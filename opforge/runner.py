@@ -1,0 +1,206 @@
+"""Running a spec's checks: plan the (implementation, check, case) rows, run them, collect CaseResults."""
+
+from __future__ import annotations
+
+import platform
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from opforge.cases import Case, build_matrix
+from opforge.checks import Check, CheckContext, registry
+from opforge.compare import CheckFailure, ReferenceFailure
+from opforge.checks.calls import short
+from opforge.loading import LoadedOp, Target
+from opforge.results import CaseResult, OpReport, RunReport, Status
+from opforge.spec import OpSpec
+
+DEFAULT_SEED = 0
+
+
+@dataclass(frozen=True)
+class Filters:
+    dtypes: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    checks: tuple[str, ...] = ()
+    keyword: str | None = None
+    seed: int = DEFAULT_SEED
+    fail_fast: bool = False
+
+    def wants_check(self, row: str) -> bool:
+        return not self.checks or row in self.checks or row.split(":", 1)[0] in self.checks
+
+
+@dataclass(frozen=True)
+class PlannedRow:
+    target: Target
+    check: Check
+    case: Case
+
+
+@dataclass
+class Plan:
+    rows: list[PlannedRow] = field(default_factory=list)
+    skipped: list[CaseResult] = field(default_factory=list)
+
+
+ProgressCallback = Callable[[CaseResult], None]
+
+
+def device_unavailable(device: str) -> str | None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        if not torch.version.cuda:
+            return f"CUDA is not available: torch {torch.__version__} is a CPU-only build"
+        return "CUDA is not available: no GPU is visible"
+    return None
+
+
+def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
+    spec = loaded.spec
+    dtypes = tuple(d for d in spec.dtypes if not filters.dtypes or d in filters.dtypes)
+    devices = tuple(d for d in spec.devices if not filters.devices or d in filters.devices)
+    available = tuple(d for d in devices if device_unavailable(d) is None)
+    matrix = build_matrix(spec, dtypes, available)
+    checks = registry()
+    plan = Plan()
+    for target in loaded.targets:
+        for name in spec.checks:
+            check = checks[name]
+            rows = [r for r in check.row_names() if filters.wants_check(r)]
+            if not rows:
+                continue
+            for case in check.select(loaded, target, matrix):
+                if any(_matches(filters, spec, target, r, case) for r in rows) and \
+                        (not filters.dtypes or case.dtype in filters.dtypes):
+                    plan.rows.append(PlannedRow(target, check, case))
+            for device in devices:
+                reason = device_unavailable(device)
+                if reason:
+                    plan.skipped += [_skip(spec, target, row, dtype, device, reason)
+                                     for row in rows for dtype in dtypes]
+    return plan
+
+
+def _matches(filters: Filters, spec: OpSpec, target: Target, row: str, case: Case) -> bool:
+    return not filters.keyword or filters.keyword in full_id(spec, target.name, row, case.id)
+
+
+def full_id(spec: OpSpec, target: str, check: str, case_id: str) -> str:
+    return f"{spec.name}/{target}::{check}[{case_id}]"
+
+
+def _skip(spec, target, row, dtype, device, reason) -> CaseResult:
+    return CaseResult(op=spec.name, target=target.name, check=row, case_id=f"{dtype}-{device}", dtype=dtype,
+                      device=device, status=Status.SKIP, message=reason)
+
+
+def run_op(loaded: LoadedOp, filters: Filters, plan: Plan | None = None,
+           on_result: ProgressCallback | None = None) -> OpReport:
+    plan = plan or plan_op(loaded, filters)
+    start = time.perf_counter()
+    report = OpReport(op=loaded.spec.name, spec_path=str(loaded.spec.path), build=_build_info(loaded))
+    context = CheckContext(loaded, filters.seed)
+    for result in plan.skipped:
+        report.results.append(result)
+        if on_result:
+            on_result(result)
+    for row in plan.rows:
+        for result in run_row(context, row, filters):
+            report.results.append(result)
+            if on_result:
+                on_result(result)
+            if filters.fail_fast and result.status.failed:
+                report.seconds = time.perf_counter() - start
+                return report
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def run_row(ctx: CheckContext, row: PlannedRow, filters: Filters) -> list[CaseResult]:
+    spec = ctx.loaded.spec
+    start = time.perf_counter()
+    try:
+        outcomes = row.check.run(ctx, row.target, row.case)
+        errors: dict[str, str] = {}
+    except CheckFailure as failure:
+        outcomes, errors = {name: failure for name in row.check.row_names()}, {}
+    except ReferenceFailure as exc:
+        outcomes, errors = {}, {name: str(exc) for name in row.check.row_names()}
+    except Exception as exc:  # a bug in a check or an exotic op must cost one row, not the run
+        outcomes, errors = {}, {name: f"the check itself raised {short(exc)}" for name in row.check.row_names()}
+    seconds = (time.perf_counter() - start) / max(1, len(row.check.row_names()))
+    results = []
+    for name in row.check.row_names():
+        if not filters.wants_check(name) or not _matches(filters, spec, row.target, name, row.case):
+            continue
+        if name in errors:
+            status, message, mismatch = Status.ERROR, errors[name], None
+        else:
+            failure = outcomes.get(name)
+            status, message, mismatch = (Status.PASS, "", None) if failure is None else \
+                (Status.FAIL, failure.message, failure.mismatch)
+        status, message = _apply_xfail(spec, row.target.name, name, row.case, status, message)
+        results.append(CaseResult(
+            op=spec.name, target=row.target.name, check=name, case_id=row.case.id, dtype=row.case.dtype,
+            device=row.case.device, status=status, seconds=seconds, message=message, mismatch=mismatch,
+            seed=row.case.seed(ctx.base_seed),
+            repro=repro_command(spec, row.target.name, name, row.case.id, ctx.base_seed) if status.failed else None,
+        ))
+    return results
+
+
+def _apply_xfail(spec: OpSpec, target: str, check: str, case: Case, status: Status,
+                 message: str) -> tuple[Status, str]:
+    xfail = spec.xfail_for(target, check, case.dtype, case.device)
+    if xfail is None:
+        return status, message
+    if status in (Status.FAIL, Status.ERROR):
+        return Status.XFAIL, f"expected failure ({xfail.reason}): {message}"
+    if status == Status.PASS and xfail.strict:
+        return Status.XPASS, f"declared xfail ({xfail.reason}) but passed: remove the xfail entry from the spec"
+    return status, message
+
+
+def repro_command(spec: OpSpec, target: str, check: str, case_id: str, seed: int) -> str:
+    ident = full_id(spec, target, check, case_id)
+    return (f"opforge check {shlex.quote(str(spec.path))} --check {check.split(':', 1)[0]} "
+            f"-k {shlex.quote(ident)} --seed {seed}")
+
+
+def _build_info(loaded: LoadedOp) -> dict | None:
+    if loaded.build is None:
+        return None
+    plan = loaded.build.plan
+    return {
+        "library": str(plan.library),
+        "cached": loaded.build.cached,
+        "seconds": round(loaded.build.seconds, 3),
+        "sources": [str(s) for s in plan.sources],
+        "skipped_sources": [str(s) for s in plan.skipped_sources],
+        "cuda_skipped_because": plan.toolchain.skip_reason if plan.skipped_sources else None,
+    }
+
+
+def environment() -> dict:
+    import torch
+
+    env = {
+        "opforge": __import__("opforge").__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return env
+
+
+def new_report(seed: int) -> RunReport:
+    return RunReport(environment=environment(), seed=seed)
