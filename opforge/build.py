@@ -25,8 +25,9 @@ CUDA_SUFFIXES = (".cu",)
 HEADER_SUFFIXES = (".h", ".hpp", ".cuh")
 
 # -march=native: the library is built on the machine that runs it, so let the compiler use every vector ISA it has.
-CPU_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fvisibility=hidden")
-CUDA_FLAGS = ("-O3", "--use_fast_math", "-std=c++17", "--expt-relaxed-constexpr")
+# The C++ standard comes from torch.utils.cpp_extension, which knows what its headers need.
+CPU_FLAGS = ("-O3", "-march=native", "-fvisibility=hidden")
+CUDA_FLAGS = ("-O3", "--expt-relaxed-constexpr")
 # Lines of compiler output shown when a build fails; the rest is in the log.
 ERROR_LINES_SHOWN = 12
 _LOADED: dict[Path, Path] = {}
@@ -236,9 +237,13 @@ def _compile(plan: BuildPlan) -> None:
     plan.log.write_text("ok\n")
 
 
+# gcc/clang `file:4:15: error: ...`, nvcc `file(4): error: ...`, ld `undefined reference`.
+_COMPILER_ERROR = re.compile(r"(:\d+:\d+: (fatal )?error:)|(\(\d+\): error)|(\berror:)|(undefined reference)")
+
+
 def first_error_lines(output: str) -> list[str]:
     lines = output.splitlines()
-    first = next((i for i, line in enumerate(lines) if re.search(r"\berror\b", line, re.I)), 0)
+    first = next((i for i, line in enumerate(lines) if _COMPILER_ERROR.search(line)), 0)
     return lines[first: first + ERROR_LINES_SHOWN]
 
 

@@ -4,6 +4,7 @@ other implementations, and check the registered schema and the spec's inputs aga
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -129,9 +130,17 @@ def _check_schema(spec: OpSpec, overload: Any) -> None:
 
 
 def _canonical(schema: Any) -> str:
+    """The schema after the op name (a spec may leave out the namespace), alias sets renamed in order of first
+    appearance: `Tensor(a!)` and torch.library.custom_op's `Tensor(a0!)` mean the same."""
     text = str(schema)
-    # A spec may leave out the namespace; compare everything after the name.
-    return text.split("(", 1)[1] if "(" in text else text
+    text = text.split("(", 1)[1] if "(" in text else text
+    names: dict[str, str] = {}
+
+    def rename(match: re.Match) -> str:
+        alias = names.setdefault(match.group(1), f"alias{len(names)}")
+        return f"Tensor({alias}{match.group(2)})"
+
+    return re.sub(r"Tensor\((\w+)(!?)\)", rename, text)
 
 
 def _check_inputs(spec: OpSpec, overload: Any) -> None:

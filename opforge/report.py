@@ -155,6 +155,8 @@ def render_failures(report: RunReport) -> None:
         if r.repro:
             body.append("\nrepro: ", style="dim")
             body.append(r.repro)
+        for warning in r.warnings:
+            body.append(f"\nwarning: {warning}", style="yellow")
         console.print(Panel(body, title=f"[bold red]{_LABEL[r.status]}[/] {r.full_id}", title_align="left",
                             border_style="red"))
     if len(failures) > MAX_FAILURE_PANELS:

@@ -60,6 +60,8 @@ class CaseResult:
     mismatch: Mismatch | None = None
     seed: int | None = None
     repro: str | None = None
+    # Distinct warnings raised while the case ran (a missing autograd kernel, a deprecated API): often the clue.
+    warnings: tuple[str, ...] = ()
 
     @property
     def full_id(self) -> str:
@@ -188,6 +190,7 @@ def failure_text(r: CaseResult) -> str:
         lines.append(f"seed: {r.seed}")
     if r.repro:
         lines.append(f"repro: {r.repro}")
+    lines += [f"warning: {w}" for w in r.warnings]
     return "\n".join(lines)
 
 

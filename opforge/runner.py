@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 import shlex
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -122,15 +123,10 @@ def run_op(loaded: LoadedOp, filters: Filters, plan: Plan | None = None,
 def run_row(ctx: CheckContext, row: PlannedRow, filters: Filters) -> list[CaseResult]:
     spec = ctx.loaded.spec
     start = time.perf_counter()
-    try:
-        outcomes = row.check.run(ctx, row.target, row.case)
-        errors: dict[str, str] = {}
-    except CheckFailure as failure:
-        outcomes, errors = {name: failure for name in row.check.row_names()}, {}
-    except ReferenceFailure as exc:
-        outcomes, errors = {}, {name: str(exc) for name in row.check.row_names()}
-    except Exception as exc:  # a bug in a check or an exotic op must cost one row, not the run
-        outcomes, errors = {}, {name: f"the check itself raised {short(exc)}" for name in row.check.row_names()}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outcomes, errors = _run_check(ctx, row)
+    seen = tuple(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))
     seconds = (time.perf_counter() - start) / max(1, len(row.check.row_names()))
     results = []
     for name in row.check.row_names():
@@ -148,8 +144,22 @@ def run_row(ctx: CheckContext, row: PlannedRow, filters: Filters) -> list[CaseRe
             device=row.case.device, status=status, seconds=seconds, message=message, mismatch=mismatch,
             seed=row.case.seed(ctx.base_seed),
             repro=repro_command(spec, row.target.name, name, row.case.id, ctx.base_seed) if status.failed else None,
+            warnings=seen,
         ))
     return results
+
+
+def _run_check(ctx: CheckContext, row: PlannedRow) -> tuple[dict, dict[str, str]]:
+    """(outcomes by row name, error messages by row name)."""
+    names = row.check.row_names()
+    try:
+        return row.check.run(ctx, row.target, row.case), {}
+    except CheckFailure as failure:
+        return {name: failure for name in names}, {}
+    except ReferenceFailure as exc:
+        return {}, {name: str(exc) for name in names}
+    except Exception as exc:  # a bug in a check or an exotic op must cost one row, not the run
+        return {}, {name: f"the check itself raised {short(exc)}" for name in names}
 
 
 def _apply_xfail(spec: OpSpec, target: str, check: str, case: Case, status: Status,

@@ -48,9 +48,14 @@ def _save_inputs(ctx, inputs, output) -> None:
 
 def _custom_loss_grad(ctx, grad: Tensor):
     pred, target = ctx.saved_tensors
-    grad_d = _backward(grad, pred, target)
-    grad_pred = grad_d.sum_to_size(pred.shape) if ctx.needs_input_grad[0] else None
-    grad_target = -grad_d.sum_to_size(target.shape) if ctx.needs_input_grad[1] else None
+    # A broadcast input's gradient sums many terms of dL/dd. In float16/bfloat16 each term would be rounded before
+    # the sum and the roundings add up (seen: 7% off in bfloat16 over 33 rows), so compute the terms in float32
+    # and round the sums once, as ATen's own reductions do.
+    reduces = pred.shape != grad.shape or target.shape != grad.shape
+    wide = torch.float32 if reduces and grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
+    grad_d = _backward(grad.to(wide), pred.to(wide), target.to(wide))
+    grad_pred = grad_d.sum_to_size(pred.shape).to(pred.dtype) if ctx.needs_input_grad[0] else None
+    grad_target = (-grad_d).sum_to_size(target.shape).to(target.dtype) if ctx.needs_input_grad[1] else None
     return grad_pred, grad_target
 
 
