@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from opforge.loading import load_op
+from opforge.results import OpReport, Status
+from opforge.runner import Filters, run_op
+from opforge.spec import load_spec
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).parent.parent
+SPECS = REPO / "specs"
+
+requires_cuda = pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs a CUDA device"
+)
+
+
+def run_spec(path: Path, **filters) -> OpReport:
+    return run_op(load_op(load_spec(path)), Filters(**filters))
+
+
+def failures_by_check(report: OpReport, target: str = "native") -> dict[str, list]:
+    failed = defaultdict(list)
+    for r in report.results:
+        if r.target == target and r.status in (Status.FAIL, Status.ERROR):
+            failed[r.check].append(r)
+    return dict(failed)
+
+
+def describe(results) -> str:
+    """Failure text for assertion messages: every failing row with its worst mismatch."""
+    from opforge.results import failure_text
+
+    return "\n\n".join(f"{r.full_id}: {r.status.value}\n{failure_text(r)}" for r in results)
+
+
+def spec_variant(tmp_path: Path, fixture: str, extra_yaml: str) -> Path:
+    """A copy of a fixture spec with extra YAML appended, next to a copy of the fixtures' module."""
+    import shutil
+
+    shutil.copy(FIXTURES / "broken_ops.py", tmp_path / "broken_ops.py")
+    path = tmp_path / f"{fixture}.yaml"
+    path.write_text((FIXTURES / f"{fixture}.yaml").read_text() + extra_yaml)
+    return path
+
+
+@pytest.fixture(scope="session")
+def fixtures() -> Path:
+    return FIXTURES

@@ -1,0 +1,105 @@
+"""Each check flags the bug it exists for on a deliberately broken op, and passes a correct one."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import FIXTURES, describe, failures_by_check, run_spec, spec_variant
+from opforge.results import Status
+
+
+def test_correct_op_passes_every_check():
+    report = run_spec(FIXTURES / "good.yaml")
+    failed = [r for r in report.results if r.status.failed]
+    assert not failed, describe(failed)
+    checks = {r.check for r in report.results if r.status == Status.PASS}
+    assert {"correctness", "gradcheck", "grad_lowp", "opcheck:test_schema", "opcheck:test_faketensor",
+            "opcheck:test_autograd_registration", "opcheck:test_aot_dispatch_dynamic"} <= checks
+
+
+# (fixture, checks that must flag it, checks that must still pass on it)
+BUGS = [
+    ("wrong_fake_shape", {"opcheck:test_faketensor"}, {"correctness", "gradcheck", "opcheck:test_schema"}),
+    ("wrong_gradient", {"gradcheck", "grad_lowp"}, {"correctness", "opcheck:test_faketensor"}),
+    ("no_autograd", {"gradcheck", "grad_lowp", "opcheck:test_aot_dispatch_dynamic"}, {"correctness"}),
+    ("undeclared_mutation", {"opcheck:test_schema", "correctness"}, {"opcheck:test_faketensor"}),
+    ("float32_compute", {"gradcheck"}, {"opcheck:test_faketensor"}),
+    ("ignores_strides", {"correctness"}, {"opcheck:test_schema"}),
+    ("crashes_on_edge_shapes", {"correctness"}, set()),
+]
+
+
+@pytest.mark.parametrize("fixture, flagged_by, unaffected", BUGS, ids=[b[0] for b in BUGS])
+def test_broken_op_is_flagged_by_its_check(fixture, flagged_by, unaffected):
+    report = run_spec(FIXTURES / f"{fixture}.yaml")
+    failed = failures_by_check(report)
+    missing = flagged_by - failed.keys()
+    assert not missing, f"{fixture}: expected {sorted(missing)} to fail; failures were {sorted(failed)}"
+    wrongly = unaffected & failed.keys()
+    assert not wrongly, describe([r for c in wrongly for r in failed[c]])
+
+
+def test_noncontiguous_bug_fails_only_noncontiguous_layouts():
+    failed = failures_by_check(run_spec(FIXTURES / "ignores_strides.yaml", checks=("correctness",)))
+    layouts = {r.case_id.split("-")[2] for r in failed["correctness"]}
+    assert layouts == {"transposed", "strided"}
+    assert all(r.mismatch is not None for r in failed["correctness"]), "each failure shows its worst mismatch"
+
+
+def test_edge_shape_crash_fails_only_0d_and_empty():
+    failed = failures_by_check(run_spec(FIXTURES / "crashes_on_edge_shapes.yaml", checks=("correctness",)))
+    shapes = {r.case_id.rsplit("-", 1)[-1] for r in failed["correctness"]}
+    assert shapes == {"x=0d", "x=0"}
+    assert all("raised" in r.message for r in failed["correctness"])
+
+
+def test_float64_through_float32_fails_gradcheck_in_float64_only():
+    failed = failures_by_check(run_spec(FIXTURES / "float32_compute.yaml", checks=("gradcheck", "correctness")))
+    assert {r.dtype for r in failed["gradcheck"]} == {"float64"}
+    assert "correctness" not in {c for c, rows in failed.items() if any(r.dtype == "float32" for r in rows)}
+
+
+def test_graph_break_fails_compile_for_that_implementation_only():
+    report = run_spec(FIXTURES / "graph_break.yaml")
+    assert failures_by_check(report, "graph_break").keys() == {"compile"}
+    assert not failures_by_check(report, "native")
+
+
+def test_mutated_argument_is_compared_with_the_reference():
+    report = run_spec(FIXTURES / "scale_.yaml")
+    assert not failures_by_check(report, "native"), describe(failures_by_check(report, "native").get("correctness", []))
+    wrong = failures_by_check(report, "wrong")["correctness"]
+    nonempty = [r for r in wrong if r.mismatch is not None]
+    assert nonempty and all(r.mismatch.output == "x (mutated)" for r in nonempty)
+
+
+def test_user_cpp_op_next_to_its_spec_is_built_and_checked():
+    report = run_spec(FIXTURES / "user_op" / "strided_scale.yaml")
+    failed = failures_by_check(report)
+    assert {r.case_id.split("-")[2] for r in failed["correctness"]} == {"transposed", "strided"}
+    # No autograd kernel: gradcheck fails, and the dispatcher's warning is kept as the clue.
+    assert "gradcheck" in failed
+    assert any("autograd kernel was not registered" in w for r in failed["gradcheck"] for w in r.warnings)
+
+
+def test_strict_xfail_that_passes_is_xpass_and_fails(tmp_path):
+    path = spec_variant(tmp_path, "good", "xfail:\n  - {check: correctness, dtype: float32, reason: stale}\n")
+    report = run_spec(path, checks=("correctness",), dtypes=("float32",))
+    assert {r.status for r in report.results} == {Status.XPASS}
+    assert report.failed
+
+
+def test_xfail_turns_a_known_failure_into_xfail(tmp_path):
+    path = spec_variant(tmp_path, "ignores_strides",
+                        "xfail:\n  - {check: correctness, reason: known stride bug, strict: false}\n")
+    report = run_spec(path, checks=("correctness",))
+    assert Status.XFAIL in {r.status for r in report.results}
+    assert not report.failed
+
+
+def test_case_seed_depends_only_on_base_seed_and_case():
+    full = run_spec(FIXTURES / "good.yaml", checks=("correctness",))
+    one = full.results[5]
+    alone = run_spec(FIXTURES / "good.yaml", checks=("correctness",), keyword=one.full_id)
+    assert [r.full_id for r in alone.results] == [one.full_id]
+    assert alone.results[0].seed == one.seed

@@ -1,0 +1,119 @@
+"""Spec loading: valid specs load into frozen models; every malformed one gives file:line, key, expected, got, hint."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conftest import FIXTURES, SPECS
+from opforge.errors import SpecError
+from opforge.loading import load_op
+from opforge.spec import load_spec
+
+VALID = """\
+op: opforge_test::good
+schema: "opforge_test::good(Tensor x) -> Tensor"
+load:
+  python: [broken_ops]
+reference: broken_ops:reference
+inputs:
+  x: {shapes: [[], [7]], low: -2, high: 2}
+dtypes: [float32]
+"""
+
+
+def write(tmp_path, text, name="op.yaml"):
+    import shutil
+
+    shutil.copy(FIXTURES / "broken_ops.py", tmp_path / "broken_ops.py")
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_bundled_specs_load_frozen():
+    spec = load_spec(SPECS / "leaky_swish.yaml")
+    assert spec.op == "opforge::leaky_swish"
+    assert [i.name for i in spec.inputs] == ["x", "alpha"]
+    assert spec.inputs[0].shapes[0] == ()
+    assert "gradgradcheck" in spec.checks
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.op = "other"  # type: ignore[misc]
+
+
+def test_defaults(tmp_path):
+    spec = load_spec(write(tmp_path, VALID))
+    assert spec.devices == ("cpu",) and spec.layouts == ("contiguous",)
+    assert spec.differentiable and not spec.double_backward
+    assert "gradgradcheck" not in spec.checks and "gradcheck" in spec.checks
+
+
+# (replace this, with that, expected line, key, a fragment of the message)
+BAD = [
+    ("dtypes: [float32]", "dtypes: [float32]\nfrobnicate: 1", 9, "frobnicate", "unknown key 'frobnicate'"),
+    ("dtypes: [float32]", "dtypes: [float33]", 8, "dtypes[0]", "Did you mean 'float32'?"),
+    ("dtypes: [float32]", "dtypes: float32", 8, "dtypes", "expected a list"),
+    ("dtypes: [float32]", "dtypes: [float32]\ndevices: [tpu]", 9, "devices[0]", "one of cpu, cuda"),
+    ("dtypes: [float32]", "dtypes: [float32]\nchecks: [corectness]", 9, "checks[0]", "Did you mean 'correctness'?"),
+    ("low: -2", "low: minus two", 7, "inputs.x.low", "expected a number"),
+    ("{shapes: [[], [7]]", "{shapes: [[-1]]", 7, "inputs.x.shapes[0]", "non-negative"),
+    ("reference: broken_ops:reference", "reference: broken_ops.reference", 5, "reference", "`module:function`"),
+    ("op: opforge_test::good", "op: good", 1, "op", "qualified name"),
+    ("python: [broken_ops]", "python: [broken_ops]\n  sources: [missing.cpp]", 5, "load.sources[0]",
+     "missing.cpp is missing"),
+    ("x: {shapes: [[], [7]], low: -2, high: 2}", "x: {shapes: [[7]], values: [1]}", 7, "inputs.x", "both"),
+    ("dtypes: [float32]", "dtypes: [float32]\nxfail: [{check: nope, reason: r}]", 9, "xfail[0].check", "one of"),
+]
+
+
+@pytest.mark.parametrize("old, new, line, key, fragment", BAD, ids=[b[3] for b in BAD])
+def test_bad_spec_names_file_line_key_and_hint(tmp_path, old, new, line, key, fragment):
+    assert old in VALID
+    path = write(tmp_path, VALID.replace(old, new))
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    err = info.value
+    assert (err.line, err.key) == (line, key), str(err)
+    message = str(err)
+    assert message.startswith(f"{path}:{line}: {key}: expected ")
+    assert fragment in message
+    assert err.hint, "every spec error says what to do"
+
+
+def test_broken_yaml_reports_its_line(tmp_path):
+    path = write(tmp_path, VALID.replace("dtypes: [float32]", "dtypes: [float32\n"))
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert info.value.line is not None and "valid YAML" in str(info.value)
+
+
+def test_missing_required_key(tmp_path):
+    path = write(tmp_path, VALID.replace('reference: broken_ops:reference\n', ""))
+    with pytest.raises(SpecError, match="reference"):
+        load_spec(path)
+
+
+def test_tolerances_accept_yaml11_exponents(tmp_path):
+    path = write(tmp_path, VALID + "tolerances:\n  float32: {atol: 1e-3, rtol: 1e-4}\n")
+    assert dict(load_spec(path).tolerances)["float32"].atol == 1e-3
+
+
+# Errors only the loaded op can reveal.
+LOAD_ERRORS = [
+    ('schema: "opforge_test::good(Tensor x) -> Tensor"', 'schema: "opforge_test::good(Tensor x, int n) -> Tensor"',
+     "schema", "registered schema"),
+    ("python: [broken_ops]", "python: [no_such_module]", "load", "no module named 'no_such_module'"),
+    ("reference: broken_ops:reference", "reference: broken_ops:nope", "reference", "a callable 'nope'"),
+    ("op: opforge_test::good", "op: opforge_test::not_registered", "op", "no such operator"),
+    ("x: {shapes: [[], [7]], low: -2, high: 2}", "y: {shapes: [[7]]}", "inputs.y", "schema's arguments"),
+]
+
+
+@pytest.mark.parametrize("old, new, key, fragment", LOAD_ERRORS, ids=[e[2] for e in LOAD_ERRORS])
+def test_load_errors_name_the_spec_line(tmp_path, old, new, key, fragment):
+    path = write(tmp_path, VALID.replace(old, new))
+    with pytest.raises(SpecError) as info:
+        load_op(load_spec(path))
+    assert info.value.key == key and info.value.line is not None
+    assert fragment in str(info.value)
