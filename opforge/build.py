@@ -138,6 +138,12 @@ def _cuda_archs(cuda_arch: str | None) -> tuple[str, ...]:
     return ("9.0",)
 
 
+def _extra_flags(variable: str) -> tuple[str, ...]:
+    """Extra compiler flags from the environment (OPFORGE_EXTRA_CFLAGS, OPFORGE_EXTRA_CUDA_CFLAGS): for a kernel
+    author's experiments, e.g. sweeping a tuned constant; they are part of the cache key."""
+    return tuple(os.environ.get(variable, "").split())
+
+
 def plan_build(sources: tuple[Path, ...], toolchain: Toolchain) -> BuildPlan:
     """The build of one set of sources. Its identity depends only on the sources and the machine, never on who asks
     (a spec, or the op's Python module at import): the same sources must never become two libraries that register
@@ -151,15 +157,17 @@ def plan_build(sources: tuple[Path, ...], toolchain: Toolchain) -> BuildPlan:
                                      for d in ((s.parent, s.parent.parent) if s.suffix in CUDA_SUFFIXES
                                                else (s.parent,))))
     include_dirs = local_dirs + toolchain.cuda_include_dirs
-    cuda_cflags = CUDA_FLAGS + tuple(_gencode(a) for a in toolchain.cuda_archs)
-    key = _build_key(kept, local_dirs, CPU_FLAGS, cuda_cflags if toolchain.cuda else (), toolchain)
+    cflags = CPU_FLAGS + _extra_flags("OPFORGE_EXTRA_CFLAGS")
+    cuda_cflags = CUDA_FLAGS + _extra_flags("OPFORGE_EXTRA_CUDA_CFLAGS") + tuple(
+        _gencode(a) for a in toolchain.cuda_archs)
+    key = _build_key(kept, local_dirs, cflags, cuda_cflags if toolchain.cuda else (), toolchain)
     ident = re.sub(r"\W", "_", name)
     return BuildPlan(
         name=f"{ident}_{key[:12]}",
         sources=kept,
         skipped_sources=skipped,
         directory=cache_root() / "build" / f"{ident}-{key[:16]}",
-        cflags=CPU_FLAGS,
+        cflags=cflags,
         cuda_cflags=cuda_cflags,
         include_dirs=include_dirs,
         toolchain=toolchain,
@@ -209,11 +217,13 @@ def build(plan: BuildPlan, on_step: Callable[[str], None] | None = None) -> Buil
 
 
 def _compile(plan: BuildPlan) -> None:
-    from torch.utils import cpp_extension
-
     env_backup = os.environ.get("CUDA_HOME")
     if plan.with_cuda:
+        # Before cpp_extension is imported: it reads CUDA_HOME once, and would otherwise guess from PATH.
         os.environ["CUDA_HOME"] = str(plan.toolchain.cuda_home)
+    from torch.utils import cpp_extension
+
+    if plan.with_cuda:
         cpp_extension.CUDA_HOME = str(plan.toolchain.cuda_home)
     try:
         cpp_extension.load(

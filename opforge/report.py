@@ -185,8 +185,9 @@ def render_spec_list(rows: list[tuple[str, str, str]]) -> None:
 
 def render_builds(rows: list[tuple[str, str, str]]) -> None:
     table = Table(title="opforge build", title_justify="left")
-    for name in ("op", "library", "status"):
-        table.add_column(name)
+    table.add_column("op", no_wrap=True)
+    table.add_column("library", overflow="fold")
+    table.add_column("status")
     for row in rows:
         table.add_row(*row)
     console.print(table)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import FIXTURES, describe, failures_by_check, run_spec, spec_variant
+from conftest import FIXTURES, describe, failures_by_check, requires_cuda, run_spec, spec_variant
 from opforge.results import Status
 
 
@@ -103,3 +103,21 @@ def test_case_seed_depends_only_on_base_seed_and_case():
     alone = run_spec(FIXTURES / "good.yaml", checks=("correctness",), keyword=one.full_id)
     assert [r.full_id for r in alone.results] == [one.full_id]
     assert alone.results[0].seed == one.seed
+
+
+@requires_cuda
+def test_cuda_result_that_disagrees_with_cpu_fails_devices():
+    report = run_spec(FIXTURES / "cuda_disagrees.yaml")
+    failed = failures_by_check(report)
+    assert {r.device for r in failed["devices"]} == {"cuda"}
+    assert not any(r.device == "cpu" for r in failed.get("correctness", []))
+
+
+def test_devices_check_is_skipped_with_a_reason_without_cuda():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    report = run_spec(FIXTURES / "cuda_disagrees.yaml")
+    skipped = [r for r in report.results if r.check == "devices"]
+    assert skipped and all(r.status == Status.SKIP and "CUDA is not available" in r.message for r in skipped)

@@ -35,6 +35,37 @@ def correctness(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     return {"correctness": None}
 
 
+def devices_agree(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+    """The CUDA result against the CPU result of the same implementation on the same input values.
+
+    Catches a CUDA kernel that computes something else than the CPU one (extension-cpp's add kernel multiplied
+    for a year while opcheck passed), independently of how close either is to the reference.
+    """
+    loaded = ctx.loaded
+    inputs = inputs_for(loaded, case, ctx.base_seed)
+    on_cpu = _moved(inputs, "cpu")
+    got = as_tuple(call_target(target, inputs)) if loaded.overload._schema.returns else ()
+    want = as_tuple(call_target(target, on_cpu)) if loaded.overload._schema.returns else ()
+    tol = tolerance_for(loaded.spec, case.dtype)
+    for name, g, w in zip(output_names(loaded), got, want):
+        check_result(f"{name} (cuda vs cpu)", g, w, tol, w.dtype, case.device)
+    for name in loaded.mutated_arguments:
+        value, expected = argument(inputs, loaded, name), argument(on_cpu, loaded, name)
+        check_result(f"{name} (mutated, cuda vs cpu)", value, expected, tol, expected.dtype, case.device)
+    return {"devices": None}
+
+
+def _moved(inputs, device: str):
+    import torch
+    from dataclasses import replace
+
+    def move(v):
+        return v.detach().to(device) if isinstance(v, torch.Tensor) else v
+
+    return replace(inputs, args=tuple(move(a) for a in inputs.args),
+                   kwargs={k: move(v) for k, v in inputs.kwargs.items()})
+
+
 def grad_lowp(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     """Gradients computed in the case's dtype vs autograd through the float64 reference (same grad_output)."""
     import torch

@@ -1,0 +1,168 @@
+"""H200 bandwidth of opforge's CUDA kernels against a device copy, eager PyTorch, torch.compile and the seed kernel.
+
+Run on a GPU machine from the repository root:
+    python benchmarks/cuda_bandwidth.py [--sizes 20,22,24,26,28] [--json out.json] [--markdown out.md]
+    python benchmarks/cuda_bandwidth.py --sweep            # rebuild with other tuned constants and compare
+
+Bandwidth counts each input read once and the output written once: forward 1 read + 1 write, leaky_swish backward
+2 reads + 1 write, custom_loss forward 2 + 1 and backward 3 + 1. Times are triton.testing.do_bench medians (it
+flushes L2 before each rep). The copy bound is a device-to-device copy of the same number of bytes moved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def median_ms(fn) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=50, rep=200, return_mode="median")
+
+
+def gbps(nbytes: int, ms: float) -> float:
+    return nbytes / ms / 1e6
+
+
+def copy_gbps(nbytes: int) -> float:
+    # A copy of nbytes/2 bytes moves nbytes (read + write).
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    return gbps(nbytes, median_ms(lambda: dst.copy_(src)))
+
+
+def leaky_swish_cases(n: int, dtype):
+    from opforge.ops.leaky_swish import _backward, leaky_swish, reference
+
+    x = torch.randn(n, device="cuda", dtype=dtype)
+    g = torch.randn(n, device="cuda", dtype=dtype)
+
+    def ref_backward(g, x, alpha):
+        s = torch.sigmoid(x)
+        return g * (s + x * s * (1 - s) + alpha)
+
+    fwd = {"opforge": lambda: leaky_swish(x, 0.1), "eager": lambda: reference(x, 0.1)}
+    compiled = torch.compile(reference)
+    fwd["torch.compile(ref)"] = lambda: compiled(x, 0.1)
+    if dtype == torch.float32 and n < 2**31 and hasattr(torch.ops, "seed"):
+        fwd["seed kernel"] = lambda: torch.ops.seed.leaky_swish(x, 0.1)
+    compiled_bwd = torch.compile(ref_backward)
+    bwd = {"opforge": lambda: _backward(g, x, 0.1), "eager": lambda: ref_backward(g, x, 0.1),
+           "torch.compile(ref)": lambda: compiled_bwd(g, x, 0.1)}
+    size = x.element_size()
+    return [("leaky_swish fwd", 2 * n * size, fwd), ("leaky_swish bwd", 3 * n * size, bwd)]
+
+
+def custom_loss_cases(n: int, dtype):
+    from opforge.ops.custom_loss import _backward, custom_loss, reference
+
+    p = torch.randn(n, device="cuda", dtype=dtype)
+    t = torch.randn(n, device="cuda", dtype=dtype)
+    g = torch.randn(n, device="cuda", dtype=dtype)
+
+    def ref_backward(g, p, t):
+        d = p - t
+        return g * torch.where(d < 0, 2 * d, torch.sign(d))
+
+    compiled, compiled_bwd = torch.compile(reference), torch.compile(ref_backward)
+    fwd = {"opforge": lambda: custom_loss(p, t), "eager": lambda: reference(p, t),
+           "torch.compile(ref)": lambda: compiled(p, t)}
+    bwd = {"opforge": lambda: _backward(g, p, t), "eager": lambda: ref_backward(g, p, t),
+           "torch.compile(ref)": lambda: compiled_bwd(g, p, t)}
+    size = p.element_size()
+    return [("custom_loss fwd", 3 * n * size, fwd), ("custom_loss bwd", 4 * n * size, bwd)]
+
+
+def load_seed_kernel() -> None:
+    from torch.utils import cpp_extension
+
+    build = Path(os.environ.get("OPFORGE_CACHE", "/tmp")) / "seed_kernel"
+    build.mkdir(parents=True, exist_ok=True)
+    cpp_extension.load("seed_kernel", [str(REPO / "benchmarks" / "seed_kernel.cu")], build_directory=str(build),
+                       is_python_module=False, extra_cuda_cflags=["-O3", "-gencode=arch=compute_90,code=sm_90"])
+
+
+def run(sizes, dtypes, ops) -> list[dict]:
+    rows = []
+    for log2 in sizes:
+        n = 2**log2
+        for dtype in dtypes:
+            for make in ops:
+                for name, nbytes, contenders in make(n, dtype):
+                    bound = copy_gbps(nbytes)
+                    row = {"case": name, "dtype": str(dtype).removeprefix("torch."), "log2_n": log2,
+                           "copy_GBps": round(bound, 1)}
+                    for who, fn in contenders.items():
+                        row[who] = round(gbps(nbytes, median_ms(fn)), 1)
+                    row["opforge_pct_of_copy"] = round(100 * row["opforge"] / bound, 1)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                torch.cuda.empty_cache()
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    columns = ["case", "dtype", "log2_n", "copy_GBps", "opforge", "opforge_pct_of_copy", "torch.compile(ref)",
+               "eager", "seed kernel"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(r.get(c, "–")) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def sweep() -> None:
+    """Rebuild leaky_swish with other tuned constants, each in a child process, and time 2^28 fp32/bf16 fwd+bwd."""
+    variants = ["", "-DOPFORGE_CUDA_UNROLL=1", "-DOPFORGE_CUDA_UNROLL=2", "-DOPFORGE_CUDA_UNROLL=8",
+                "-DOPFORGE_CUDA_THREADS=128", "-DOPFORGE_CUDA_THREADS=512 -DOPFORGE_CUDA_BLOCKS_PER_SM=4"]
+    for flags in variants:
+        env = dict(os.environ, OPFORGE_EXTRA_CUDA_CFLAGS=flags)
+        command = [sys.executable, str(Path(__file__).resolve()), "--sizes", "28", "--dtypes", "float32,bfloat16",
+                   "--ops", "leaky_swish", "--no-seed"]
+        out = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
+        for line in out.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                print(f"sweep {flags or 'default'}: {r['case']} {r['dtype']} {r['opforge']} GB/s "
+                      f"({r['opforge_pct_of_copy']}% of copy)", flush=True)
+        if out.returncode:
+            print(f"sweep {flags}: failed\n{out.stderr[-2000:]}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="20,22,24,26,28")
+    parser.add_argument("--dtypes", default="float32,bfloat16,float16")
+    parser.add_argument("--ops", default="leaky_swish,custom_loss")
+    parser.add_argument("--json")
+    parser.add_argument("--markdown")
+    parser.add_argument("--no-seed", action="store_true")
+    parser.add_argument("--sweep", action="store_true")
+    args = parser.parse_args()
+    if args.sweep:
+        sweep()
+        return
+    if not args.no_seed:
+        load_seed_kernel()
+    makers = {"leaky_swish": leaky_swish_cases, "custom_loss": custom_loss_cases}
+    rows = run([int(s) for s in args.sizes.split(",")], [getattr(torch, d) for d in args.dtypes.split(",")],
+               [makers[o] for o in args.ops.split(",")])
+    table = markdown(rows)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}\n{table}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

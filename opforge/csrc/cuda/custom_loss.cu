@@ -1,0 +1,83 @@
+// CUDA kernels of opforge::custom_loss and its backward (schemas are defined in ../custom_loss.cpp).
+#include <ATen/Dispatch.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include "elementwise.cuh"
+#include "layout.h"
+
+namespace opforge::cuda {
+namespace {
+
+template <typename acc_t>
+struct Forward {
+  __device__ __forceinline__ acc_t operator()(acc_t p, acc_t t) const {
+    const acc_t d = p - t;
+    return d < acc_t(0) ? d * d : ::fabs(d);
+  }
+};
+
+// dL/dd = 2d where d < 0, sign(d) elsewhere (0 at the kink, as autograd's abs does).
+template <typename acc_t>
+struct Backward {
+  __device__ __forceinline__ acc_t operator()(acc_t g, acc_t p, acc_t t) const {
+    const acc_t d = p - t;
+    const acc_t slope = d < acc_t(0) ? d + d : (d > acc_t(0) ? acc_t(1) : acc_t(0));
+    return g * slope;
+  }
+};
+
+void check_pair(const at::Tensor& pred, const at::Tensor& target, const char* op) {
+  TORCH_CHECK(at::isFloatingType(pred.scalar_type()), op, ": pred must be float32, float64, float16 or bfloat16, got ",
+              pred.scalar_type(), ". Cast it first, e.g. pred.float().");
+  TORCH_CHECK(pred.scalar_type() == target.scalar_type(), op, ": target must have pred's dtype ",
+              pred.scalar_type(), ", got ", target.scalar_type(), ". Cast one of them.");
+  TORCH_CHECK(pred.device() == target.device(), op, ": target must be on pred's device ", pred.device(), ", got ",
+              target.device(), ". Move one of them with .to().");
+}
+
+at::Tensor broadcast_output(const at::Tensor& a, const at::Tensor& b) {
+  return at::empty(at::infer_size(a.sizes(), b.sizes()), a.options());
+}
+
+at::Tensor custom_loss(const at::Tensor& pred, const at::Tensor& target) {
+  check_pair(pred, target, "opforge::custom_loss");
+  at::Tensor out = broadcast_output(pred, target);
+  const at::Tensor p = with_layout_of(pred, out);
+  const at::Tensor t = with_layout_of(target, out);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), "opforge::custom_loss", [&] {
+    using acc_t = opmath_t<scalar_t>;
+    launch_elementwise<scalar_t>(pred.device(), out.data_ptr<scalar_t>(), out.numel(), Forward<acc_t>{},
+                                 p.const_data_ptr<scalar_t>(), t.const_data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+at::Tensor custom_loss_backward(const at::Tensor& grad, const at::Tensor& pred, const at::Tensor& target) {
+  check_pair(pred, target, "opforge::custom_loss_backward");
+  at::Tensor out = broadcast_output(pred, target);
+  TORCH_CHECK(grad.sizes() == out.sizes(), "opforge::custom_loss_backward: grad must have the broadcast shape ",
+              out.sizes(), ", got ", grad.sizes(), ".");
+  TORCH_CHECK(grad.scalar_type() == pred.scalar_type(), "opforge::custom_loss_backward: grad must have pred's dtype ",
+              pred.scalar_type(), ", got ", grad.scalar_type(), ".");
+  const at::Tensor g = with_layout_of(grad, out);
+  const at::Tensor p = with_layout_of(pred, out);
+  const at::Tensor t = with_layout_of(target, out);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), "opforge::custom_loss_backward", [&] {
+    using acc_t = opmath_t<scalar_t>;
+    launch_elementwise<scalar_t>(pred.device(), out.data_ptr<scalar_t>(), out.numel(), Backward<acc_t>{},
+                                 g.const_data_ptr<scalar_t>(), p.const_data_ptr<scalar_t>(),
+                                 t.const_data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
+  m.impl("custom_loss", &custom_loss);
+  m.impl("custom_loss_backward", &custom_loss_backward);
+}
+
+}  // namespace opforge::cuda

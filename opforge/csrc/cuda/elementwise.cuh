@@ -1,0 +1,118 @@
+// Shared CUDA machinery for opforge's elementwise kernels: 128-bit vectorized loads and stores with a scalar tail,
+// a scalar fallback when a pointer is not 16-byte aligned, int64 indexing throughout, launches on the current
+// stream of the input's device, and low-precision dtypes computed in float.
+#pragma once
+
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+namespace opforge::cuda {
+
+// The tuned constants. benchmarks/cuda_bandwidth.py --sweep rebuilds with -D overrides of the macros below and
+// measures each variant; docs/performance.md has the H200 table that chose the defaults.
+#ifndef OPFORGE_CUDA_THREADS
+#define OPFORGE_CUDA_THREADS 256
+#endif
+#ifndef OPFORGE_CUDA_UNROLL
+#define OPFORGE_CUDA_UNROLL 4
+#endif
+#ifndef OPFORGE_CUDA_BLOCKS_PER_SM
+#define OPFORGE_CUDA_BLOCKS_PER_SM 8
+#endif
+// Threads per block.
+constexpr int kThreads = OPFORGE_CUDA_THREADS;
+// 16-byte vectors a thread keeps in flight per input per loop iteration: more bytes in flight hide DRAM latency.
+constexpr int kUnroll = OPFORGE_CUDA_UNROLL;
+// Resident blocks per SM that the grid-stride loop is sized for.
+constexpr int kBlocksPerSm = OPFORGE_CUDA_BLOCKS_PER_SM;
+constexpr int kVectorBytes = 16;
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+template <typename scalar_t>
+using opmath_t = at::opmath_type<scalar_t>;
+
+template <typename scalar_t, int kVec, typename Fn, size_t... I>
+__device__ __forceinline__ void apply_pack(Pack<scalar_t, kVec>& out, const Fn& fn,
+                                           const Pack<scalar_t, kVec> (&in)[sizeof...(I)],
+                                           std::index_sequence<I...>) {
+  using acc_t = opmath_t<scalar_t>;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    out.v[j] = static_cast<scalar_t>(fn(static_cast<acc_t>(in[I].v[j])...));
+  }
+}
+
+// out[i] = fn(in...[i]) for i < n. Each thread handles kUnroll packs of kVec elements per grid-stride step; the
+// last, partial pack of the tensor goes element by element. kVec == 1 is the unaligned fallback.
+template <typename scalar_t, int kVec, typename Fn, typename... In>
+__global__ void __launch_bounds__(kThreads) elementwise_kernel(int64_t n, Fn fn, scalar_t* __restrict__ out,
+                                                              const In* __restrict__... in) {
+  using acc_t = opmath_t<scalar_t>;
+  using P = Pack<scalar_t, kVec>;
+  constexpr int kInputs = sizeof...(In);
+  const int64_t per_block = static_cast<int64_t>(kThreads) * kVec * kUnroll;
+  const int64_t step = per_block * gridDim.x;
+  for (int64_t block_start = static_cast<int64_t>(blockIdx.x) * per_block; block_start < n; block_start += step) {
+    if (block_start + per_block <= n) {
+      P loaded[kUnroll][kInputs];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = block_start + (static_cast<int64_t>(u) * kThreads + threadIdx.x) * kVec;
+        int k = 0;
+        ((loaded[u][k++] = *reinterpret_cast<const P*>(in + i)), ...);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = block_start + (static_cast<int64_t>(u) * kThreads + threadIdx.x) * kVec;
+        P result;
+        apply_pack<scalar_t, kVec>(result, fn, loaded[u], std::index_sequence_for<In...>{});
+        *reinterpret_cast<P*>(out + i) = result;
+      }
+    } else {
+      // The tensor's last, partial block: element by element, still coalesced across the block.
+      for (int64_t i = block_start + threadIdx.x; i < n; i += kThreads) {
+        out[i] = static_cast<scalar_t>(fn(static_cast<acc_t>(in[i])...));
+      }
+    }
+  }
+}
+
+inline bool aligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % kVectorBytes == 0;
+}
+
+// Launch `fn` over `n` elements of dense buffers that share one layout, on the current stream of `device`.
+template <typename scalar_t, typename Fn, typename... In>
+void launch_elementwise(const c10::Device& device, scalar_t* out, int64_t n, const Fn& fn, const In*... in) {
+  static_assert((std::is_same_v<In, scalar_t> && ...), "all inputs share the output's dtype");
+  if (n == 0) {
+    return;
+  }
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(device.index());
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  constexpr int kVec = kVectorBytes / sizeof(scalar_t);
+  const bool vectorized = aligned(out) && (aligned(in) && ...);
+  const int64_t per_block = static_cast<int64_t>(kThreads) * kUnroll * (vectorized ? kVec : 1);
+  const int64_t wanted = (n + per_block - 1) / per_block;
+  const int blocks = static_cast<int>(std::min<int64_t>(wanted, static_cast<int64_t>(sms) * kBlocksPerSm));
+  if (vectorized) {
+    elementwise_kernel<scalar_t, kVec><<<blocks, kThreads, 0, stream>>>(n, fn, out, in...);
+  } else {
+    elementwise_kernel<scalar_t, 1><<<blocks, kThreads, 0, stream>>>(n, fn, out, in...);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace opforge::cuda

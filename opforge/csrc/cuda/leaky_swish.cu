@@ -1,0 +1,82 @@
+// CUDA kernels of opforge::leaky_swish and its backward (schemas are defined in ../leaky_swish.cpp).
+#include <ATen/Dispatch.h>
+#include <torch/library.h>
+
+#include "elementwise.cuh"
+#include "layout.h"
+
+namespace opforge::cuda {
+namespace {
+
+// Full-precision expf / exp: the kernels are bandwidth-bound, so the faster __expf would buy nothing and cost
+// accuracy (its error grows with |x|).
+__device__ __forceinline__ float sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+
+__device__ __forceinline__ double sigmoid(double x) {
+  return 1.0 / (1.0 + exp(-x));
+}
+
+template <typename acc_t>
+struct Forward {
+  acc_t alpha;
+  __device__ __forceinline__ acc_t operator()(acc_t x) const {
+    return x * (sigmoid(x) + alpha);
+  }
+};
+
+template <typename acc_t>
+struct Backward {
+  acc_t alpha;
+  __device__ __forceinline__ acc_t operator()(acc_t g, acc_t x) const {
+    const acc_t s = sigmoid(x);
+    return g * (s + x * s * (acc_t(1) - s) + alpha);
+  }
+};
+
+void check_input(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()), op, ": x must be float32, float64, float16 or bfloat16, got ",
+              x.scalar_type(), ". Cast it first, e.g. x.float().");
+}
+
+at::Tensor leaky_swish(const at::Tensor& x, double alpha) {
+  check_input(x, "opforge::leaky_swish");
+  at::Tensor out = elementwise_output_like(x);
+  const at::Tensor xd = with_layout_of(x, out);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "opforge::leaky_swish", [&] {
+    using acc_t = opmath_t<scalar_t>;
+    launch_elementwise<scalar_t>(x.device(), out.data_ptr<scalar_t>(), out.numel(),
+                                 Forward<acc_t>{static_cast<acc_t>(alpha)}, xd.const_data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+at::Tensor leaky_swish_backward(const at::Tensor& grad, const at::Tensor& x, double alpha) {
+  check_input(x, "opforge::leaky_swish_backward");
+  TORCH_CHECK(grad.sizes() == x.sizes(), "opforge::leaky_swish_backward: grad must have x's shape ", x.sizes(),
+              ", got ", grad.sizes(), ".");
+  TORCH_CHECK(grad.scalar_type() == x.scalar_type(), "opforge::leaky_swish_backward: grad must have x's dtype ",
+              x.scalar_type(), ", got ", grad.scalar_type(), ".");
+  TORCH_CHECK(grad.device() == x.device(), "opforge::leaky_swish_backward: grad must be on x's device ", x.device(),
+              ", got ", grad.device(), ".");
+  at::Tensor out = elementwise_output_like(x);
+  const at::Tensor xd = with_layout_of(x, out);
+  const at::Tensor gd = with_layout_of(grad, out);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "opforge::leaky_swish_backward", [&] {
+    using acc_t = opmath_t<scalar_t>;
+    launch_elementwise<scalar_t>(x.device(), out.data_ptr<scalar_t>(), out.numel(),
+                                 Backward<acc_t>{static_cast<acc_t>(alpha)}, gd.const_data_ptr<scalar_t>(),
+                                 xd.const_data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
+  m.impl("leaky_swish", &leaky_swish);
+  m.impl("leaky_swish_backward", &leaky_swish_backward);
+}
+
+}  // namespace opforge::cuda
