@@ -41,6 +41,9 @@ def copy_gbps(nbytes: int) -> float:
     return gbps(nbytes, median_ms(lambda: dst.copy_(src)))
 
 
+BASELINES = True
+
+
 def leaky_swish_cases(n: int, dtype):
     from opforge.ops.leaky_swish import _backward, leaky_swish, reference
 
@@ -103,7 +106,8 @@ def run(sizes, dtypes, ops) -> list[dict]:
                     row = {"case": name, "dtype": str(dtype).removeprefix("torch."), "log2_n": log2,
                            "copy_GBps": round(bound, 1)}
                     for who, fn in contenders.items():
-                        row[who] = round(gbps(nbytes, median_ms(fn)), 1)
+                        if BASELINES or who == "opforge":
+                            row[who] = round(gbps(nbytes, median_ms(fn)), 1)
                     row["opforge_pct_of_copy"] = round(100 * row["opforge"] / bound, 1)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -122,17 +126,19 @@ def markdown(rows: list[dict]) -> str:
 
 def sweep() -> None:
     """Rebuild leaky_swish with other tuned constants, each in a child process, and time 2^28 fp32/bf16 fwd+bwd."""
-    variants = ["", "-DOPFORGE_CUDA_UNROLL=1", "-DOPFORGE_CUDA_UNROLL=2", "-DOPFORGE_CUDA_UNROLL=8",
-                "-DOPFORGE_CUDA_THREADS=128", "-DOPFORGE_CUDA_THREADS=512 -DOPFORGE_CUDA_BLOCKS_PER_SM=4"]
+    variants = ["", "-DOPFORGE_CUDA_STREAMING=0", "-DOPFORGE_CUDA_FAST_EXP=0", "-DOPFORGE_CUDA_GRID_STRIDE=0",
+                "-DOPFORGE_CUDA_GRID_STRIDE=0 -DOPFORGE_CUDA_UNROLL=2",
+                "-DOPFORGE_CUDA_GRID_STRIDE=0 -DOPFORGE_CUDA_UNROLL=1", "-DOPFORGE_CUDA_UNROLL=2",
+                "-DOPFORGE_CUDA_THREADS=512 -DOPFORGE_CUDA_BLOCKS_PER_SM=4"]
     for flags in variants:
         env = dict(os.environ, OPFORGE_EXTRA_CUDA_CFLAGS=flags)
-        command = [sys.executable, str(Path(__file__).resolve()), "--sizes", "28", "--dtypes", "float32,bfloat16",
-                   "--ops", "leaky_swish", "--no-seed"]
+        command = [sys.executable, str(Path(__file__).resolve()), "--sizes", "20,28", "--dtypes", "float32,bfloat16",
+                   "--ops", "leaky_swish", "--no-seed", "--no-compile"]
         out = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
         for line in out.stdout.splitlines():
             if line.startswith("{"):
                 r = json.loads(line)
-                print(f"sweep {flags or 'default'}: {r['case']} {r['dtype']} {r['opforge']} GB/s "
+                print(f"sweep {flags or 'default'}: {r['case']} {r['dtype']} 2^{r['log2_n']} {r['opforge']} GB/s "
                       f"({r['opforge_pct_of_copy']}% of copy)", flush=True)
         if out.returncode:
             print(f"sweep {flags}: failed\n{out.stderr[-2000:]}", flush=True)
@@ -147,10 +153,13 @@ def main() -> None:
     parser.add_argument("--markdown")
     parser.add_argument("--no-seed", action="store_true")
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--no-compile", action="store_true", help="leave out the eager and torch.compile baselines")
     args = parser.parse_args()
     if args.sweep:
         sweep()
         return
+    global BASELINES
+    BASELINES = not args.no_compile
     if not args.no_seed:
         load_seed_kernel()
     makers = {"leaky_swish": leaky_swish_cases, "custom_loss": custom_loss_cases}

@@ -13,7 +13,7 @@ from typing import Callable, List, Optional
 import typer
 
 from opforge import report
-from opforge.errors import OpforgeError, UsageError
+from opforge.errors import BuildError, OpforgeError, UsageError
 from opforge.spec import (KNOWN_CHECKS, KNOWN_DEVICES, KNOWN_DTYPES, OPCHECK_SUBTESTS, OpSpec, find_spec, list_specs,
                           load_spec)
 
@@ -154,11 +154,13 @@ def list_() -> None:
 def build(
     targets: List[str] = typer.Argument(None, help="Op names or spec paths; all bundled specs when none."),
     cuda_arch: Optional[str] = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
+    require_cuda: bool = typer.Option(False, "--require-cuda",
+                                      help="Fail (exit 3) if CUDA sources cannot be built here: a compile-only gate."),
 ) -> None:
     """Compile (or find in the cache) the C++/CUDA sources of op specs."""
 
     def body() -> int:
-        from opforge.build import build_sources
+        from opforge.build import build, detect_toolchain, plan_build
 
         rows = []
         for path in _specs(targets or [], all_specs=not targets):
@@ -166,8 +168,11 @@ def build(
             if not spec.sources:
                 rows.append((spec.op, "-", "no sources (pure Python)"))
                 continue
+            plan = plan_build(spec.sources, detect_toolchain(cuda_arch))
+            if require_cuda and plan.skipped_sources:
+                raise BuildError(spec.name, plan.log, [f"CUDA sources left out: {plan.toolchain.skip_reason}"])
             with report.spinner(f"building {spec.name}"):
-                result = build_sources(spec.sources, cuda_arch, on_step=report.info)
+                result = build(plan, on_step=report.info)
             status = f"cached ({result.seconds:.2f} s)" if result.cached else f"built in {result.seconds:.1f} s"
             if result.plan.skipped_sources:
                 status += f"; left out {', '.join(s.name for s in result.plan.skipped_sources)}: " \

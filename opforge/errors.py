@@ -53,6 +53,6 @@ class BuildError(OpforgeError):
     def __str__(self) -> str:
         lines = "\n".join(self.first_errors)
         return (
-            f"building {self.name}: expected the sources to compile, got compiler errors:\n{lines}\n"
+            f"building {self.name}: expected the sources to compile, got:\n{lines}\n"
             f"Fix the first error above; the full log is {self.log_path}."
         )

@@ -10,28 +10,45 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 namespace opforge::cuda {
 
 // The tuned constants. benchmarks/cuda_bandwidth.py --sweep rebuilds with -D overrides of the macros below and
-// measures each variant; docs/performance.md has the H200 table that chose the defaults.
+// measures each variant; docs/performance.md has the H200 table that chose the defaults. On an H200 at 2^28
+// elements (leaky_swish, % of a device copy, fwd/bwd float32, fwd/bwd bfloat16): one 16-byte vector per thread and
+// one tile per block (GRID_STRIDE=0, UNROLL=1) gave 96.6/96.3/95.5/95.6; a grid-stride loop over 8 blocks per
+// SM with 4 vectors per thread 84.0/85.4/85.0/86.6; grid-stride with UNROLL=2 83.1/87.6/82.5/87.4; one tile per
+// block with UNROLL=2 90.3/93.5/89.6/93.5; 512 threads 89.7/88.6/89.5/90.7.
 #ifndef OPFORGE_CUDA_THREADS
 #define OPFORGE_CUDA_THREADS 256
 #endif
 #ifndef OPFORGE_CUDA_UNROLL
-#define OPFORGE_CUDA_UNROLL 4
+#define OPFORGE_CUDA_UNROLL 1
 #endif
 #ifndef OPFORGE_CUDA_BLOCKS_PER_SM
 #define OPFORGE_CUDA_BLOCKS_PER_SM 8
+#endif
+#ifndef OPFORGE_CUDA_GRID_STRIDE
+#define OPFORGE_CUDA_GRID_STRIDE 0
+#endif
+#ifndef OPFORGE_CUDA_STREAMING
+#define OPFORGE_CUDA_STREAMING 1
 #endif
 // Threads per block.
 constexpr int kThreads = OPFORGE_CUDA_THREADS;
 // 16-byte vectors a thread keeps in flight per input per loop iteration: more bytes in flight hide DRAM latency.
 constexpr int kUnroll = OPFORGE_CUDA_UNROLL;
-// Resident blocks per SM that the grid-stride loop is sized for.
+// Resident blocks per SM: the grid-stride loop's grid, and the occupancy below which a tensor is "small" and gets
+// one vector per thread (more blocks) instead of kUnroll.
 constexpr int kBlocksPerSm = OPFORGE_CUDA_BLOCKS_PER_SM;
+// A capped grid looping over the tensor, or one tile per block.
+constexpr bool kGridStride = OPFORGE_CUDA_GRID_STRIDE;
+// Streaming (evict-first) loads and stores: every byte is touched once, so keep it from crowding L2.
+constexpr bool kStreaming = OPFORGE_CUDA_STREAMING;
 constexpr int kVectorBytes = 16;
 
 template <typename T, int N>
@@ -41,6 +58,33 @@ struct alignas(sizeof(T) * N) Pack {
 
 template <typename scalar_t>
 using opmath_t = at::opmath_type<scalar_t>;
+
+template <typename P>
+__device__ __forceinline__ P load_pack(const void* p) {
+  if constexpr (sizeof(P) == 16) {
+    const uint4 raw = kStreaming ? __ldcs(reinterpret_cast<const uint4*>(p)) : *reinterpret_cast<const uint4*>(p);
+    P out;
+    memcpy(&out, &raw, sizeof out);
+    return out;
+  } else {
+    return *reinterpret_cast<const P*>(p);
+  }
+}
+
+template <typename P>
+__device__ __forceinline__ void store_pack(void* p, const P& value) {
+  if constexpr (sizeof(P) == 16) {
+    uint4 raw;
+    memcpy(&raw, &value, sizeof raw);
+    if (kStreaming) {
+      __stcs(reinterpret_cast<uint4*>(p), raw);
+    } else {
+      *reinterpret_cast<uint4*>(p) = raw;
+    }
+  } else {
+    *reinterpret_cast<P*>(p) = value;
+  }
+}
 
 template <typename scalar_t, int kVec, typename Fn, size_t... I>
 __device__ __forceinline__ void apply_pack(Pack<scalar_t, kVec>& out, const Fn& fn,
@@ -53,31 +97,31 @@ __device__ __forceinline__ void apply_pack(Pack<scalar_t, kVec>& out, const Fn& 
   }
 }
 
-// out[i] = fn(in...[i]) for i < n. Each thread handles kUnroll packs of kVec elements per grid-stride step; the
-// last, partial pack of the tensor goes element by element. kVec == 1 is the unaligned fallback.
-template <typename scalar_t, int kVec, typename Fn, typename... In>
+// out[i] = fn(in...[i]) for i < n. Each thread handles kU packs of kVec elements per grid-stride step; the
+// last, partial tile of the tensor goes element by element. kVec == 1 is the unaligned fallback.
+template <typename scalar_t, int kVec, int kU, typename Fn, typename... In>
 __global__ void __launch_bounds__(kThreads) elementwise_kernel(int64_t n, Fn fn, scalar_t* __restrict__ out,
                                                               const In* __restrict__... in) {
   using acc_t = opmath_t<scalar_t>;
   using P = Pack<scalar_t, kVec>;
   constexpr int kInputs = sizeof...(In);
-  const int64_t per_block = static_cast<int64_t>(kThreads) * kVec * kUnroll;
+  const int64_t per_block = static_cast<int64_t>(kThreads) * kVec * kU;
   const int64_t step = per_block * gridDim.x;
   for (int64_t block_start = static_cast<int64_t>(blockIdx.x) * per_block; block_start < n; block_start += step) {
     if (block_start + per_block <= n) {
-      P loaded[kUnroll][kInputs];
+      P loaded[kU][kInputs];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kU; ++u) {
         const int64_t i = block_start + (static_cast<int64_t>(u) * kThreads + threadIdx.x) * kVec;
         int k = 0;
-        ((loaded[u][k++] = *reinterpret_cast<const P*>(in + i)), ...);
+        ((loaded[u][k++] = load_pack<P>(in + i)), ...);
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kU; ++u) {
         const int64_t i = block_start + (static_cast<int64_t>(u) * kThreads + threadIdx.x) * kVec;
         P result;
         apply_pack<scalar_t, kVec>(result, fn, loaded[u], std::index_sequence_for<In...>{});
-        *reinterpret_cast<P*>(out + i) = result;
+        store_pack(out + i, result);
       }
     } else {
       // The tensor's last, partial block: element by element, still coalesced across the block.
@@ -103,14 +147,19 @@ void launch_elementwise(const c10::Device& device, scalar_t* out, int64_t n, con
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(device.index());
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   constexpr int kVec = kVectorBytes / sizeof(scalar_t);
-  const bool vectorized = aligned(out) && (aligned(in) && ...);
-  const int64_t per_block = static_cast<int64_t>(kThreads) * kUnroll * (vectorized ? kVec : 1);
-  const int64_t wanted = (n + per_block - 1) / per_block;
-  const int blocks = static_cast<int>(std::min<int64_t>(wanted, static_cast<int64_t>(sms) * kBlocksPerSm));
-  if (vectorized) {
-    elementwise_kernel<scalar_t, kVec><<<blocks, kThreads, 0, stream>>>(n, fn, out, in...);
+  const int64_t resident = static_cast<int64_t>(sms) * kBlocksPerSm;
+  const auto grid = [&](int64_t per_block) {
+    const int64_t tiles = (n + per_block - 1) / per_block;
+    return static_cast<int>(std::min<int64_t>(kGridStride ? std::min(tiles, resident) : tiles, INT32_MAX));
+  };
+  if (!(aligned(out) && (aligned(in) && ...))) {
+    elementwise_kernel<scalar_t, 1, 1><<<grid(kThreads), kThreads, 0, stream>>>(n, fn, out, in...);
+  } else if ((n + kThreads * kVec * kUnroll - 1) / (kThreads * kVec * kUnroll) >= resident) {
+    elementwise_kernel<scalar_t, kVec, kUnroll>
+        <<<grid(int64_t{kThreads} * kVec * kUnroll), kThreads, 0, stream>>>(n, fn, out, in...);
   } else {
-    elementwise_kernel<scalar_t, 1><<<blocks, kThreads, 0, stream>>>(n, fn, out, in...);
+    // Too small to fill the GPU with kUnroll vectors per thread: one vector per thread, more blocks.
+    elementwise_kernel<scalar_t, kVec, 1><<<grid(int64_t{kThreads} * kVec), kThreads, 0, stream>>>(n, fn, out, in...);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -8,12 +8,23 @@
 namespace opforge::cuda {
 namespace {
 
-// Full-precision expf / exp: the kernels are bandwidth-bound, so the faster __expf would buy nothing and cost
-// accuracy (its error grows with |x|).
+#ifndef OPFORGE_CUDA_FAST_EXP
+#define OPFORGE_CUDA_FAST_EXP 1
+#endif
+
+// float (and float16/bfloat16, computed in float): the hardware exp2 and reciprocal (__expf: 2 + 1.16|x| ulp;
+// __fdividef: 2 ulp), well inside float32's rtol of 1.3e-6 for the values that matter, since where exp(-x) is
+// large sigmoid is small and the output is dominated by alpha * x. expf and a IEEE division made the forward
+// kernel arithmetic-bound on an H200 (docs/performance.md). Infinities and NaN propagate as in the reference.
 __device__ __forceinline__ float sigmoid(float x) {
+#if OPFORGE_CUDA_FAST_EXP
+  return __fdividef(1.0f, 1.0f + __expf(-x));
+#else
   return 1.0f / (1.0f + expf(-x));
+#endif
 }
 
+// double is computed exactly as the float64 reference is: gradcheck must not see float32 rounding.
 __device__ __forceinline__ double sigmoid(double x) {
   return 1.0 / (1.0 + exp(-x));
 }
