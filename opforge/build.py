@@ -26,7 +26,10 @@ HEADER_SUFFIXES = (".h", ".hpp", ".cuh")
 
 # -march=native: the library is built on the machine that runs it, so let the compiler use every vector ISA it has.
 # The C++ standard comes from torch.utils.cpp_extension, which knows what its headers need.
-CPU_FLAGS = ("-O3", "-march=native", "-fvisibility=hidden")
+# -fopenmp: at::parallel_for is inline OpenMP in ATen's headers; without the flag its pragmas are dropped and every
+# kernel silently runs on one thread (seen: leaky_swish 17.5 ms on "2 threads" vs torch.compile's 10.9 ms).
+CPU_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fvisibility=hidden")
+LINK_FLAGS = ("-fopenmp",)
 CUDA_FLAGS = ("-O3", "--expt-relaxed-constexpr")
 # Lines of compiler output shown when a build fails; the rest is in the log.
 ERROR_LINES_SHOWN = 12
@@ -230,6 +233,7 @@ def _compile(plan: BuildPlan) -> None:
             name=plan.name,
             sources=[str(s) for s in plan.sources],
             extra_cflags=list(plan.cflags),
+            extra_ldflags=list(LINK_FLAGS),
             extra_cuda_cflags=list(plan.cuda_cflags),
             extra_include_paths=[str(d) for d in plan.include_dirs],
             build_directory=str(plan.directory),
