@@ -1,28 +1,18 @@
 // opforge::custom_loss(pred, target) = where(d < 0, d^2, |d|) with d = pred - target, elementwise with
 // broadcasting. The backward op returns the gradient with respect to d in the broadcast shape; the Python
 // autograd formula (opforge/ops/custom_loss.py) reduces it to each input's shape.
-#include <ATen/ExpandUtils.h>
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "custom_loss.h"
 #include "elementwise.h"
 
 namespace opforge::cpu {
 namespace {
 
-void check_pair(const at::Tensor& pred, const at::Tensor& target, const char* op) {
-  TORCH_CHECK(at::isFloatingType(pred.scalar_type()), op, ": pred must be float32, float64, float16 or bfloat16, got ",
-              pred.scalar_type(), ". Cast it first, e.g. pred.float().");
-  TORCH_CHECK(pred.scalar_type() == target.scalar_type(), op, ": target must have pred's dtype ",
-              pred.scalar_type(), ", got ", target.scalar_type(), ". Cast one of them.");
-  TORCH_CHECK(pred.device() == target.device(), op, ": target must be on pred's device ", pred.device(), ", got ",
-              target.device(), ". Move one of them with .to().");
-}
+using custom_loss::broadcast_output;
+using custom_loss::check_backward_grad;
+using custom_loss::check_pair;
 
-// Broadcast output, always contiguous: the fake implementation returns the same.
-at::Tensor broadcast_output(const at::Tensor& a, const at::Tensor& b) {
-  return at::empty(at::infer_size(a.sizes(), b.sizes()), a.options());
-}
 
 at::Tensor custom_loss(const at::Tensor& pred, const at::Tensor& target) {
   check_pair(pred, target, "opforge::custom_loss");
@@ -46,10 +36,7 @@ at::Tensor custom_loss(const at::Tensor& pred, const at::Tensor& target) {
 at::Tensor custom_loss_backward(const at::Tensor& grad, const at::Tensor& pred, const at::Tensor& target) {
   check_pair(pred, target, "opforge::custom_loss_backward");
   at::Tensor out = broadcast_output(pred, target);
-  TORCH_CHECK(grad.sizes() == out.sizes(), "opforge::custom_loss_backward: grad must have the broadcast shape ",
-              out.sizes(), ", got ", grad.sizes(), ".");
-  TORCH_CHECK(grad.scalar_type() == pred.scalar_type(), "opforge::custom_loss_backward: grad must have pred's dtype ",
-              pred.scalar_type(), ", got ", grad.scalar_type(), ".");
+  check_backward_grad(grad, out);
   const at::Tensor g = with_layout_of(grad, out);
   const at::Tensor p = with_layout_of(pred, out);
   const at::Tensor t = with_layout_of(target, out);

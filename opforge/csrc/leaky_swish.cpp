@@ -3,18 +3,17 @@
 #include <torch/library.h>
 
 #include "elementwise.h"
+#include "leaky_swish.h"
 
 namespace opforge::cpu {
 namespace {
 
-void check_floating(const at::Tensor& t, const char* op, const char* arg) {
-  TORCH_CHECK(at::isFloatingType(t.scalar_type()), op, ": ", arg,
-              " must be float32, float64, float16 or bfloat16, got ", t.scalar_type(),
-              ". Cast it first, e.g. x.float().");
-}
+using leaky_swish::check_backward_args;
+using leaky_swish::check_input;
+
 
 at::Tensor leaky_swish(const at::Tensor& x, double alpha) {
-  check_floating(x, "opforge::leaky_swish", "x");
+  check_input(x, "opforge::leaky_swish");
   at::Tensor out = elementwise_output_like(x);
   const at::Tensor xd = with_layout_of(x, out);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "opforge::leaky_swish", [&] {
@@ -30,11 +29,7 @@ at::Tensor leaky_swish(const at::Tensor& x, double alpha) {
 
 // d/dx [x * s + alpha * x] = s + x * s * (1 - s) + alpha, with s = sigmoid(x).
 at::Tensor leaky_swish_backward(const at::Tensor& grad, const at::Tensor& x, double alpha) {
-  check_floating(x, "opforge::leaky_swish_backward", "x");
-  TORCH_CHECK(grad.sizes() == x.sizes(), "opforge::leaky_swish_backward: grad must have x's shape ", x.sizes(),
-              ", got ", grad.sizes(), ".");
-  TORCH_CHECK(grad.scalar_type() == x.scalar_type(), "opforge::leaky_swish_backward: grad must have x's dtype ",
-              x.scalar_type(), ", got ", grad.scalar_type(), ".");
+  check_backward_args(grad, x);
   at::Tensor out = elementwise_output_like(x);
   const at::Tensor xd = with_layout_of(x, out);
   // Autograd often hands in an expanded (stride-0) or differently-strided grad.

@@ -1,14 +1,17 @@
 // CUDA kernels of opforge::custom_loss and its backward (schemas are defined in ../custom_loss.cpp).
 #include <ATen/Dispatch.h>
-#include <ATen/ExpandUtils.h>
-#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "custom_loss.h"
 #include "elementwise.cuh"
 #include "layout.h"
 
 namespace opforge::cuda {
 namespace {
+
+using custom_loss::broadcast_output;
+using custom_loss::check_backward_grad;
+using custom_loss::check_pair;
 
 template <typename acc_t>
 struct Forward {
@@ -28,19 +31,6 @@ struct Backward {
   }
 };
 
-void check_pair(const at::Tensor& pred, const at::Tensor& target, const char* op) {
-  TORCH_CHECK(at::isFloatingType(pred.scalar_type()), op, ": pred must be float32, float64, float16 or bfloat16, got ",
-              pred.scalar_type(), ". Cast it first, e.g. pred.float().");
-  TORCH_CHECK(pred.scalar_type() == target.scalar_type(), op, ": target must have pred's dtype ",
-              pred.scalar_type(), ", got ", target.scalar_type(), ". Cast one of them.");
-  TORCH_CHECK(pred.device() == target.device(), op, ": target must be on pred's device ", pred.device(), ", got ",
-              target.device(), ". Move one of them with .to().");
-}
-
-at::Tensor broadcast_output(const at::Tensor& a, const at::Tensor& b) {
-  return at::empty(at::infer_size(a.sizes(), b.sizes()), a.options());
-}
-
 at::Tensor custom_loss(const at::Tensor& pred, const at::Tensor& target) {
   check_pair(pred, target, "opforge::custom_loss");
   at::Tensor out = broadcast_output(pred, target);
@@ -57,10 +47,7 @@ at::Tensor custom_loss(const at::Tensor& pred, const at::Tensor& target) {
 at::Tensor custom_loss_backward(const at::Tensor& grad, const at::Tensor& pred, const at::Tensor& target) {
   check_pair(pred, target, "opforge::custom_loss_backward");
   at::Tensor out = broadcast_output(pred, target);
-  TORCH_CHECK(grad.sizes() == out.sizes(), "opforge::custom_loss_backward: grad must have the broadcast shape ",
-              out.sizes(), ", got ", grad.sizes(), ".");
-  TORCH_CHECK(grad.scalar_type() == pred.scalar_type(), "opforge::custom_loss_backward: grad must have pred's dtype ",
-              pred.scalar_type(), ", got ", grad.scalar_type(), ".");
+  check_backward_grad(grad, out);
   const at::Tensor g = with_layout_of(grad, out);
   const at::Tensor p = with_layout_of(pred, out);
   const at::Tensor t = with_layout_of(target, out);

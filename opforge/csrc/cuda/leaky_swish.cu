@@ -4,9 +4,13 @@
 
 #include "elementwise.cuh"
 #include "layout.h"
+#include "leaky_swish.h"
 
 namespace opforge::cuda {
 namespace {
+
+using leaky_swish::check_backward_args;
+using leaky_swish::check_input;
 
 #ifndef OPFORGE_CUDA_FAST_EXP
 #define OPFORGE_CUDA_FAST_EXP 1
@@ -46,11 +50,6 @@ struct Backward {
   }
 };
 
-void check_input(const at::Tensor& x, const char* op) {
-  TORCH_CHECK(at::isFloatingType(x.scalar_type()), op, ": x must be float32, float64, float16 or bfloat16, got ",
-              x.scalar_type(), ". Cast it first, e.g. x.float().");
-}
-
 at::Tensor leaky_swish(const at::Tensor& x, double alpha) {
   check_input(x, "opforge::leaky_swish");
   at::Tensor out = elementwise_output_like(x);
@@ -64,13 +63,7 @@ at::Tensor leaky_swish(const at::Tensor& x, double alpha) {
 }
 
 at::Tensor leaky_swish_backward(const at::Tensor& grad, const at::Tensor& x, double alpha) {
-  check_input(x, "opforge::leaky_swish_backward");
-  TORCH_CHECK(grad.sizes() == x.sizes(), "opforge::leaky_swish_backward: grad must have x's shape ", x.sizes(),
-              ", got ", grad.sizes(), ".");
-  TORCH_CHECK(grad.scalar_type() == x.scalar_type(), "opforge::leaky_swish_backward: grad must have x's dtype ",
-              x.scalar_type(), ", got ", grad.scalar_type(), ".");
-  TORCH_CHECK(grad.device() == x.device(), "opforge::leaky_swish_backward: grad must be on x's device ", x.device(),
-              ", got ", grad.device(), ".");
+  check_backward_args(grad, x);
   at::Tensor out = elementwise_output_like(x);
   const at::Tensor xd = with_layout_of(x, out);
   const at::Tensor gd = with_layout_of(grad, out);

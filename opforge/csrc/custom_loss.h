@@ -1,0 +1,35 @@
+// Argument checks and output allocation of opforge::custom_loss, shared by the CPU and CUDA kernels.
+#pragma once
+
+#include <ATen/ExpandUtils.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+namespace opforge::custom_loss {
+
+inline void check_pair(const at::Tensor& pred, const at::Tensor& target, const char* op) {
+  TORCH_CHECK(at::isFloatingType(pred.scalar_type()), op, ": pred must be float32, float64, float16 or bfloat16, got ",
+              pred.scalar_type(), ". Cast it first, e.g. pred.float().");
+  TORCH_CHECK(pred.scalar_type() == target.scalar_type(), op, ": target must have pred's dtype ",
+              pred.scalar_type(), ", got ", target.scalar_type(), ". Cast one of them.");
+  TORCH_CHECK(pred.device() == target.device(), op, ": target must be on pred's device ", pred.device(), ", got ",
+              target.device(), ". Move one of them with .to().");
+}
+
+// Broadcast output, always contiguous: the fake implementation returns the same.
+inline at::Tensor broadcast_output(const at::Tensor& a, const at::Tensor& b) {
+  return at::empty(at::infer_size(a.sizes(), b.sizes()), a.options());
+}
+
+// The backward's grad must match the forward's output: the broadcast shape, pred's dtype and device.
+inline void check_backward_grad(const at::Tensor& grad, const at::Tensor& out) {
+  constexpr const char* op = "opforge::custom_loss_backward";
+  TORCH_CHECK(grad.sizes() == out.sizes(), op, ": grad must have the broadcast shape ", out.sizes(), ", got ",
+              grad.sizes(), ".");
+  TORCH_CHECK(grad.scalar_type() == out.scalar_type(), op, ": grad must have pred's dtype ", out.scalar_type(),
+              ", got ", grad.scalar_type(), ".");
+  TORCH_CHECK(grad.device() == out.device(), op, ": grad must be on pred's device ", out.device(), ", got ",
+              grad.device(), ".");
+}
+
+}  // namespace opforge::custom_loss
