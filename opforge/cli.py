@@ -112,7 +112,7 @@ def _run_checks(specs: list[OpSpec], filters, cuda_arch: str | None):
     start = time.perf_counter()
     run = new_report(filters.seed)
     for spec in specs:
-        with report.spinner(f"loading {spec.name}") as _:
+        with report.spinner(f"loading {spec.name}"):
             loaded = load_op(spec, cuda_arch, on_step=report.info)
         plan = plan_op(loaded, filters)
         with report.progress(spec.name, len(plan.rows) + len(plan.skipped)) as advance:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from rich.console import Console
 from rich.panel import Panel
@@ -65,7 +65,7 @@ def spinner(message: str) -> Iterator[None]:
 
 
 @contextmanager
-def progress(description: str, total: int) -> Iterator[callable]:
+def progress(description: str, total: int) -> Iterator[Callable[[CaseResult], None]]:
     """A progress bar on a terminal; nothing in a log (the summary follows)."""
     if not console.is_terminal:
         yield lambda result: None

@@ -229,6 +229,7 @@ class _Reader:
         return self.node.value[key].line if key in self.node.value else self.node.line
 
     def get(self, key: str, kind: Callable[[_Reader, str, _Node], Any], default: Any = None) -> Any:
+        """The value of `key` read by `kind`; `default` when the key is absent, or null where a default exists."""
         if key not in self.node.value or self.node.value[key].value is None and default is not None:
             return default
         return kind(self, self._key(key), self.node.value[key])
