@@ -65,7 +65,12 @@ class CaseResult:
 
     @property
     def full_id(self) -> str:
-        return f"{self.op}/{self.target}::{self.check}[{self.case_id}]"
+        return result_id(self.op, self.target, self.check, self.case_id)
+
+
+def result_id(op: str, target: str, check: str, case_id: str) -> str:
+    """`op/implementation::check[case]`: what -k matches and what the repro command selects."""
+    return f"{op}/{target}::{check}[{case_id}]"
 
 
 @dataclass

@@ -14,7 +14,7 @@ from opforge.checks import Check, CheckContext, registry
 from opforge.compare import CheckFailure, ReferenceFailure
 from opforge.checks.calls import short
 from opforge.loading import LoadedOp, Target
-from opforge.results import CaseResult, OpReport, RunReport, Status
+from opforge.results import CaseResult, OpReport, RunReport, Status, result_id
 from opforge.spec import OpSpec
 
 DEFAULT_SEED = 0
@@ -80,8 +80,8 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
             for device in devices:
                 reason = device_unavailable(device)
                 if reason:
-                    plan.skipped += [_skip(spec, target, row, dtype, device, reason)
-                                     for row in rows for dtype in dtypes]
+                    skips = (_skip(spec, target, row, dtype, device, reason) for row in rows for dtype in dtypes)
+                    plan.skipped += [r for r in skips if not filters.keyword or filters.keyword in r.full_id]
     return plan
 
 
@@ -90,7 +90,7 @@ def _matches(filters: Filters, spec: OpSpec, target: Target, row: str, case: Cas
 
 
 def full_id(spec: OpSpec, target: str, check: str, case_id: str) -> str:
-    return f"{spec.name}/{target}::{check}[{case_id}]"
+    return result_id(spec.name, target, check, case_id)
 
 
 def _skip(spec, target, row, dtype, device, reason) -> CaseResult:
