@@ -26,7 +26,8 @@ KNOWN_LAYOUTS = ("contiguous", "noncontiguous", "channels_last")
 
 # Checks a spec may name. Kept here (not imported from opforge.checks) so validating a spec never imports torch.
 # `opcheck` expands into one result per torch.library.opcheck sub-test.
-KNOWN_CHECKS = ("correctness", "devices", "opcheck", "gradcheck", "gradgradcheck", "grad_lowp", "compile")
+KNOWN_CHECKS = ("correctness", "devices", "determinism", "opcheck", "gradcheck", "gradgradcheck", "grad_lowp",
+                "compile")
 OPCHECK_SUBTESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
 _CALLABLE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -122,6 +123,8 @@ class OpSpec:
     differentiable: bool
     double_backward: bool
     description: str = ""
+    # Declares results that may differ run to run (atomics, sampling): the determinism check then does not apply.
+    nondeterministic: bool = False
     # Line of each top-level key and of each input, for errors found after loading (schema mismatch, bad module).
     lines: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
@@ -415,7 +418,7 @@ def _check_avoid_targets(r: _Reader, node: _Node, inputs: tuple[Input, ...]) -> 
 _LOAD_KEYS = ("python", "sources")
 _TOP_KEYS = (
     "op", "schema", "description", "load", "implementations", "reference", "inputs", "dtypes", "devices", "layouts",
-    "tolerances", "grad_tolerances", "checks", "xfail", "differentiable", "double_backward",
+    "tolerances", "grad_tolerances", "checks", "xfail", "differentiable", "double_backward", "nondeterministic",
 )
 _REQUIRED = ("op", "schema", "load", "reference", "inputs", "dtypes")
 
@@ -471,6 +474,7 @@ def load_spec(path: Path | str) -> OpSpec:
         xfail=_xfails(r, implementations),
         differentiable=differentiable,
         double_backward=double_backward,
+        nondeterministic=r.get("nondeterministic", _bool, False),
         lines=lines,
     )
 

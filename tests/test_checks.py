@@ -8,12 +8,18 @@ from conftest import FIXTURES, describe, failures_by_check, requires_cuda, run_s
 from opforge.results import Status
 
 
+def test_declared_nondeterministic_op_skips_determinism(tmp_path):
+    path = spec_variant(tmp_path, "nondeterministic", "nondeterministic: true\n")
+    report = run_spec(path)
+    assert not report.failed and "determinism" not in {r.check for r in report.results}
+
+
 def test_correct_op_passes_every_check():
     report = run_spec(FIXTURES / "good.yaml")
     failed = [r for r in report.results if r.status.failed]
     assert not failed, describe(failed)
     checks = {r.check for r in report.results if r.status == Status.PASS}
-    assert {"correctness", "gradcheck", "grad_lowp", "opcheck:test_schema", "opcheck:test_faketensor",
+    assert {"correctness", "determinism", "gradcheck", "grad_lowp", "opcheck:test_schema", "opcheck:test_faketensor",
             "opcheck:test_autograd_registration", "opcheck:test_aot_dispatch_dynamic"} <= checks
 
 
@@ -26,6 +32,7 @@ BUGS = [
     ("float32_compute", {"gradcheck"}, {"opcheck:test_faketensor"}),
     ("ignores_strides", {"correctness"}, {"opcheck:test_schema"}),
     ("crashes_on_edge_shapes", {"correctness"}, set()),
+    ("nondeterministic", {"determinism"}, {"correctness"}),
 ]
 
 

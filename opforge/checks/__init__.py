@@ -52,6 +52,10 @@ def cuda_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case
     return [c for c in cases if c.device == "cuda"]
 
 
+def deterministic_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    return [] if loaded.spec.nondeterministic else cases
+
+
 def registered_op_first_values(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
     return first_values(loaded, target, cases) if target.overload is not None else []
 
@@ -92,6 +96,7 @@ def registry() -> dict[str, Check]:
     checks = [
         Check("correctness", all_cases, numerics.correctness),
         Check("devices", cuda_cases, numerics.devices_agree),
+        Check("determinism", deterministic_cases, numerics.determinism),
         Check("opcheck", registered_op_first_values, registration.opcheck,
               rows=tuple(f"opcheck:{t}" for t in OPCHECK_SUBTESTS)),
         Check("gradcheck", float64_cases, gradients.gradcheck),

@@ -6,7 +6,7 @@ from opforge.cases import Case
 from opforge.checks import CheckContext, Outcomes
 from opforge.checks.calls import (argument, call_reference, call_target, expected_dtype, inputs_for, output_names,
                                   split_reference)
-from opforge.compare import CheckFailure, ReferenceFailure, as_tuple, check_result, tolerance_for
+from opforge.compare import EXACT, CheckFailure, ReferenceFailure, as_tuple, check_result, tolerance_for
 from opforge.loading import Target
 
 
@@ -53,6 +53,47 @@ def devices_agree(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
         value, expected = argument(inputs, loaded, name), argument(on_cpu, loaded, name)
         check_result(f"{name} (mutated, cuda vs cpu)", value, expected, tol, expected.dtype, case.device)
     return {"devices": None}
+
+
+def determinism(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+    """Two runs on the same inputs are bitwise identical; on CPU the second runs on one thread, so results that
+    depend on how work is split across threads (a reduction's order, a racy accumulation) are caught too."""
+    import torch
+
+    loaded = ctx.loaded
+    first = _outputs_and_mutations(loaded, target, inputs_for(loaded, case, ctx.base_seed))
+    threads = torch.get_num_threads()
+    try:
+        if case.device == "cpu":
+            torch.set_num_threads(1)
+        second = _outputs_and_mutations(loaded, target, inputs_for(loaded, case, ctx.base_seed))
+    finally:
+        torch.set_num_threads(threads)
+    for (name, a), (_, b) in zip(first, second):
+        if isinstance(a, torch.Tensor) and not _bitwise_equal(a, b):
+            check_result(f"{name} (second run)", b, a, EXACT, a.dtype, case.device)
+            raise CheckFailure(f"{name}: a second run differs in its bits (only in NaN payloads or signed zeros).")
+    return {"determinism": None}
+
+
+def _outputs_and_mutations(loaded, target, inputs) -> list:
+    got = as_tuple(call_target(target, inputs)) if loaded.overload._schema.returns else ()
+    named = list(zip(output_names(loaded), got))
+    return named + [(f"{n} (mutated)", argument(inputs, loaded, n)) for n in loaded.mutated_arguments]
+
+
+def _bitwise_equal(a, b) -> bool:
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        if a.is_complex():
+            a, b = torch.view_as_real(a), torch.view_as_real(b)
+            width = {4: torch.int32, 8: torch.int64}[a.element_size()]
+        return torch.equal(a.contiguous().view(width), b.contiguous().view(width))
+    return torch.equal(a, b)
 
 
 def _moved(inputs, device: str):
