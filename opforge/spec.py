@@ -26,8 +26,8 @@ KNOWN_LAYOUTS = ("contiguous", "noncontiguous", "channels_last")
 
 # Checks a spec may name. Kept here (not imported from opforge.checks) so validating a spec never imports torch.
 # `opcheck` expands into one result per torch.library.opcheck sub-test.
-KNOWN_CHECKS = ("correctness", "devices", "determinism", "opcheck", "gradcheck", "gradgradcheck", "grad_lowp",
-                "compile")
+KNOWN_CHECKS = ("correctness", "devices", "determinism", "special_values", "opcheck", "gradcheck", "gradgradcheck",
+                "grad_lowp", "compile")
 OPCHECK_SUBTESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
 _CALLABLE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")

@@ -19,7 +19,7 @@ def test_correct_op_passes_every_check():
     failed = [r for r in report.results if r.status.failed]
     assert not failed, describe(failed)
     checks = {r.check for r in report.results if r.status == Status.PASS}
-    assert {"correctness", "determinism", "gradcheck", "grad_lowp", "opcheck:test_schema", "opcheck:test_faketensor",
+    assert {"correctness", "determinism", "special_values", "gradcheck", "grad_lowp", "opcheck:test_schema", "opcheck:test_faketensor",
             "opcheck:test_autograd_registration", "opcheck:test_aot_dispatch_dynamic"} <= checks
 
 
@@ -33,6 +33,7 @@ BUGS = [
     ("ignores_strides", {"correctness"}, {"opcheck:test_schema"}),
     ("crashes_on_edge_shapes", {"correctness"}, set()),
     ("nondeterministic", {"determinism"}, {"correctness"}),
+    ("swallows_nan", {"special_values"}, {"correctness"}),
 ]
 
 

@@ -56,6 +56,12 @@ def deterministic_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> 
     return [] if loaded.spec.nondeterministic else cases
 
 
+def floating_nonempty_first_values(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    floating = ("float32", "float64", "float16", "bfloat16")
+    return [c for c in first_values(loaded, target, cases)
+            if c.dtype in floating and c.layout == "contiguous" and all(all(s) and s for _, s in c.shapes)]
+
+
 def registered_op_first_values(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
     return first_values(loaded, target, cases) if target.overload is not None else []
 
@@ -97,6 +103,7 @@ def registry() -> dict[str, Check]:
         Check("correctness", all_cases, numerics.correctness),
         Check("devices", cuda_cases, numerics.devices_agree),
         Check("determinism", deterministic_cases, numerics.determinism),
+        Check("special_values", floating_nonempty_first_values, numerics.special_values),
         Check("opcheck", registered_op_first_values, registration.opcheck,
               rows=tuple(f"opcheck:{t}" for t in OPCHECK_SUBTESTS)),
         Check("gradcheck", float64_cases, gradients.gradcheck),

@@ -76,6 +76,39 @@ def determinism(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     return {"determinism": None}
 
 
+def special_values(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+    """NaN, +-inf, -0.0, the dtype's largest value and subnormals written into every floating input (at the same
+    flat positions, so paired inputs meet special values of each other) must come out as the reference's do,
+    rounded to the dtype: a kernel that clamps, flushes or swallows NaN fails."""
+    import torch
+
+    loaded = ctx.loaded
+    inputs = inputs_for(loaded, case, ctx.base_seed)
+    for name in inputs.tensor_names:
+        value, ref = argument(inputs, loaded, name), argument(inputs, loaded, name, reference=True)
+        if value.is_floating_point():
+            specials = _special_values(value.dtype)[: value.numel()]
+            value.view(-1)[: len(specials)] = specials.to(value.dtype)
+            ref.view(-1)[: len(specials)] = specials.to(value.dtype).to(ref.dtype)
+    got = as_tuple(call_target(target, inputs)) if loaded.overload._schema.returns else ()
+    outputs, _ = split_reference(loaded, call_reference(loaded, inputs))
+    tol = tolerance_for(loaded.spec, case.dtype)
+    for name, g, e in zip(output_names(loaded), got, outputs):
+        dtype = expected_dtype(case.dtype, e)
+        # What the dtype can hold: 1.1 * max is inf in it.
+        check_result(f"{name} (special values)", g, e.to(dtype).to(e.dtype), tol, dtype, case.device)
+    return {"special_values": None}
+
+
+def _special_values(dtype):
+    import torch
+
+    info = torch.finfo(dtype)
+    subnormal = info.smallest_normal / 4
+    return torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, subnormal, -subnormal, info.max,
+                         -info.max, info.smallest_normal], dtype=torch.float64)
+
+
 def _outputs_and_mutations(loaded, target, inputs) -> list:
     got = as_tuple(call_target(target, inputs)) if loaded.overload._schema.returns else ()
     named = list(zip(output_names(loaded), got))

@@ -104,7 +104,9 @@ inline float sigmoid(float x) {
   const uint32_t scale_bits = (bits - kRoundMagicBits + 127u) << 23;
   float scale;
   std::memcpy(&scale, &scale_bits, sizeof scale);
-  return 1.0f / (1.0f + exp_r * scale);
+  // Past kMaxArg the true value is below float's normal range: return 0, so that -inf * sigmoid(-inf) is NaN
+  // exactly as in the float64 reference (and in the CUDA kernel), not -inf * tiny.
+  return -x > kMaxArg ? 0.0f : 1.0f / (1.0f + exp_r * scale);
 }
 
 // Double is computed exactly as the float64 reference does (std::exp), so gradcheck sees no float32 rounding.

@@ -36,7 +36,9 @@ class LeakySwish(nn.Module):
 
 
 def reference(x: Tensor, alpha: float = 0.1) -> Tensor:
-    return x * torch.sigmoid(x) + alpha * x
+    # Factored as the kernels compute it. The seed's x * sigmoid(x) + alpha * x is the same function except at
+    # x = -inf, where it gives NaN (-inf * 0 + -inf) instead of the limit -inf; the prototype keeps that form.
+    return x * (torch.sigmoid(x) + alpha)
 
 
 def _second_derivative(x: Tensor) -> Tensor:
