@@ -107,7 +107,7 @@ def find_cuda_home() -> Path | None:
     candidates: list[Path] = [Path(os.environ[v]) for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
     nvcc = shutil.which("nvcc")
     if nvcc:
-        # nvcc may be a wrapper script on PATH; follow symlinks and also try its real location.
+        # The toolkit that owns nvcc (through symlinks; a wrapper script on PATH falls through to the globs below).
         candidates.append(Path(nvcc).resolve().parent.parent)
     candidates += sorted(Path("/usr/local").glob("cuda*"), reverse=True)
     return next((c for c in candidates if _is_toolkit_root(c)), None)
@@ -248,6 +248,8 @@ def _compile(plan: BuildPlan) -> None:
     finally:
         if env_backup is None:
             os.environ.pop("CUDA_HOME", None)
+        else:
+            os.environ["CUDA_HOME"] = env_backup
     plan.log.write_text("ok\n")
 
 

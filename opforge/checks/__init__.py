@@ -13,7 +13,7 @@ from typing import Callable
 from opforge.cases import Case
 from opforge.compare import CheckFailure
 from opforge.loading import LoadedOp, Target
-from opforge.spec import OPCHECK_SUBTESTS
+from opforge.spec import FLOATING_DTYPES, OPCHECK_SUBTESTS
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,13 @@ def deterministic_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> 
 
 
 def floating_nonempty_first_values(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
-    floating = ("float32", "float64", "float16", "bfloat16")
+    """Special values need room: at least 1-D, no zero-size dimension."""
+
+    def has_elements(shape: tuple[int, ...]) -> bool:
+        return len(shape) > 0 and all(shape)
+
     return [c for c in first_values(loaded, target, cases)
-            if c.dtype in floating and c.layout == "contiguous" and all(all(s) and s for _, s in c.shapes)]
+            if c.dtype in FLOATING_DTYPES and c.layout == "contiguous" and all(has_elements(s) for _, s in c.shapes)]
 
 
 def registered_op_first_values(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:

@@ -32,6 +32,43 @@ def call_target(target: Target, inputs: CaseInputs) -> Any:
         raise CheckFailure(f"{target.name} raised {short(exc)}") from exc
 
 
+def outputs_of(loaded: LoadedOp, target: Target, inputs: CaseInputs) -> tuple[Any, ...]:
+    """What the op returned, as a tuple: () for an op whose schema returns nothing (it only mutates)."""
+    returned = call_target(target, inputs)
+    return as_tuple(returned) if loaded.overload._schema.returns else ()
+
+
+def differentiated(loaded: LoadedOp, inputs: CaseInputs) -> list[str]:
+    """The tensor inputs the spec marks requires_grad; a spec that marks none cannot have its gradients checked."""
+    names = [n for n in inputs.tensor_names if argument(inputs, loaded, n).requires_grad]
+    if not names:
+        raise ReferenceFailure("no tensor input has requires_grad: true in the spec, so there is no gradient to check")
+    return names
+
+
+def vector_jacobian_products(loaded: LoadedOp, target: Target, case: Case, base_seed: int, inputs: CaseInputs,
+                             names: list[str]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The op's and the reference's gradients with respect to `names`, for one random grad_output seeded by the
+    case (drawn in float64, then rounded to each output's dtype, so both sides see the same values)."""
+    import torch
+
+    outs = [o for o in outputs_of(loaded, target, inputs) if o.requires_grad]
+    ref_outs, _ = split_reference(loaded, call_reference(loaded, inputs))
+    generator = torch.Generator().manual_seed(case.seed(base_seed) + 1)
+    grad_outs = [torch.randn(o.shape, generator=generator, dtype=torch.float64).to(o.dtype).to(o.device) for o in outs]
+    try:
+        grads = torch.autograd.grad(outs, [argument(inputs, loaded, n) for n in names], grad_outs, allow_unused=True)
+    except Exception as exc:
+        raise CheckFailure(f"backward of {target.name} raised {short(exc)}") from exc
+    try:
+        ref_grads = torch.autograd.grad(list(ref_outs[: len(outs)]),
+                                        [argument(inputs, loaded, n, reference=True) for n in names],
+                                        [g.double().cpu() for g in grad_outs], allow_unused=True)
+    except Exception as exc:
+        raise ReferenceFailure(f"backward of the reference raised {short(exc)}") from exc
+    return grads, ref_grads
+
+
 def call_reference(loaded: LoadedOp, inputs: CaseInputs) -> tuple[Any, ...]:
     try:
         result = loaded.reference(*inputs.reference_args, **inputs.reference_kwargs)

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from opforge.cases import Case, layout_applies
 from opforge.checks import CheckContext, Outcomes
-from opforge.checks.calls import call_target, inputs_for, short
+from opforge.checks.calls import inputs_for, outputs_of, short
 from opforge.compare import CheckFailure, as_tuple, check_result, tolerance_for
 from opforge.loading import Target
 
@@ -30,7 +30,7 @@ def compile_check(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
             continue
         shaped = replace(case, shape_index=shape_index, shapes=shapes)
         inputs = inputs_for(ctx.loaded, shaped, ctx.base_seed)
-        eager = as_tuple(call_target(target, inputs))
+        eager = outputs_of(ctx.loaded, target, inputs)
         try:
             got = as_tuple(compiled(*inputs.args, **inputs.kwargs))
         except Exception as exc:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from opforge.cases import Case
 from opforge.checks import CheckContext, Outcomes
-from opforge.checks.calls import (argument, call_reference, call_target, expected_dtype, inputs_for, output_names,
-                                  split_reference)
-from opforge.compare import EXACT, CheckFailure, ReferenceFailure, as_tuple, check_result, tolerance_for
+from opforge.checks.calls import (argument, call_reference, differentiated, expected_dtype, inputs_for, output_names,
+                                  outputs_of, split_reference, vector_jacobian_products)
+from opforge.compare import EXACT, CheckFailure, check_result, tolerance_for
 from opforge.loading import Target
 
 
@@ -16,8 +16,7 @@ def correctness(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     inputs = inputs_for(loaded, case, ctx.base_seed)
     mutated = set(loaded.mutated_arguments)
     before = {name: argument(inputs, loaded, name).clone() for name in inputs.tensor_names if name not in mutated}
-    returned = call_target(target, inputs)
-    got = as_tuple(returned) if loaded.overload._schema.returns else ()
+    got = outputs_of(loaded, target, inputs)
     outputs, new_values = split_reference(loaded, call_reference(loaded, inputs))
     tol = tolerance_for(loaded.spec, case.dtype)
     if len(got) != len(outputs):
@@ -44,8 +43,7 @@ def devices_agree(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed)
     on_cpu = _moved(inputs, "cpu")
-    got = as_tuple(call_target(target, inputs)) if loaded.overload._schema.returns else ()
-    want = as_tuple(call_target(target, on_cpu)) if loaded.overload._schema.returns else ()
+    got, want = outputs_of(loaded, target, inputs), outputs_of(loaded, target, on_cpu)
     tol = tolerance_for(loaded.spec, case.dtype)
     for name, g, w in zip(output_names(loaded), got, want):
         check_result(f"{name} (cuda vs cpu)", g, w, tol, w.dtype, case.device)
@@ -80,8 +78,6 @@ def special_values(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     """NaN, +-inf, -0.0, the dtype's largest value and subnormals written into every floating input (at the same
     flat positions, so paired inputs meet special values of each other) must come out as the reference's do,
     rounded to the dtype: a kernel that clamps, flushes or swallows NaN fails."""
-    import torch
-
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed)
     for name in inputs.tensor_names:
@@ -90,7 +86,7 @@ def special_values(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
             specials = _special_values(value.dtype)[: value.numel()]
             value.view(-1)[: len(specials)] = specials.to(value.dtype)
             ref.view(-1)[: len(specials)] = specials.to(value.dtype).to(ref.dtype)
-    got = as_tuple(call_target(target, inputs)) if loaded.overload._schema.returns else ()
+    got = outputs_of(loaded, target, inputs)
     outputs, _ = split_reference(loaded, call_reference(loaded, inputs))
     tol = tolerance_for(loaded.spec, case.dtype)
     for name, g, e in zip(output_names(loaded), got, outputs):
@@ -110,8 +106,7 @@ def _special_values(dtype):
 
 
 def _outputs_and_mutations(loaded, target, inputs) -> list:
-    got = as_tuple(call_target(target, inputs)) if loaded.overload._schema.returns else ()
-    named = list(zip(output_names(loaded), got))
+    named = list(zip(output_names(loaded), outputs_of(loaded, target, inputs)))
     return named + [(f"{n} (mutated)", argument(inputs, loaded, n)) for n in loaded.mutated_arguments]
 
 
@@ -146,26 +141,11 @@ def grad_lowp(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
 
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed, requires_grad=True)
-    wrt = [(n, argument(inputs, loaded, n)) for n in inputs.tensor_names]
-    wrt = [(n, t) for n, t in wrt if t.requires_grad]
-    ref_wrt = [argument(inputs, loaded, n, reference=True) for n, _ in wrt]
-    if not wrt:
-        raise ReferenceFailure("no tensor input has requires_grad: true in the spec, so there is no gradient to check")
-    outs = [o for o in as_tuple(call_target(target, inputs)) if o.requires_grad]
-    ref_outs, _ = split_reference(loaded, call_reference(loaded, inputs))
-    generator = torch.Generator().manual_seed(case.seed(ctx.base_seed) + 1)
-    grad_outs = [torch.randn(o.shape, generator=generator, dtype=torch.float64).to(o.dtype).to(o.device) for o in outs]
-    try:
-        grads = torch.autograd.grad(outs, [t for _, t in wrt], grad_outs, allow_unused=True)
-    except Exception as exc:
-        raise CheckFailure(f"backward of {target.name} raised {type(exc).__name__}: {exc}") from exc
-    try:
-        ref_grads = torch.autograd.grad(list(ref_outs[: len(outs)]), ref_wrt, [g.double().cpu() for g in grad_outs],
-                                        allow_unused=True)
-    except Exception as exc:
-        raise ReferenceFailure(f"backward of the reference raised {type(exc).__name__}: {exc}") from exc
+    names = differentiated(loaded, inputs)
+    grads, ref_grads = vector_jacobian_products(loaded, target, case, ctx.base_seed, inputs, names)
     tol = tolerance_for(loaded.spec, case.dtype, grad=True)
-    for (name, t), g, e in zip(wrt, grads, ref_grads):
+    for name, g, e in zip(names, grads, ref_grads):
+        t = argument(inputs, loaded, name)
         if g is None:
             raise CheckFailure(f"grad[{name}]: expected a gradient, got None. Return it from the backward formula.")
         check_result(f"grad[{name}]", g, e if e is not None else torch.zeros_like(g, dtype=torch.float64),
