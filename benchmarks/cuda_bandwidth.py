@@ -2,7 +2,7 @@
 
 Run on a GPU machine from the repository root:
     python benchmarks/cuda_bandwidth.py [--sizes 20,22,24,26,28] [--json out.json] [--markdown out.md]
-    python benchmarks/cuda_bandwidth.py --sweep            # rebuild with other tuned constants and compare
+    python benchmarks/cuda_bandwidth.py --sweep [--sizes 20,24,28 --dtypes float32]   # compare tuned constants
 
 Bandwidth counts each input read once and the output written once: forward 1 read + 1 write, leaky_swish backward
 2 reads + 1 write, custom_loss forward 2 + 1 and backward 3 + 1. Times are triton.testing.do_bench medians (it
@@ -41,7 +41,8 @@ def copy_gbps(nbytes: int) -> float:
     return gbps(nbytes, median_ms(lambda: dst.copy_(src)))
 
 
-BASELINES = True
+# The contenders timed besides opforge's own kernel ("seed kernel" is timed whenever it is loaded).
+BASELINES = {"opforge", "torch.compile(ref)", "eager"}
 SEED_KERNEL_LOADED = False
 
 
@@ -109,7 +110,7 @@ def run(sizes, dtypes, ops) -> list[dict]:
                     row = {"case": name, "dtype": str(dtype).removeprefix("torch."), "log2_n": log2,
                            "copy_GBps": round(bound, 1)}
                     for who, fn in contenders.items():
-                        if BASELINES or who == "opforge":
+                        if who in BASELINES or who == "seed kernel":
                             row[who] = round(gbps(nbytes, median_ms(fn)), 1)
                     row["opforge_pct_of_copy"] = round(100 * row["opforge"] / bound, 1)
                     rows.append(row)
@@ -127,24 +128,43 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def sweep() -> None:
-    """Rebuild leaky_swish with other tuned constants, each in a child process, and time 2^28 fp32/bf16 fwd+bwd."""
-    variants = ["", "-DOPFORGE_CUDA_STREAMING=0", "-DOPFORGE_CUDA_FAST_EXP=0", "-DOPFORGE_CUDA_GRID_STRIDE=0",
-                "-DOPFORGE_CUDA_GRID_STRIDE=0 -DOPFORGE_CUDA_UNROLL=2",
-                "-DOPFORGE_CUDA_GRID_STRIDE=0 -DOPFORGE_CUDA_UNROLL=1", "-DOPFORGE_CUDA_UNROLL=2",
-                "-DOPFORGE_CUDA_THREADS=512 -DOPFORGE_CUDA_BLOCKS_PER_SM=4"]
-    for flags in variants:
-        env = dict(os.environ, OPFORGE_EXTRA_CUDA_CFLAGS=flags)
-        command = [sys.executable, str(Path(__file__).resolve()), "--sizes", "20,28", "--dtypes", "float32,bfloat16",
-                   "--ops", "leaky_swish", "--no-seed", "--no-compile"]
-        out = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
+# Variants of the tuned constants in opforge/csrc/cuda/elementwise.cuh that --sweep compares, as -D overrides.
+SWEEP_VARIANTS = {
+    "default": "",
+    "streaming loads": "-DOPFORGE_CUDA_STREAMING_LOADS=1",
+    "plain stores": "-DOPFORGE_CUDA_STREAMING_STORES=0",
+    "multi-input 128 threads": "-DOPFORGE_CUDA_THREADS_MULTI=128",
+    "multi-input 128 threads x 2 vectors": "-DOPFORGE_CUDA_THREADS_MULTI=128 -DOPFORGE_CUDA_UNROLL_MULTI=2",
+    "multi-input 256 threads x 2 vectors": "-DOPFORGE_CUDA_UNROLL_MULTI=2",
+    "multi-input 512 threads": "-DOPFORGE_CUDA_THREADS_MULTI=512",
+}
+
+
+def sweep(sizes: str, dtypes: str, ops: str) -> None:
+    """Rebuild the kernels with each variant's constants (all builds in parallel), then time each variant in a child
+    process of its own against torch.compile of the reference, one variant after another."""
+    script = str(Path(__file__).resolve())
+    builds = {name: subprocess.Popen([sys.executable, script, "--build-only", "--ops", ops], cwd=REPO,
+                                     env=dict(os.environ, OPFORGE_EXTRA_CUDA_CFLAGS=flags),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for name, flags in SWEEP_VARIANTS.items()}
+    for name, process in builds.items():
+        output, _ = process.communicate()
+        if process.returncode:
+            print(f"sweep {name}: build failed\n{output[-2000:]}", flush=True)
+    for name, flags in SWEEP_VARIANTS.items():
+        command = [sys.executable, script, "--sizes", sizes, "--dtypes", dtypes, "--ops", ops, "--no-seed",
+                   "--no-eager"]
+        out = subprocess.run(command, env=dict(os.environ, OPFORGE_EXTRA_CUDA_CFLAGS=flags), cwd=REPO,
+                             capture_output=True, text=True)
         for line in out.stdout.splitlines():
             if line.startswith("{"):
                 r = json.loads(line)
-                print(f"sweep {flags or 'default'}: {r['case']} {r['dtype']} 2^{r['log2_n']} {r['opforge']} GB/s "
-                      f"({r['opforge_pct_of_copy']}% of copy)", flush=True)
+                vs_compile = r["opforge"] / r["torch.compile(ref)"]
+                print(f"sweep [{name}] {r['case']} {r['dtype']} 2^{r['log2_n']}: {r['opforge']} GB/s "
+                      f"({r['opforge_pct_of_copy']}% of copy, {vs_compile:.3f}x torch.compile)", flush=True)
         if out.returncode:
-            print(f"sweep {flags}: failed\n{out.stderr[-2000:]}", flush=True)
+            print(f"sweep {name}: failed\n{out.stderr[-2000:]}", flush=True)
 
 
 def main() -> None:
@@ -157,12 +177,19 @@ def main() -> None:
     parser.add_argument("--no-seed", action="store_true")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--no-compile", action="store_true", help="leave out the eager and torch.compile baselines")
+    parser.add_argument("--no-eager", action="store_true", help="leave out the eager baseline")
+    parser.add_argument("--build-only", action="store_true", help="build (or find cached) kernels and stop")
     args = parser.parse_args()
     if args.sweep:
-        sweep()
+        sweep(args.sizes, args.dtypes, args.ops)
+        return
+    if args.build_only:
+        for op in args.ops.split(","):
+            __import__(f"opforge.ops.{op}")
         return
     global BASELINES
-    BASELINES = not args.no_compile
+    BASELINES = {"opforge"} | (set() if args.no_compile else {"torch.compile(ref)"}) | \
+        (set() if args.no_compile or args.no_eager else {"eager"})
     if not args.no_seed:
         load_seed_kernel()
     makers = {"leaky_swish": leaky_swish_cases, "custom_loss": custom_loss_cases}

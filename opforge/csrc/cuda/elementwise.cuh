@@ -18,16 +18,27 @@
 namespace opforge::cuda {
 
 // The tuned constants. benchmarks/cuda_bandwidth.py --sweep rebuilds with -D overrides of the macros below and
-// measures each variant; docs/performance.md has the H200 table that chose the defaults. On an H200 at 2^28
-// elements (leaky_swish, % of a device copy, fwd/bwd float32, fwd/bwd bfloat16): one 16-byte vector per thread and
-// one tile per block (GRID_STRIDE=0, UNROLL=1) gave 96.6/96.3/95.5/95.6; a grid-stride loop over 8 blocks per
-// SM with 4 vectors per thread 84.0/85.4/85.0/86.6; grid-stride with UNROLL=2 83.1/87.6/82.5/87.4; one tile per
-// block with UNROLL=2 90.3/93.5/89.6/93.5; 512 threads 89.7/88.6/89.5/90.7.
+// measures each variant; docs/performance.md has the H200 tables that chose the defaults.
+// Shape: at 2^28 elements (leaky_swish, % of a device copy, fwd/bwd float32, fwd/bwd bfloat16) one 16-byte vector
+// per thread and one tile per block (GRID_STRIDE=0, UNROLL=1) gave 96.6/96.3/95.5/95.6; a grid-stride loop over
+// 8 blocks per SM with 4 vectors per thread 84.0/85.4/85.0/86.6; one tile per block with UNROLL=2
+// 90.3/93.5/89.6/93.5; 512 threads 89.7/88.6/89.5/90.7. For the 2- and 3-input float32 kernels (leaky_swish bwd,
+// custom_loss fwd/bwd) 128 or 512 threads, or 2 vectors per thread, changed nothing or lost up to 10%.
+// Caching: streaming (evict-first) loads left those 2- and 3-input float32 kernels 1-5% behind torch.compile's
+// Triton kernels at 2^24..2^28 (0.95-0.99x); plain loads with streaming stores put them 2-6% ahead (1.02-1.06x,
+// 102-105% of the copy) and the 1-input forward at 99.4% of the copy (was 96-97%).
 #ifndef OPFORGE_CUDA_THREADS
 #define OPFORGE_CUDA_THREADS 256
 #endif
 #ifndef OPFORGE_CUDA_UNROLL
 #define OPFORGE_CUDA_UNROLL 1
+#endif
+// Kernels that read two or more inputs may want another shape: they keep more bytes in flight per element.
+#ifndef OPFORGE_CUDA_THREADS_MULTI
+#define OPFORGE_CUDA_THREADS_MULTI OPFORGE_CUDA_THREADS
+#endif
+#ifndef OPFORGE_CUDA_UNROLL_MULTI
+#define OPFORGE_CUDA_UNROLL_MULTI OPFORGE_CUDA_UNROLL
 #endif
 #ifndef OPFORGE_CUDA_BLOCKS_PER_SM
 #define OPFORGE_CUDA_BLOCKS_PER_SM 8
@@ -35,20 +46,32 @@ namespace opforge::cuda {
 #ifndef OPFORGE_CUDA_GRID_STRIDE
 #define OPFORGE_CUDA_GRID_STRIDE 0
 #endif
-#ifndef OPFORGE_CUDA_STREAMING
-#define OPFORGE_CUDA_STREAMING 1
+#ifndef OPFORGE_CUDA_STREAMING_LOADS
+#define OPFORGE_CUDA_STREAMING_LOADS 0
 #endif
-// Threads per block.
-constexpr int kThreads = OPFORGE_CUDA_THREADS;
-// 16-byte vectors a thread keeps in flight per input per loop iteration: more bytes in flight hide DRAM latency.
-constexpr int kUnroll = OPFORGE_CUDA_UNROLL;
+#ifndef OPFORGE_CUDA_STREAMING_STORES
+#define OPFORGE_CUDA_STREAMING_STORES 1
+#endif
+
+// Threads per block and 16-byte vectors a thread keeps in flight per input, for kernels of one input and of
+// several: more bytes in flight hide DRAM latency, fewer threads per block let more blocks be resident.
+struct LaunchShape {
+  int threads;
+  int unroll;
+};
+constexpr LaunchShape kSingleInput{OPFORGE_CUDA_THREADS, OPFORGE_CUDA_UNROLL};
+constexpr LaunchShape kMultiInput{OPFORGE_CUDA_THREADS_MULTI, OPFORGE_CUDA_UNROLL_MULTI};
+template <int kInputs>
+constexpr LaunchShape kShapeFor = kInputs == 1 ? kSingleInput : kMultiInput;
 // Resident blocks per SM: the grid-stride loop's grid, and the occupancy below which a tensor is "small" and gets
-// one vector per thread (more blocks) instead of kUnroll.
+// one vector per thread (more blocks) instead of `unroll`.
 constexpr int kBlocksPerSm = OPFORGE_CUDA_BLOCKS_PER_SM;
 // A capped grid looping over the tensor, or one tile per block.
 constexpr bool kGridStride = OPFORGE_CUDA_GRID_STRIDE;
-// Streaming (evict-first) loads and stores: every byte is touched once, so keep it from crowding L2.
-constexpr bool kStreaming = OPFORGE_CUDA_STREAMING;
+// Streaming (evict-first) stores: every output byte is written once, so keep it from crowding L2. Loads use the
+// default caching: see the measurements above.
+constexpr bool kStreamingLoads = OPFORGE_CUDA_STREAMING_LOADS;
+constexpr bool kStreamingStores = OPFORGE_CUDA_STREAMING_STORES;
 constexpr int kVectorBytes = 16;
 
 template <typename T, int N>
@@ -62,7 +85,7 @@ using opmath_t = at::opmath_type<scalar_t>;
 template <typename P>
 __device__ __forceinline__ P load_pack(const void* p) {
   if constexpr (sizeof(P) == 16) {
-    const uint4 raw = kStreaming ? __ldcs(reinterpret_cast<const uint4*>(p)) : *reinterpret_cast<const uint4*>(p);
+    const uint4 raw = kStreamingLoads ? __ldcs(reinterpret_cast<const uint4*>(p)) : *reinterpret_cast<const uint4*>(p);
     P out;
     memcpy(&out, &raw, sizeof out);
     return out;
@@ -76,7 +99,7 @@ __device__ __forceinline__ void store_pack(void* p, const P& value) {
   if constexpr (sizeof(P) == 16) {
     uint4 raw;
     memcpy(&raw, &value, sizeof raw);
-    if (kStreaming) {
+    if (kStreamingStores) {
       __stcs(reinterpret_cast<uint4*>(p), raw);
     } else {
       *reinterpret_cast<uint4*>(p) = raw;
@@ -99,7 +122,7 @@ __device__ __forceinline__ void apply_pack(Pack<scalar_t, kVec>& out, const Fn& 
 
 // out[i] = fn(in...[i]) for i < n. Each thread handles kU packs of kVec elements per grid-stride step; the
 // last, partial tile of the tensor goes element by element. kVec == 1 is the unaligned fallback.
-template <typename scalar_t, int kVec, int kU, typename Fn, typename... In>
+template <typename scalar_t, int kVec, int kU, int kThreads, typename Fn, typename... In>
 __global__ void __launch_bounds__(kThreads) elementwise_kernel(int64_t n, Fn fn, scalar_t* __restrict__ out,
                                                               const In* __restrict__... in) {
   using acc_t = opmath_t<scalar_t>;
@@ -147,19 +170,22 @@ void launch_elementwise(const c10::Device& device, scalar_t* out, int64_t n, con
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(device.index());
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   constexpr int kVec = kVectorBytes / sizeof(scalar_t);
+  constexpr int kThreads = kShapeFor<sizeof...(In)>.threads;
+  constexpr int kUnroll = kShapeFor<sizeof...(In)>.unroll;
   const int64_t resident = static_cast<int64_t>(sms) * kBlocksPerSm;
   const auto grid = [&](int64_t per_block) {
     const int64_t tiles = (n + per_block - 1) / per_block;
     return static_cast<int>(std::min<int64_t>(kGridStride ? std::min(tiles, resident) : tiles, INT32_MAX));
   };
   if (!(aligned(out) && (aligned(in) && ...))) {
-    elementwise_kernel<scalar_t, 1, 1><<<grid(kThreads), kThreads, 0, stream>>>(n, fn, out, in...);
+    elementwise_kernel<scalar_t, 1, 1, kThreads><<<grid(kThreads), kThreads, 0, stream>>>(n, fn, out, in...);
   } else if ((n + kThreads * kVec * kUnroll - 1) / (kThreads * kVec * kUnroll) >= resident) {
-    elementwise_kernel<scalar_t, kVec, kUnroll>
+    elementwise_kernel<scalar_t, kVec, kUnroll, kThreads>
         <<<grid(int64_t{kThreads} * kVec * kUnroll), kThreads, 0, stream>>>(n, fn, out, in...);
   } else {
-    // Too small to fill the GPU with kUnroll vectors per thread: one vector per thread, more blocks.
-    elementwise_kernel<scalar_t, kVec, 1><<<grid(int64_t{kThreads} * kVec), kThreads, 0, stream>>>(n, fn, out, in...);
+    // Too small to fill the GPU with `unroll` vectors per thread: one vector per thread, more blocks.
+    elementwise_kernel<scalar_t, kVec, 1, kThreads>
+        <<<grid(int64_t{kThreads} * kVec), kThreads, 0, stream>>>(n, fn, out, in...);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
