@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import FIXTURES, describe, failures_by_check, requires_cuda, run_spec, spec_variant
+from opforge.checks.contracts import TRIED_DTYPES
 from opforge.results import Status
 
 
@@ -20,7 +21,7 @@ def test_correct_op_passes_every_check():
     assert not failed, describe(failed)
     checks = {r.check for r in report.results if r.status == Status.PASS}
     assert {"correctness", "determinism", "special_values", "gradcheck", "grad_lowp", "opcheck:test_schema", "opcheck:test_faketensor",
-            "opcheck:test_autograd_registration", "opcheck:test_aot_dispatch_dynamic"} <= checks
+            "opcheck:test_autograd_registration", "opcheck:test_aot_dispatch_dynamic", "dtypes", "vmap", "memory"} <= checks
 
 
 # (fixture, checks that must flag it, checks that must still pass on it)
@@ -34,6 +35,11 @@ BUGS = [
     ("crashes_on_edge_shapes", {"correctness"}, set()),
     ("nondeterministic", {"determinism"}, {"correctness"}),
     ("swallows_nan", {"special_values"}, {"correctness"}),
+    ("reinterprets_int32", {"dtypes"}, {"correctness"}),
+    ("claims_bfloat16", {"dtypes", "correctness"}, set()),
+    ("accepts_shape_mismatch", {"error_inputs"}, {"correctness"}),
+    ("mixes_vmap_slices", {"vmap"}, {"correctness"}),
+    ("leaks_outputs", {"memory"}, {"correctness"}),
 ]
 
 
@@ -129,3 +135,53 @@ def test_devices_check_is_skipped_with_a_reason_without_cuda():
     report = run_spec(FIXTURES / "cuda_disagrees.yaml")
     skipped = [r for r in report.results if r.check == "devices"]
     assert skipped and all(r.status == Status.SKIP and "CUDA is not available" in r.message for r in skipped)
+
+
+def test_unclaimed_dtype_that_returns_garbage_fails_and_one_that_works_is_reported():
+    report = run_spec(FIXTURES / "reinterprets_int32.yaml", checks=("dtypes",))
+    by_dtype = {r.dtype: r for r in report.results}
+    assert by_dtype["int32"].status == Status.FAIL and "not claimed" in by_dtype["int32"].message
+    assert by_dtype["int32"].mismatch is not None, "the failure shows the worst mismatch"
+    # float16 and bfloat16 work although unclaimed: a pass that says so; int8 is rejected with a message: a quiet pass.
+    assert by_dtype["float16"].status == Status.PASS and "not claimed, but works" in by_dtype["float16"].message
+    assert by_dtype["int8"].status == Status.PASS and not by_dtype["int8"].message
+    assert {r.dtype for r in report.results} == set(TRIED_DTYPES)
+
+
+def test_claimed_dtype_without_a_kernel_fails_dtypes_for_that_dtype_only():
+    failed = failures_by_check(run_spec(FIXTURES / "claims_bfloat16.yaml", checks=("dtypes",)))
+    assert [r.dtype for r in failed["dtypes"]] == ["bfloat16"]
+    assert "bfloat16 is claimed, but" in failed["dtypes"][0].message
+
+
+def test_error_inputs_pass_an_op_that_checks_its_arguments():
+    report = run_spec(FIXTURES / "accepts_shape_mismatch.yaml", checks=("error_inputs",))
+    assert not failures_by_check(report, "checked"), describe(failures_by_check(report, "checked")["error_inputs"])
+    failed = failures_by_check(report)["error_inputs"]
+    assert len(failed) == 2 and all("accepted this invalid call" in r.message for r in failed)
+
+
+def test_error_input_with_the_wrong_message_fails(tmp_path):
+    path = spec_variant(tmp_path, "accepts_shape_mismatch", "")
+    path.write_text(path.read_text().replace('"y must have x\'s dtype"', '"y must be float32"'))
+    failed = failures_by_check(run_spec(path, checks=("error_inputs",)), "checked")["error_inputs"]
+    assert len(failed) == 1 and "lacks 'y must be float32'" in failed[0].message
+
+
+def test_error_input_on_a_missing_device_is_skipped_with_the_reason(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    path = spec_variant(tmp_path, "accepts_shape_mismatch", "")
+    path.write_text(path.read_text().replace("inputs: {y: {dtype: float64}}", "inputs: {y: {device: cuda}}"))
+    rows = [r for r in run_spec(path, checks=("error_inputs",)).results if r.device == "cuda"]
+    assert rows and all(r.status == Status.SKIP and "CUDA is not available" in r.message for r in rows)
+
+
+def test_out_argument_gets_the_case_layout():
+    report = run_spec(FIXTURES / "swish_out.yaml")
+    assert not failures_by_check(report, "native"), describe(failures_by_check(report, "native")["correctness"])
+    wrong = failures_by_check(report, "ignores_strides")["correctness"]
+    assert {r.case_id.split("-")[2] for r in wrong} == {"transposed", "strided", "channels_last"}
+    assert all(r.mismatch.output == "out (mutated)" for r in wrong)
