@@ -77,8 +77,10 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
                 continue
             opted_out = check.opted_out(loaded, filters.large) if check.opted_out else None
             if opted_out:
-                plan.skipped += [r for r in (_skip(spec, target, row, dtype, device, opted_out)
-                                             for row in rows for dtype in dtypes for device in devices)
+                # The cases it would run on every device the spec names, available here or not.
+                wanted = check.select(loaded, target, build_matrix(spec, dtypes, devices))
+                plan.skipped += [r for r in (_skip_case(spec, target, row, case, opted_out)
+                                             for row in rows for case in wanted)
                                  if not filters.keyword or filters.keyword in r.full_id]
                 continue
             for case in check.select(loaded, target, matrix):
@@ -104,6 +106,11 @@ def full_id(spec: OpSpec, target: str, check: str, case_id: str) -> str:
 def _skip(spec, target, row, dtype, device, reason) -> CaseResult:
     return CaseResult(op=spec.name, target=target.name, check=row, case_id=f"{dtype}-{device}", dtype=dtype,
                       device=device, status=Status.SKIP, message=reason)
+
+
+def _skip_case(spec, target, row, case: Case, reason) -> CaseResult:
+    return CaseResult(op=spec.name, target=target.name, check=row, case_id=case.id, dtype=case.dtype,
+                      device=case.device, status=Status.SKIP, message=reason)
 
 
 def run_op(loaded: LoadedOp, filters: Filters, plan: Plan | None = None,
@@ -190,8 +197,9 @@ def _apply_xfail(spec: OpSpec, target: str, check: str, case: Case, status: Stat
 
 def repro_command(spec: OpSpec, target: str, check: str, case_id: str, seed: int) -> str:
     ident = full_id(spec, target, check, case_id)
+    # large_index is opt-in: its rerun must opt in too.
     return (f"opforge check {shlex.quote(str(spec.path))} --check {check.split(':', 1)[0]} "
-            f"-k {shlex.quote(ident)} --seed {seed}")
+            f"-k {shlex.quote(ident)} --seed {seed}" + (" --large" if check == "large_index" else ""))
 
 
 def _build_info(loaded: LoadedOp) -> dict | None:

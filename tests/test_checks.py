@@ -6,7 +6,9 @@ import pytest
 
 from conftest import FIXTURES, describe, failures_by_check, requires_cuda, run_spec, spec_variant
 from opforge.checks.contracts import TRIED_DTYPES
+from opforge.loading import load_op
 from opforge.results import Status
+from opforge.spec import load_spec
 
 
 def test_declared_nondeterministic_op_skips_determinism(tmp_path):
@@ -185,3 +187,119 @@ def test_out_argument_gets_the_case_layout():
     wrong = failures_by_check(report, "ignores_strides")["correctness"]
     assert {r.case_id.split("-")[2] for r in wrong} == {"transposed", "strided", "channels_last"}
     assert all(r.mismatch.output == "out (mutated)" for r in wrong)
+
+
+# ------------------------------------------------------------------------------- CUDA-only checks, on CPU too
+
+CUDA_OPS = FIXTURES / "cuda_ops"
+no_cuda = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+
+
+def _planned(path, check, devices=("cpu", "cuda")):
+    """The cases `check` would run for the spec's op if these devices were all available."""
+    from opforge.cases import build_matrix
+    from opforge.checks import registry
+
+    loaded = load_op(load_spec(path))
+    matrix = build_matrix(loaded.spec, loaded.spec.dtypes, devices)
+    return registry()[check].select(loaded, loaded.targets[0], matrix)
+
+
+def test_stream_runs_on_cuda_contiguous_nonempty_cases_only():
+    cases = _planned(CUDA_OPS / "default_stream_swish.yaml", "stream")
+    assert cases and {(c.device, c.layout) for c in cases} == {("cuda", "contiguous")}
+    assert {c.dtype for c in cases} == {"float32", "float64", "float16"}
+
+
+@no_cuda
+@pytest.mark.parametrize("fixture, check", [("default_stream_swish", "stream"), ("disagreeing_swish", "devices")])
+def test_cuda_only_check_is_skipped_with_a_reason_without_cuda(fixture, check):
+    report = run_spec(CUDA_OPS / f"{fixture}.yaml")
+    rows = [r for r in report.results if r.check == check]
+    assert rows and all(r.status == Status.SKIP and "CUDA is not available" in r.message for r in rows)
+    assert not report.failed, describe([r for r in report.results if r.status.failed])
+
+
+@requires_cuda
+def test_kernel_on_the_legacy_default_stream_fails_stream():
+    report = run_spec(CUDA_OPS / "default_stream_swish.yaml")
+    failed = failures_by_check(report)
+    assert {r.device for r in failed["stream"]} == {"cuda"}
+    assert "correctness" not in failed, "on the default stream alone the bug does not show"
+
+
+@requires_cuda
+def test_cuda_kernel_that_disagrees_with_its_cpu_kernel_fails_devices():
+    failed = failures_by_check(run_spec(CUDA_OPS / "disagreeing_swish.yaml"))
+    assert {r.device for r in failed["devices"]} == {"cuda"}
+    assert "stream" not in failed and not any(r.device == "cpu" for r in failed.get("correctness", []))
+
+
+@requires_cuda
+def test_int32_indexing_kernel_fails_large_index():
+    report = run_spec(CUDA_OPS / "int32_index_swish.yaml", large=True)
+    rows = [r for r in report.results if r.check == "large_index"]
+    assert rows and all(r.status in (Status.FAIL, Status.SKIP) for r in rows), describe(rows)
+    assert "stream" not in failures_by_check(report)
+
+
+def test_large_index_is_opt_in():
+    report = run_spec(CUDA_OPS / "int32_index_swish.yaml", checks=("large_index",))
+    assert [(r.status, r.case_id) for r in report.results] == [(Status.SKIP, "float16-cuda-contiguous-x=2147487747")]
+    assert report.results[0].message.startswith("opt-in:") and "--large" in report.results[0].message
+
+
+@no_cuda
+def test_large_index_asked_for_without_cuda_is_skipped_with_the_reason():
+    report = run_spec(CUDA_OPS / "int32_index_swish.yaml", checks=("large_index",), large=True)
+    assert report.results and all(r.status == Status.SKIP and "CUDA is not available" in r.message
+                                  for r in report.results)
+
+
+def _small_index_limit() -> int:
+    """broken_ops' stand-in for 2^31 (importable once a fixture spec is loaded)."""
+    import importlib
+
+    load_op(load_spec(FIXTURES / "wrong_past_limit.yaml"))
+    return importlib.import_module("broken_ops").SMALL_INDEX_LIMIT
+
+
+def _small_index_job(target, shape=(10_000,)):
+    from opforge.checks.large_index import Job
+
+    return Job(spec=str(FIXTURES / "wrong_past_limit.yaml"), target=target, seed=0, dtype="float32", device="cpu",
+               shapes=(("x", shape),), values=(), boundary=_small_index_limit(), window=512)
+
+
+def test_large_index_child_compares_the_elements_past_the_boundary():
+    from opforge.checks.large_index import run_in_child
+
+    assert run_in_child(_small_index_job("good")) is None
+    failure = run_in_child(_small_index_job("native"))
+    assert failure is not None and failure.mismatch.index[0] >= _small_index_limit()
+    assert f"around index {_small_index_limit()}" in failure.message
+
+
+def test_large_index_child_that_faults_is_the_ops_failure_and_the_run_goes_on():
+    from opforge.checks.large_index import run_in_child
+
+    failure = run_in_child(_small_index_job("faults"))
+    assert failure is not None and "SIGSEGV" in failure.message and "child process" in failure.message
+
+
+def test_large_index_child_skips_when_memory_is_short():
+    from opforge.checks.large_index import run_in_child
+    from opforge.compare import CheckSkipped
+
+    with pytest.raises(CheckSkipped, match="not enough memory on cpu"):
+        run_in_child(_small_index_job("good", shape=(2**45,)))
+
+
+def test_large_index_child_that_hangs_or_dies_early_is_reported():
+    from opforge.checks.large_index import verdict
+    from opforge.compare import ReferenceFailure
+
+    hung = verdict([{"stage": "running"}], None, "", 600)
+    assert "did not finish within 600 s" in hung.message
+    with pytest.raises(ReferenceFailure, match="before it ran the op"):
+        verdict([], 1, "ImportError: no module named x", 600)

@@ -105,7 +105,8 @@ def all_shapes_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> lis
 
 
 def registry() -> dict[str, Check]:
-    from opforge.checks import compiled, contracts, gradients, numerics, registration, resources, transforms
+    from opforge.checks import (compiled, contracts, gradients, large_index, numerics, registration, resources,
+                                streams, transforms)
 
     checks = [
         Check("correctness", all_cases, numerics.correctness),
@@ -122,5 +123,7 @@ def registry() -> dict[str, Check]:
         Check("error_inputs", contracts.error_input_cases, contracts.error_inputs),
         Check("vmap", transforms.vmap_cases, transforms.vmap),
         Check("memory", resources.memory_cases, resources.memory),
+        Check("stream", streams.stream_cases, streams.stream),
+        Check("large_index", large_index.large_index_cases, large_index.large_index, opted_out=large_index.opted_out),
     ]
     return {c.name: c for c in checks}
