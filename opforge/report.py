@@ -108,6 +108,9 @@ def render_op(op: OpReport, verbose: bool = False) -> None:
     console.print(table)
     for reason in dict.fromkeys(r.message for r in op.results if r.status == Status.SKIP and r.message):
         console.print(f"[dim]skip: {reason}[/dim]")
+    # Passes with something to say: a dtype the spec does not claim that works anyway.
+    for target, note in dict.fromkeys((r.target, r.message) for r in op.results if r.status == Status.PASS and r.message):
+        console.print(Text(f"note: {target}: {note}", style="dim"))
     build = op.build or {}
     if build.get("skipped_sources"):
         console.print(f"[dim]not built: {', '.join(os.path.basename(s) for s in build['skipped_sources'])} "
