@@ -31,9 +31,10 @@ from opforge.spec import INT32_INDEX_LIMIT, ScalarInput
 
 # Elements compared on each side of 2^31, and at the end of the tensor: enough to cover many thread blocks.
 WINDOW = 2**20
-# The child loads torch and the op (a few seconds), fills GBs and runs the op: minutes at most on a GPU. Past this,
-# the op is taken to hang (an int index that wraps around keeps a grid-stride loop going forever).
-CHILD_TIMEOUT_S = 600
+# The child loads torch and the op (a few seconds), fills GBs and runs the op (milliseconds at H200 bandwidth):
+# well under a minute when healthy (an estimate: not yet timed on a GPU). Past this, the op is taken to hang (an int
+# index that wraps around keeps a grid-stride loop going forever).
+CHILD_TIMEOUT_S = 240
 # Memory headroom over the inputs and outputs: the allocator's rounding and the windows' copies.
 MEMORY_HEADROOM = 1.05
 # Lines of the child's stderr kept in a failure message (the CUDA error is near the end).
