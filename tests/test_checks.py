@@ -175,10 +175,12 @@ def test_error_input_on_a_missing_device_is_skipped_with_the_reason(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    path = spec_variant(tmp_path, "accepts_shape_mismatch", "")
+    path = spec_variant(tmp_path, "accepts_shape_mismatch", "devices: [cpu, cuda]\n")
     path.write_text(path.read_text().replace("inputs: {y: {dtype: float64}}", "inputs: {y: {device: cuda}}"))
-    rows = [r for r in run_spec(path, checks=("error_inputs",)).results if r.device == "cuda"]
+    report = run_spec(path, checks=("error_inputs",))
+    rows = [r for r in report.results if r.device == "cuda"]
     assert rows and all(r.status == Status.SKIP and "CUDA is not available" in r.message for r in rows)
+    assert len([r for r in report.results if r.device == "cpu"]) == 2, "only the CPU call ran, for both targets"
 
 
 def test_out_argument_gets_the_case_layout():
