@@ -30,12 +30,14 @@ class Case:
     values: tuple[tuple[str, Any], ...]
     values_index: int
     shape_index: int
+    # Names a case that is no point of the matrix (an invalid call of error_inputs): it leads the id.
+    label: str = ""
 
     @property
     def id(self) -> str:
         shapes = "-".join(f"{name}={_shape_label(shape)}" for name, shape in self.shapes)
         values = "-".join(f"{name}={value}" for name, value in self.values)
-        return "-".join(p for p in (self.dtype, self.device, self.layout, shapes, values) if p)
+        return "-".join(p for p in (self.label, self.dtype, self.device, self.layout, shapes, values) if p)
 
     def seed(self, base_seed: int) -> int:
         return zlib.crc32(f"{base_seed}:{self.id}".encode())
@@ -94,7 +96,7 @@ def make_inputs(spec: OpSpec, schema_arguments: list[Any], case: Case, base_seed
 
     generator = torch.Generator().manual_seed(case.seed(base_seed))
     shapes = dict(case.shapes)
-    values64 = {t.name: _sample(t, shapes[t.name], case.dtype, generator) for t in spec.tensor_inputs()}
+    values64 = {t.name: sample(t, shapes[t.name], case.dtype, generator) for t in spec.tensor_inputs()}
     for t in spec.tensor_inputs():
         if t.avoid:
             _apply_avoid(t, values64, case.dtype)
@@ -108,7 +110,7 @@ def make_inputs(spec: OpSpec, schema_arguments: list[Any], case: Case, base_seed
         entry = given[argument.name]
         if isinstance(entry, TensorInput):
             dtype = _torch_dtype(entry.dtype or case.dtype)
-            value = _in_layout(values64[entry.name], case.layout, dtype, case.device)
+            value = in_layout(values64[entry.name], case.layout, dtype, case.device)
             grad = requires_grad and entry.requires_grad and (value.is_floating_point() or value.is_complex())
             value = value.requires_grad_(grad) if grad else value
             ref = values64[entry.name].to(_reference_dtype(dtype)).requires_grad_(grad)
@@ -140,7 +142,7 @@ def _reference_dtype(dtype):
     return dtype
 
 
-def _sample(t: TensorInput, shape: tuple[int, ...], case_dtype: str, generator):
+def sample(t: TensorInput, shape: tuple[int, ...], case_dtype: str, generator):
     """Uniform values in [low, high], already rounded to the dtype the op will see, held in float64."""
     import torch
 
@@ -178,7 +180,7 @@ def _apply_avoid(t: TensorInput, values64: dict[str, Any], case_dtype: str) -> N
     values64[moved] = adjusted.to(dtype).to(torch.float64)
 
 
-def _in_layout(values64, layout: str, dtype, device: str):
+def in_layout(values64, layout: str, dtype, device: str):
     """A tensor holding `values64` (cast to dtype) with the case's memory layout."""
     import torch
 

@@ -84,6 +84,8 @@ def check(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write a JSON report here."),
     junit_path: Optional[Path] = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
     cuda_arch: Optional[str] = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
+    large: bool = typer.Option(False, "--large",
+                               help="Also run large_index (tensors past 2^31 elements: GBs of GPU memory)."),
 ) -> None:
     """Build an op's kernels and run every check its spec declares."""
 
@@ -94,7 +96,7 @@ def check(
             dtypes=_validate(dtype, KNOWN_DTYPES, "--dtype"),
             devices=_validate(device, KNOWN_DEVICES, "--device"),
             checks=_validate(check_, KNOWN_CHECKS + tuple(f"opcheck:{t}" for t in OPCHECK_SUBTESTS), "--check"),
-            keyword=keyword, seed=seed, fail_fast=fail_fast,
+            keyword=keyword, seed=seed, fail_fast=fail_fast, large=large,
         )
         specs = [load_spec(p) for p in _specs(targets or [], all_specs)]
         run = _run_checks(specs, filters, cuda_arch)

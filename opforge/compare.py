@@ -29,8 +29,20 @@ class CheckFailure(Exception):
         self.mismatch = mismatch
 
 
+class PassNote:
+    """A pass with something to report (a dtype the spec does not claim that works anyway)."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+
 class ReferenceFailure(Exception):
     """The spec's reference (not the op) failed. Becomes an ERROR result."""
+
+
+class CheckSkipped(Exception):
+    """The check cannot run this case here (no GPU memory for it, a device that is missing). Becomes a SKIP result
+    with the message as its reason."""
 
 
 def tolerance_for(spec: OpSpec, dtype: str, grad: bool = False) -> Tolerance:

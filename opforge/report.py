@@ -21,6 +21,8 @@ from opforge.spec import KNOWN_DEVICES, KNOWN_DTYPES
 
 # Width used when stdout is not a terminal, so CI logs do not wrap the tables at rich's default 80 columns.
 LOG_WIDTH = 140
+# The column header under which the dtypes check's unclaimed dtypes are folded.
+UNCLAIMED_COLUMN = "other"
 # Failure panels printed in full; the rest are counted and left to --json / --junit.
 MAX_FAILURE_PANELS = 20
 
@@ -95,6 +97,7 @@ def render_op(op: OpReport, verbose: bool = False) -> None:
     cells: dict[tuple[str, str], dict[tuple[str, str], list[CaseResult]]] = defaultdict(lambda: defaultdict(list))
     for r in op.results:
         cells[(r.target, r.check)][(r.device, r.dtype)].append(r)
+    _fold_unclaimed_dtypes(cells)
     columns = sorted({c for by_column in cells.values() for c in by_column}, key=_column_order)
     table = Table(title=f"{op.op}  ({op.spec_path})", title_justify="left", show_lines=False)
     table.add_column("implementation", no_wrap=True)
@@ -108,6 +111,9 @@ def render_op(op: OpReport, verbose: bool = False) -> None:
     console.print(table)
     for reason in dict.fromkeys(r.message for r in op.results if r.status == Status.SKIP and r.message):
         console.print(f"[dim]skip: {reason}[/dim]")
+    # Passes with something to say: a dtype the spec does not claim that works anyway.
+    for target, note in dict.fromkeys((r.target, r.message) for r in op.results if r.status == Status.PASS and r.message):
+        console.print(Text(f"note: {target}: {note}", style="dim"))
     build = op.build or {}
     if build.get("skipped_sources"):
         console.print(f"[dim]not built: {', '.join(os.path.basename(s) for s in build['skipped_sources'])} "
@@ -116,6 +122,18 @@ def render_op(op: OpReport, verbose: bool = False) -> None:
         for r in op.results:
             console.print(f"  {_LABEL[r.status]:5s} {r.full_id}  [dim]{r.seconds * 1e3:.1f} ms[/dim]"
                           + (f"  {r.message.splitlines()[0]}" if r.message and not r.status.failed else ""))
+
+
+def _fold_unclaimed_dtypes(cells) -> None:
+    """The dtypes check also visits dtypes the spec does not claim: a column each would crowd the table, so they
+    share one column per device ("other"), which shows the most severe of them."""
+    claimed = {c for (_, check), by_column in cells.items() if check != "dtypes" for c in by_column}
+    if not claimed:
+        return
+    for (_, check), by_column in cells.items():
+        if check == "dtypes":
+            for device, dtype in [c for c in by_column if c not in claimed]:
+                by_column[(device, UNCLAIMED_COLUMN)] += by_column.pop((device, dtype))
 
 
 def _column_order(column: tuple[str, str]) -> tuple[int, int]:

@@ -11,7 +11,7 @@ from typing import Callable
 
 from opforge.cases import Case, build_matrix
 from opforge.checks import Check, CheckContext, registry
-from opforge.compare import CheckFailure, ReferenceFailure
+from opforge.compare import CheckFailure, CheckSkipped, PassNote, ReferenceFailure
 from opforge.checks.calls import short
 from opforge.loading import LoadedOp, Target
 from opforge.results import CaseResult, OpReport, RunReport, Status, result_id
@@ -28,6 +28,8 @@ class Filters:
     keyword: str | None = None
     seed: int = DEFAULT_SEED
     fail_fast: bool = False
+    # Run the checks that cost GBs of memory (large_index) even where the spec does not enable them.
+    large: bool = False
 
     def wants_check(self, row: str) -> bool:
         return not self.checks or row in self.checks or row.split(":", 1)[0] in self.checks
@@ -73,6 +75,14 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
             rows = [r for r in check.row_names() if filters.wants_check(r)]
             if not rows:
                 continue
+            opted_out = check.opted_out(loaded, filters.large) if check.opted_out else None
+            if opted_out:
+                # The cases it would run on every device the spec names, available here or not.
+                wanted = check.select(loaded, target, build_matrix(spec, dtypes, devices))
+                plan.skipped += [r for r in (_skip_case(spec, target, row, case, opted_out)
+                                             for row in rows for case in wanted)
+                                 if not filters.keyword or filters.keyword in r.full_id]
+                continue
             for case in check.select(loaded, target, matrix):
                 if any(_matches(filters, spec, target, r, case) for r in rows) and \
                         (not filters.dtypes or case.dtype in filters.dtypes):
@@ -96,6 +106,11 @@ def full_id(spec: OpSpec, target: str, check: str, case_id: str) -> str:
 def _skip(spec, target, row, dtype, device, reason) -> CaseResult:
     return CaseResult(op=spec.name, target=target.name, check=row, case_id=f"{dtype}-{device}", dtype=dtype,
                       device=device, status=Status.SKIP, message=reason)
+
+
+def _skip_case(spec, target, row, case: Case, reason) -> CaseResult:
+    return CaseResult(op=spec.name, target=target.name, check=row, case_id=case.id, dtype=case.dtype,
+                      device=case.device, status=Status.SKIP, message=reason)
 
 
 def run_op(loaded: LoadedOp, filters: Filters, plan: Plan | None = None,
@@ -125,19 +140,23 @@ def run_row(ctx: CheckContext, row: PlannedRow, filters: Filters) -> list[CaseRe
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        outcomes, errors = _run_check(ctx, row)
+        outcomes, errors, skipped = _run_check(ctx, row)
     seen = tuple(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))
     seconds = (time.perf_counter() - start) / max(1, len(row.check.row_names()))
     results = []
     for name in row.check.row_names():
         if not filters.wants_check(name) or not _matches(filters, spec, row.target, name, row.case):
             continue
-        if name in errors:
+        if name in skipped:
+            status, message, mismatch = Status.SKIP, skipped[name], None
+        elif name in errors:
             status, message, mismatch = Status.ERROR, errors[name], None
         else:
             failure = outcomes.get(name)
-            status, message, mismatch = (Status.PASS, "", None) if failure is None else \
-                (Status.FAIL, failure.message, failure.mismatch)
+            if failure is None or isinstance(failure, PassNote):
+                status, message, mismatch = Status.PASS, failure.message if failure else "", None
+            else:
+                status, message, mismatch = Status.FAIL, failure.message, failure.mismatch
         status, message = _apply_xfail(spec, row.target.name, name, row.case, status, message)
         results.append(CaseResult(
             op=spec.name, target=row.target.name, check=name, case_id=row.case.id, dtype=row.case.dtype,
@@ -149,17 +168,19 @@ def run_row(ctx: CheckContext, row: PlannedRow, filters: Filters) -> list[CaseRe
     return results
 
 
-def _run_check(ctx: CheckContext, row: PlannedRow) -> tuple[dict, dict[str, str]]:
-    """(outcomes by row name, error messages by row name)."""
+def _run_check(ctx: CheckContext, row: PlannedRow) -> tuple[dict, dict[str, str], dict[str, str]]:
+    """(outcomes by row name, error messages by row name, skip reasons by row name)."""
     names = row.check.row_names()
     try:
-        return row.check.run(ctx, row.target, row.case), {}
+        return row.check.run(ctx, row.target, row.case), {}, {}
     except CheckFailure as failure:
-        return {name: failure for name in names}, {}
+        return {name: failure for name in names}, {}, {}
     except ReferenceFailure as exc:
-        return {}, {name: str(exc) for name in names}
+        return {}, {name: str(exc) for name in names}, {}
+    except CheckSkipped as exc:
+        return {}, {}, {name: str(exc) for name in names}
     except Exception as exc:  # a bug in a check or an exotic op must cost one row, not the run
-        return {}, {name: f"the check itself raised {short(exc)}" for name in names}
+        return {}, {name: f"the check itself raised {short(exc)}" for name in names}, {}
 
 
 def _apply_xfail(spec: OpSpec, target: str, check: str, case: Case, status: Status,
@@ -176,8 +197,9 @@ def _apply_xfail(spec: OpSpec, target: str, check: str, case: Case, status: Stat
 
 def repro_command(spec: OpSpec, target: str, check: str, case_id: str, seed: int) -> str:
     ident = full_id(spec, target, check, case_id)
+    # large_index is opt-in: its rerun must opt in too.
     return (f"opforge check {shlex.quote(str(spec.path))} --check {check.split(':', 1)[0]} "
-            f"-k {shlex.quote(ident)} --seed {seed}")
+            f"-k {shlex.quote(ident)} --seed {seed}" + (" --large" if check == "large_index" else ""))
 
 
 def _build_info(loaded: LoadedOp) -> dict | None:

@@ -27,7 +27,11 @@ KNOWN_LAYOUTS = ("contiguous", "noncontiguous", "channels_last")
 # Checks a spec may name. Kept here (not imported from opforge.checks) so validating a spec never imports torch.
 # `opcheck` expands into one result per torch.library.opcheck sub-test.
 KNOWN_CHECKS = ("correctness", "devices", "determinism", "special_values", "opcheck", "gradcheck", "gradgradcheck",
-                "grad_lowp", "compile")
+                "grad_lowp", "compile", "dtypes", "error_inputs", "vmap", "memory", "stream", "large_index")
+# Checks that apply only when the spec claims what they test (`vmap: true`, an `error_inputs` list, `large_index`).
+CLAIMED_CHECKS = {"vmap": "vmap", "error_inputs": "error_inputs", "large_index": "large_index"}
+# int32 indexing breaks past this many elements: a large_index shape must exceed it.
+INT32_INDEX_LIMIT = 2**31
 OPCHECK_SUBTESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
 _CALLABLE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -82,6 +86,42 @@ Input = TensorInput | ScalarInput
 
 
 @dataclass(frozen=True)
+class ErrorTensor:
+    """One tensor argument of an invalid call; what is left out comes from the spec's first case."""
+
+    name: str
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    device: str | None = None
+
+
+@dataclass(frozen=True)
+class ErrorInput:
+    """An invalid call and the error it must raise: an exception class named in Python's builtins, whose message
+    contains `match` (a plain substring)."""
+
+    description: str
+    tensors: tuple[ErrorTensor, ...]
+    values: tuple[tuple[str, Any], ...]
+    error: str
+    match: str
+
+    @property
+    def label(self) -> str:
+        return re.sub(r"\W+", "_", self.description.strip().lower()).strip("_")
+
+
+@dataclass(frozen=True)
+class LargeIndex:
+    """Shapes past 2^31 elements for the large_index check (an elementwise op is assumed: output element i depends
+    on element i of each input). It costs GBs, so it runs only with `enabled: true` or `opforge check --large`."""
+
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    dtype: str = "float16"
+    enabled: bool = False
+
+
+@dataclass(frozen=True)
 class XFail:
     """A known failure. Strict (the default): a case that passes anyway is XPASS and fails the run, so stale
     entries get noticed. Non-strict: for failures that depend on the sampled values, a pass is just a pass."""
@@ -125,6 +165,10 @@ class OpSpec:
     description: str = ""
     # Declares results that may differ run to run (atomics, sampling): the determinism check then does not apply.
     nondeterministic: bool = False
+    # Claims that switch on the vmap, error_inputs and large_index checks.
+    vmap: bool = False
+    error_inputs: tuple[ErrorInput, ...] = ()
+    large_index: LargeIndex | None = None
     # Line of each top-level key and of each input, for errors found after loading (schema mismatch, bad module).
     lines: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
@@ -419,6 +463,7 @@ _LOAD_KEYS = ("python", "sources")
 _TOP_KEYS = (
     "op", "schema", "description", "load", "implementations", "reference", "inputs", "dtypes", "devices", "layouts",
     "tolerances", "grad_tolerances", "checks", "xfail", "differentiable", "double_backward", "nondeterministic",
+    "vmap", "error_inputs", "large_index",
 )
 _REQUIRED = ("op", "schema", "load", "reference", "inputs", "dtypes")
 
@@ -447,9 +492,17 @@ def load_spec(path: Path | str) -> OpSpec:
     checks = r.get("checks", _list(_one_of(KNOWN_CHECKS)), None)
     differentiable = r.get("differentiable", _bool, True)
     double_backward = r.get("double_backward", _bool, False)
-    if checks is None:
-        checks = tuple(c for c in KNOWN_CHECKS if _applicable_by_default(c, differentiable, double_backward))
     inputs = r.get("inputs", _inputs)
+    dtypes = r.get("dtypes", _list(_one_of(KNOWN_DTYPES)))
+    claims = {
+        "vmap": r.get("vmap", _bool, False),
+        "error_inputs": _error_inputs(r, inputs) if r.has("error_inputs") else (),
+        "large_index": _large_index(r, inputs, dtypes) if r.has("large_index") else None,
+    }
+    if checks is None:
+        checks = tuple(c for c in KNOWN_CHECKS if _applicable_by_default(c, differentiable, double_backward)
+                       and (c not in CLAIMED_CHECKS or claims[CLAIMED_CHECKS[c]]))
+    _check_claims(r, checks, claims)
     implementations = r.get("implementations", _implementations, ())
     lines = tuple((k, r.line(k)) for k in root.value) + tuple(
         (f"inputs.{name}", child.line) for name, child in r.child("inputs").value.items()
@@ -465,7 +518,7 @@ def load_spec(path: Path | str) -> OpSpec:
         implementations=implementations,
         reference=r.get("reference", _callable_ref),
         inputs=inputs,
-        dtypes=r.get("dtypes", _list(_one_of(KNOWN_DTYPES))),
+        dtypes=dtypes,
         devices=r.get("devices", _list(_one_of(KNOWN_DEVICES)), ("cpu",)),
         layouts=r.get("layouts", _list(_one_of(KNOWN_LAYOUTS)), ("contiguous",)),
         tolerances=r.get("tolerances", _tolerances, ()),
@@ -475,8 +528,104 @@ def load_spec(path: Path | str) -> OpSpec:
         differentiable=differentiable,
         double_backward=double_backward,
         nondeterministic=r.get("nondeterministic", _bool, False),
+        vmap=claims["vmap"],
+        error_inputs=claims["error_inputs"],
+        large_index=claims["large_index"],
         lines=lines,
     )
+
+
+def _check_claims(r: _Reader, checks: tuple[str, ...], claims: dict[str, Any]) -> None:
+    for check, key in CLAIMED_CHECKS.items():
+        if check in checks and not claims[key]:
+            raise r.fail(r.child("checks"), "checks", f"a `{key}:` entry for check {check!r}", "none",
+                         f"Add `{key}:` (see docs/checks.md) or drop {check} from checks.")
+
+
+# ----------------------------------------------------------------------------------------------- error_inputs
+
+
+_ERROR_INPUT_KEYS = ("description", "inputs", "error", "match")
+
+
+def _error_inputs(r: _Reader, inputs: tuple[Input, ...]) -> tuple[ErrorInput, ...]:
+    entries = r.get("error_inputs", _list(lambda rr, k, n: _error_input(rr, k, n, inputs)))
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        if entry.label in seen:
+            raise r.fail(r.child("error_inputs").value[i], f"error_inputs[{i}].description",
+                         "a description unlike the others (it names the result row)",
+                         f"the same as error_inputs[{seen[entry.label]}]", "Describe each invalid call differently.")
+        seen[entry.label] = i
+    return entries
+
+
+def _error_input(r: _Reader, key: str, node: _Node, inputs: tuple[Input, ...]) -> ErrorInput:
+    e = _Reader(r.path, node, key, _ERROR_INPUT_KEYS, required=("description", "inputs", "error", "match"))
+    error = e.get("error", _str)
+    if not _is_builtin_exception(error):
+        raise e.fail(e.child("error"), f"{key}.error", "the name of a Python built-in exception class",
+                     repr(error), "Write e.g. RuntimeError (torch's TORCH_CHECK raises RuntimeError, or a subclass "
+                                  "such as ValueError/TypeError/IndexError for TORCH_CHECK_VALUE/_TYPE/_INDEX).")
+    args = e.child("inputs")
+    if not isinstance(args.value, dict) or not args.value:
+        raise e.fail(args, f"{key}.inputs", "a mapping of argument name to what differs from a valid call",
+                     _describe(args.value), "Write e.g. `inputs: {x: {dtype: int32}}`.")
+    given = {i.name: i for i in inputs}
+    tensors, values = [], []
+    for name, child in args.value.items():
+        entry = given.get(name)
+        if entry is None:
+            raise e.fail(child, f"{key}.inputs.{name}", f"one of the spec's inputs ({', '.join(given)})",
+                         repr(name), "Name an argument listed under `inputs:`.")
+        if isinstance(entry, TensorInput):
+            tensors.append(_error_tensor(e, f"{key}.inputs.{name}", name, child))
+        else:
+            v = _Reader(r.path, child, f"{key}.inputs.{name}", ("value",), required=("value",))
+            values.append((name, _scalar_value(v, f"{key}.inputs.{name}.value", v.child("value"))))
+    return ErrorInput(description=e.get("description", _str), tensors=tuple(tensors), values=tuple(values),
+                      error=error, match=e.get("match", _str))
+
+
+def _error_tensor(r: _Reader, key: str, name: str, node: _Node) -> ErrorTensor:
+    t = _Reader(r.path, node, key, ("shape", "dtype", "device"))
+    return ErrorTensor(name=name, shape=t.get("shape", _shape), dtype=t.get("dtype", _one_of(KNOWN_DTYPES)),
+                       device=t.get("device", _one_of(KNOWN_DEVICES)))
+
+
+def _is_builtin_exception(name: str) -> bool:
+    import builtins
+
+    cls = getattr(builtins, name, None)
+    return isinstance(cls, type) and issubclass(cls, BaseException)
+
+
+# ------------------------------------------------------------------------------------------------ large_index
+
+
+def _large_index(r: _Reader, inputs: tuple[Input, ...], dtypes: tuple[str, ...]) -> LargeIndex:
+    node = r.child("large_index")
+    g = _Reader(r.path, node, "large_index", ("shapes", "dtype", "enabled"), required=("shapes",))
+    dtype = g.get("dtype", _one_of(KNOWN_DTYPES), "float16")
+    if dtype not in dtypes:
+        raise g.fail(g.child("dtype") if g.has("dtype") else node, "large_index.dtype",
+                     f"one of the spec's dtypes ({', '.join(dtypes)})", repr(dtype),
+                     "Pick a claimed dtype; the smallest (float16, bfloat16) needs the least memory.")
+    shapes_node = g.child("shapes")
+    tensors = [i.name for i in inputs if isinstance(i, TensorInput)]
+    s = _Reader(r.path, shapes_node, "large_index.shapes", tuple(tensors), required=tuple(tensors))
+    shapes = tuple((name, s.get(name, _shape)) for name in tensors)
+    if len({shape for _, shape in shapes}) != 1:
+        raise s.fail(shapes_node, "large_index.shapes", "the same shape for every tensor input (the check compares "
+                     "element i of the output with element i of each input)",
+                     ", ".join(f"{n}: {list(sh)}" for n, sh in shapes), "Give every tensor input one shape.")
+    numel = 1
+    for size in shapes[0][1]:
+        numel *= size
+    if numel <= INT32_INDEX_LIMIT:
+        raise s.fail(shapes_node, "large_index.shapes", f"more than 2^31 = {INT32_INDEX_LIMIT} elements",
+                     f"{numel}", "Use e.g. [2147487747] (2^31 + 4099: past the limit, no multiple of a vector width).")
+    return LargeIndex(shapes=shapes, dtype=dtype, enabled=g.get("enabled", _bool, False))
 
 
 def _xfails(r: _Reader, implementations: tuple[tuple[str, str], ...]) -> tuple[XFail, ...]:

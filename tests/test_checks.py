@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from conftest import FIXTURES, describe, failures_by_check, requires_cuda, run_spec, spec_variant
+from opforge.checks.contracts import TRIED_DTYPES
+from opforge.loading import load_op
 from opforge.results import Status
+from opforge.spec import load_spec
 
 
 def test_declared_nondeterministic_op_skips_determinism(tmp_path):
@@ -20,7 +23,7 @@ def test_correct_op_passes_every_check():
     assert not failed, describe(failed)
     checks = {r.check for r in report.results if r.status == Status.PASS}
     assert {"correctness", "determinism", "special_values", "gradcheck", "grad_lowp", "opcheck:test_schema", "opcheck:test_faketensor",
-            "opcheck:test_autograd_registration", "opcheck:test_aot_dispatch_dynamic"} <= checks
+            "opcheck:test_autograd_registration", "opcheck:test_aot_dispatch_dynamic", "dtypes", "vmap", "memory"} <= checks
 
 
 # (fixture, checks that must flag it, checks that must still pass on it)
@@ -34,6 +37,11 @@ BUGS = [
     ("crashes_on_edge_shapes", {"correctness"}, set()),
     ("nondeterministic", {"determinism"}, {"correctness"}),
     ("swallows_nan", {"special_values"}, {"correctness"}),
+    ("reinterprets_int32", {"dtypes"}, {"correctness"}),
+    ("claims_bfloat16", {"dtypes", "correctness"}, set()),
+    ("accepts_shape_mismatch", {"error_inputs"}, {"correctness"}),
+    ("mixes_vmap_slices", {"vmap"}, {"correctness"}),
+    ("leaks_outputs", {"memory"}, {"correctness"}),
 ]
 
 
@@ -129,3 +137,171 @@ def test_devices_check_is_skipped_with_a_reason_without_cuda():
     report = run_spec(FIXTURES / "cuda_disagrees.yaml")
     skipped = [r for r in report.results if r.check == "devices"]
     assert skipped and all(r.status == Status.SKIP and "CUDA is not available" in r.message for r in skipped)
+
+
+def test_unclaimed_dtype_that_returns_garbage_fails_and_one_that_works_is_reported():
+    report = run_spec(FIXTURES / "reinterprets_int32.yaml", checks=("dtypes",))
+    by_dtype = {r.dtype: r for r in report.results}
+    assert by_dtype["int32"].status == Status.FAIL and "not claimed" in by_dtype["int32"].message
+    assert by_dtype["int32"].mismatch is not None, "the failure shows the worst mismatch"
+    # float16 and bfloat16 work although unclaimed: a pass that says so; int8 is rejected with a message: a quiet pass.
+    assert by_dtype["float16"].status == Status.PASS and "not claimed, but works" in by_dtype["float16"].message
+    assert by_dtype["int8"].status == Status.PASS and not by_dtype["int8"].message
+    assert {r.dtype for r in report.results} == set(TRIED_DTYPES)
+
+
+def test_claimed_dtype_without_a_kernel_fails_dtypes_for_that_dtype_only():
+    failed = failures_by_check(run_spec(FIXTURES / "claims_bfloat16.yaml", checks=("dtypes",)))
+    assert [r.dtype for r in failed["dtypes"]] == ["bfloat16"]
+    assert "bfloat16 is claimed, but" in failed["dtypes"][0].message
+
+
+def test_error_inputs_pass_an_op_that_checks_its_arguments():
+    report = run_spec(FIXTURES / "accepts_shape_mismatch.yaml", checks=("error_inputs",))
+    assert not failures_by_check(report, "checked"), describe(failures_by_check(report, "checked")["error_inputs"])
+    failed = failures_by_check(report)["error_inputs"]
+    assert len(failed) == 2 and all("accepted this invalid call" in r.message for r in failed)
+
+
+def test_error_input_with_the_wrong_message_fails(tmp_path):
+    path = spec_variant(tmp_path, "accepts_shape_mismatch", "")
+    path.write_text(path.read_text().replace('"y must have x\'s dtype"', '"y must be float32"'))
+    failed = failures_by_check(run_spec(path, checks=("error_inputs",)), "checked")["error_inputs"]
+    assert len(failed) == 1 and "lacks 'y must be float32'" in failed[0].message
+
+
+def test_error_input_on_a_missing_device_is_skipped_with_the_reason(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    path = spec_variant(tmp_path, "accepts_shape_mismatch", "devices: [cpu, cuda]\n")
+    path.write_text(path.read_text().replace("inputs: {y: {dtype: float64}}", "inputs: {y: {device: cuda}}"))
+    report = run_spec(path, checks=("error_inputs",))
+    rows = [r for r in report.results if r.device == "cuda"]
+    assert rows and all(r.status == Status.SKIP and "CUDA is not available" in r.message for r in rows)
+    assert len([r for r in report.results if r.device == "cpu"]) == 2, "only the CPU call ran, for both targets"
+
+
+def test_out_argument_gets_the_case_layout():
+    report = run_spec(FIXTURES / "swish_out.yaml")
+    assert not failures_by_check(report, "native"), describe(failures_by_check(report, "native")["correctness"])
+    wrong = failures_by_check(report, "ignores_strides")["correctness"]
+    assert {r.case_id.split("-")[2] for r in wrong} == {"transposed", "strided", "channels_last"}
+    assert all(r.mismatch.output == "out (mutated)" for r in wrong)
+
+
+# ------------------------------------------------------------------------------- CUDA-only checks, on CPU too
+
+CUDA_OPS = FIXTURES / "cuda_ops"
+no_cuda = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+
+
+def _planned(path, check, devices=("cpu", "cuda")):
+    """The cases `check` would run for the spec's op if these devices were all available."""
+    from opforge.cases import build_matrix
+    from opforge.checks import registry
+
+    loaded = load_op(load_spec(path))
+    matrix = build_matrix(loaded.spec, loaded.spec.dtypes, devices)
+    return registry()[check].select(loaded, loaded.targets[0], matrix)
+
+
+def test_stream_runs_on_cuda_contiguous_nonempty_cases_only():
+    cases = _planned(CUDA_OPS / "default_stream_swish.yaml", "stream")
+    assert cases and {(c.device, c.layout) for c in cases} == {("cuda", "contiguous")}
+    assert {c.dtype for c in cases} == {"float32", "float64", "float16"}
+
+
+@no_cuda
+@pytest.mark.parametrize("fixture, check", [("default_stream_swish", "stream"), ("disagreeing_swish", "devices")])
+def test_cuda_only_check_is_skipped_with_a_reason_without_cuda(fixture, check):
+    report = run_spec(CUDA_OPS / f"{fixture}.yaml")
+    rows = [r for r in report.results if r.check == check]
+    assert rows and all(r.status == Status.SKIP and "CUDA is not available" in r.message for r in rows)
+    assert not report.failed, describe([r for r in report.results if r.status.failed])
+
+
+@requires_cuda
+def test_kernel_on_the_legacy_default_stream_fails_stream():
+    report = run_spec(CUDA_OPS / "default_stream_swish.yaml")
+    failed = failures_by_check(report)
+    assert {r.device for r in failed["stream"]} == {"cuda"}
+    assert "correctness" not in failed, "on the default stream alone the bug does not show"
+
+
+@requires_cuda
+def test_cuda_kernel_that_disagrees_with_its_cpu_kernel_fails_devices():
+    failed = failures_by_check(run_spec(CUDA_OPS / "disagreeing_swish.yaml"))
+    assert {r.device for r in failed["devices"]} == {"cuda"}
+    assert "stream" not in failed and not any(r.device == "cpu" for r in failed.get("correctness", []))
+
+
+@requires_cuda
+def test_int32_indexing_kernel_fails_large_index():
+    report = run_spec(CUDA_OPS / "int32_index_swish.yaml", large=True)
+    rows = [r for r in report.results if r.check == "large_index"]
+    assert rows and all(r.status in (Status.FAIL, Status.SKIP) for r in rows), describe(rows)
+    assert "stream" not in failures_by_check(report)
+
+
+def test_large_index_is_opt_in():
+    report = run_spec(CUDA_OPS / "int32_index_swish.yaml", checks=("large_index",))
+    assert [(r.status, r.case_id) for r in report.results] == [(Status.SKIP, "float16-cuda-contiguous-x=2147487747")]
+    assert report.results[0].message.startswith("opt-in:") and "--large" in report.results[0].message
+
+
+@no_cuda
+def test_large_index_asked_for_without_cuda_is_skipped_with_the_reason():
+    report = run_spec(CUDA_OPS / "int32_index_swish.yaml", checks=("large_index",), large=True)
+    assert report.results and all(r.status == Status.SKIP and "CUDA is not available" in r.message
+                                  for r in report.results)
+
+
+def _small_index_limit() -> int:
+    """broken_ops' stand-in for 2^31 (importable once a fixture spec is loaded)."""
+    import importlib
+
+    load_op(load_spec(FIXTURES / "wrong_past_limit.yaml"))
+    return importlib.import_module("broken_ops").SMALL_INDEX_LIMIT
+
+
+def _small_index_job(target, shape=(10_000,)):
+    from opforge.checks.large_index import Job
+
+    return Job(spec=str(FIXTURES / "wrong_past_limit.yaml"), target=target, seed=0, dtype="float32", device="cpu",
+               shapes=(("x", shape),), values=(), boundary=_small_index_limit(), window=512)
+
+
+def test_large_index_child_compares_the_elements_past_the_boundary():
+    from opforge.checks.large_index import run_in_child
+
+    assert run_in_child(_small_index_job("good")) is None
+    failure = run_in_child(_small_index_job("native"))
+    assert failure is not None and failure.mismatch.index[0] >= _small_index_limit()
+    assert f"around index {_small_index_limit()}" in failure.message
+
+
+def test_large_index_child_that_faults_is_the_ops_failure_and_the_run_goes_on():
+    from opforge.checks.large_index import run_in_child
+
+    failure = run_in_child(_small_index_job("faults"))
+    assert failure is not None and "SIGSEGV" in failure.message and "child process" in failure.message
+
+
+def test_large_index_child_skips_when_memory_is_short():
+    from opforge.checks.large_index import run_in_child
+    from opforge.compare import CheckSkipped
+
+    with pytest.raises(CheckSkipped, match="not enough memory on cpu"):
+        run_in_child(_small_index_job("good", shape=(2**45,)))
+
+
+def test_large_index_child_that_hangs_or_dies_early_is_reported():
+    from opforge.checks.large_index import verdict
+    from opforge.compare import ReferenceFailure
+
+    hung = verdict([{"stage": "running"}], None, "", 600)
+    assert "did not finish within 600 s" in hung.message
+    with pytest.raises(ReferenceFailure, match="before it ran the op"):
+        verdict([], 1, "ImportError: no module named x", 600)

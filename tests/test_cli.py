@@ -139,3 +139,18 @@ def test_python_dash_m_and_help_do_not_import_torch():
            "print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert "check" in out.stdout and out.stdout.strip().endswith("False")
+
+
+def test_unclaimed_dtype_that_works_is_noted_in_the_report():
+    result = invoke("check", str(FIXTURES / "good.yaml"), "--check", "dtypes")
+    assert result.exit_code == 0, result.output
+    assert "note: native: int32 on cpu is not claimed, but works (returns float32)" in result.output
+
+
+def test_large_index_is_skipped_as_opt_in_until_asked_for():
+    spec = str(FIXTURES / "cuda_ops" / "int32_index_swish.yaml")
+    result = invoke("check", spec, "--check", "large_index")
+    assert result.exit_code == 0, result.output
+    assert "skip: opt-in: large_index needs ~8 GiB of GPU memory" in result.output
+    asked = invoke("check", spec, "--check", "large_index", "--large")
+    assert asked.exit_code == 0 and "opt-in" not in asked.output, asked.output

@@ -64,6 +64,22 @@ BAD = [
      "missing.cpp is missing"),
     ("x: {shapes: [[], [7]], low: -2, high: 2}", "x: {shapes: [[7]], values: [1]}", 7, "inputs.x", "both"),
     ("dtypes: [float32]", "dtypes: [float32]\nxfail: [{check: nope, reason: r}]", 9, "xfail[0].check", "one of"),
+    ("dtypes: [float32]", "dtypes: [float32]\nchecks: [correctness, vmap]", 9, "checks", "a `vmap:` entry"),
+    ("dtypes: [float32]", "dtypes: [float32]\nchecks: [large_index]", 9, "checks", "a `large_index:` entry"),
+    ("dtypes: [float32]", "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {x: {dtype: int32}},"
+     " error: RuntimeErr, match: m}", 10, "error_inputs[0].error", "built-in exception"),
+    ("dtypes: [float32]", "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {y: {dtype: int32}},"
+     " error: RuntimeError, match: m}", 10, "error_inputs[0].inputs.y", "one of the spec's inputs"),
+    ("dtypes: [float32]", "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {x: {shape: 7}},"
+     " error: RuntimeError, match: m}", 10, "error_inputs[0].inputs.x.shape", "a shape"),
+    ("dtypes: [float32]", "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {x: {dtype: int32}},"
+     " error: RuntimeError, match: m}\n  - {description: D, inputs: {x: {dtype: int8}}, error: RuntimeError,"
+     " match: m}", 11, "error_inputs[1].description", "unlike the others"),
+    ("dtypes: [float32]", "dtypes: [float32]\nlarge_index: {shapes: {x: [2147483648]}, dtype: float32}", 9, "large_index.shapes",
+     "more than 2^31"),
+    ("dtypes: [float32]", "dtypes: [float32]\nlarge_index: {shapes: {}, dtype: float32}", 9, "large_index.shapes.x", "a 'x' entry"),
+    ("dtypes: [float32]", "dtypes: [float32]\nlarge_index: {shapes: {x: [2147483649]}}", 9, "large_index.dtype",
+     "one of the spec's dtypes"),
 ]
 
 
@@ -117,3 +133,16 @@ def test_load_errors_name_the_spec_line(tmp_path, old, new, key, fragment):
         load_op(load_spec(path))
     assert info.value.key == key and info.value.line is not None
     assert fragment in str(info.value)
+
+
+def test_claims_switch_their_checks_on_by_default(tmp_path):
+    spec = load_spec(write(tmp_path, VALID))
+    assert {"dtypes", "memory", "stream"} <= set(spec.checks)
+    assert not {"vmap", "error_inputs", "large_index"} & set(spec.checks)
+    claimed = VALID.replace("dtypes: [float32]", "dtypes: [float16]\nvmap: true\nlarge_index: {shapes: {x: [2147483649]}}"
+                            "\nerror_inputs:\n  - {description: integer x, inputs: {x: {dtype: int32}}, "
+                            "error: RuntimeError, match: must be}")
+    spec = load_spec(write(tmp_path, claimed))
+    assert {"vmap", "error_inputs", "large_index"} <= set(spec.checks)
+    assert spec.large_index.dtype == "float16" and not spec.large_index.enabled
+    assert spec.error_inputs[0].label == "integer_x" and spec.error_inputs[0].tensors[0].dtype == "int32"

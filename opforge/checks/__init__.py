@@ -1,8 +1,9 @@
 """The checks. Each picks the cases it applies to from the spec's matrix and runs one case at a time, returning
 one outcome per result row it owns (opcheck owns one row per sub-test).
 
-An outcome is None for a pass or a CheckFailure. An exception escaping from the reference becomes an ERROR row;
-anything the op under test raises is that op's failure.
+An outcome is None for a pass, a PassNote for a pass with something to report, or a CheckFailure. An exception
+escaping from the reference becomes an ERROR row; anything the op under test raises is that op's failure; a
+CheckSkipped becomes a SKIP row with its reason.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from opforge.cases import Case
-from opforge.compare import CheckFailure
+from opforge.compare import CheckFailure, PassNote
 from opforge.loading import LoadedOp, Target
 from opforge.spec import FLOATING_DTYPES, OPCHECK_SUBTESTS
 
@@ -22,9 +23,11 @@ class CheckContext:
     base_seed: int
 
 
-Outcomes = dict[str, CheckFailure | None]
+Outcomes = dict[str, CheckFailure | PassNote | None]
 Selector = Callable[[LoadedOp, Target, list[Case]], list[Case]]
 Runner = Callable[[CheckContext, Target, Case], Outcomes]
+# Why a costly check does not run for this op unless asked (None: it runs); given the op and `--large`.
+OptIn = Callable[[LoadedOp, bool], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class Check:
     run: Runner
     # The result rows it produces, when more than its own name.
     rows: tuple[str, ...] = ()
+    opted_out: OptIn | None = None
 
     def row_names(self) -> tuple[str, ...]:
         return self.rows or (self.name,)
@@ -101,7 +105,8 @@ def all_shapes_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> lis
 
 
 def registry() -> dict[str, Check]:
-    from opforge.checks import compiled, gradients, numerics, registration
+    from opforge.checks import (compiled, contracts, gradients, large_index, numerics, registration, resources,
+                                streams, transforms)
 
     checks = [
         Check("correctness", all_cases, numerics.correctness),
@@ -114,5 +119,11 @@ def registry() -> dict[str, Check]:
         Check("gradgradcheck", double_backward_cases, gradients.gradgradcheck),
         Check("grad_lowp", low_precision_cases, numerics.grad_lowp),
         Check("compile", all_shapes_cases, compiled.compile_check),
+        Check("dtypes", contracts.every_dtype_cases, contracts.dtypes),
+        Check("error_inputs", contracts.error_input_cases, contracts.error_inputs),
+        Check("vmap", transforms.vmap_cases, transforms.vmap),
+        Check("memory", resources.memory_cases, resources.memory),
+        Check("stream", streams.stream_cases, streams.stream),
+        Check("large_index", large_index.large_index_cases, large_index.large_index, opted_out=large_index.opted_out),
     ]
     return {c.name: c for c in checks}

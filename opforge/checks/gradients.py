@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from opforge.cases import Case
 from opforge.checks import CheckContext, Outcomes
-from opforge.checks.calls import argument, differentiated, inputs_for, short, vector_jacobian_products
+from opforge.checks.calls import (argument, differentiated, inputs_for, short, vector_jacobian_products,
+                                  with_arguments)
 from opforge.compare import CheckFailure, tolerance_for, worst_mismatch
 from opforge.loading import Target
 
@@ -34,7 +35,7 @@ def _run(ctx: CheckContext, target: Target, case: Case, checker) -> CheckFailure
         return None  # nothing to differentiate; the empty case is covered by correctness and opcheck
 
     def fn(*tensors):
-        args, kwargs = _substitute(loaded, inputs, dict(zip(names, tensors)))
+        args, kwargs = with_arguments(loaded, inputs, dict(zip(names, tensors)))
         return target.fn(*args, **kwargs)
 
     fast = sum(t.numel() for t in wrt) > EXACT_JACOBIAN_MAX_ELEMENTS
@@ -43,13 +44,6 @@ def _run(ctx: CheckContext, target: Target, case: Case, checker) -> CheckFailure
     except Exception as exc:
         return CheckFailure(f"{checker.__name__} failed: {short(exc)}", _gradient_mismatch(ctx, target, case, names))
     return None
-
-
-def _substitute(loaded, inputs, replacements):
-    arg_names = [a.name for a in loaded.arguments]
-    args = tuple(replacements.get(arg_names[i], v) for i, v in enumerate(inputs.args))
-    kwargs = {k: replacements.get(k, v) for k, v in inputs.kwargs.items()}
-    return args, kwargs
 
 
 def _gradient_mismatch(ctx, target, case, names):

@@ -1,0 +1,215 @@
+"""dtypes and error_inputs: what the op accepts and what it rejects, against what the spec says.
+
+dtypes runs the spec's representative case in every floating, integer and bool dtype (OpInfo's test_dtypes idea):
+a claimed dtype must work; an unclaimed one may work (a pass that says so) or raise a clear error, but must never
+return silently wrong values. error_inputs makes each invalid call the spec lists and expects its error.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+from opforge.cases import Case, CaseInputs, sample
+from opforge.checks import CheckContext, Outcomes
+from opforge.checks.calls import (argument, call_reference, expected_dtype, inputs_for, output_names, outputs_of,
+                                  short, split_reference)
+from opforge.compare import CheckFailure, PassNote, ReferenceFailure, check_result, tolerance_for
+from opforge.loading import LoadedOp, Target
+from opforge.spec import ErrorInput, OpSpec, ScalarInput, Tolerance
+
+# Every dtype an unclaimed call is tried in. Complex is left out: a real op's reference says nothing about it.
+TRIED_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool")
+# How an op may refuse a dtype: TORCH_CHECK raises RuntimeError (TORCH_CHECK_TYPE TypeError, TORCH_CHECK_VALUE
+# ValueError), AT_DISPATCH's "not implemented for 'Int'" is a NotImplementedError.
+CLEAR_ERRORS = (RuntimeError, TypeError, ValueError, NotImplementedError)
+# An integer result may round, floor or truncate the real value: any of them is within one unit.
+INTEGER_ROUNDING = Tolerance(atol=1.0, rtol=0.0)
+
+
+def representative_shape_index(spec: OpSpec) -> int:
+    """The first shape pairing where every tensor is at least 1-D and non-empty (0-d and empty tensors say little
+    about values), else the first."""
+    tensors = spec.tensor_inputs()
+    n_shapes = len(tensors[0].shapes) if tensors else 1
+    for i in range(n_shapes):
+        if all(t.shapes[i] and all(t.shapes[i]) for t in tensors):
+            return i
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------- dtypes
+
+
+def every_dtype_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    """Per device, the representative contiguous case (first argument values) in each claimed and tried dtype."""
+    from dataclasses import replace
+
+    spec = loaded.spec
+    wanted = representative_shape_index(spec)
+    dtypes = tuple(dict.fromkeys(spec.dtypes + TRIED_DTYPES))
+    selected = []
+    for device in dict.fromkeys(c.device for c in cases):
+        base = next((c for c in cases if c.device == device and c.layout == "contiguous" and c.values_index == 0
+                     and c.shape_index == wanted), None)
+        if base is not None:
+            selected += [replace(base, dtype=dtype) for dtype in dtypes]
+    return selected
+
+
+def dtypes(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+    loaded = ctx.loaded
+    inputs = inputs_for(loaded, case, ctx.base_seed)
+    if case.dtype in loaded.spec.dtypes:
+        try:
+            _compare_with_reference(loaded, case, outputs_of(loaded, target, inputs), inputs, claimed=True)
+        except CheckFailure as failure:
+            raise CheckFailure(f"{case.dtype} is claimed, but {failure.message}", failure.mismatch) from failure
+        return {"dtypes": None}
+    try:
+        returned = outputs_of(loaded, target, inputs)
+    except CheckFailure as failure:
+        error = failure.__cause__
+        if isinstance(error, CLEAR_ERRORS) and str(error).strip():
+            return {"dtypes": None}  # rejected with a message: what an op should do with a dtype it does not support
+        raise CheckFailure(f"{case.dtype} is not claimed and the op fails on it without a clear error "
+                           f"({failure.message}). Reject it with TORCH_CHECK and a message.") from error
+    _compare_with_reference(loaded, case, returned, inputs, claimed=False)
+    kinds = ", ".join(str(v.dtype).removeprefix("torch.") for v in returned if hasattr(v, "dtype")) or "nothing"
+    return {"dtypes": PassNote(f"{case.dtype} on {case.device} is not claimed, but works (returns {kinds}): claim "
+                               "it in the spec's dtypes, or reject it with a clear error")}
+
+
+def _compare_with_reference(loaded: LoadedOp, case: Case, got: tuple, inputs: CaseInputs, claimed: bool) -> None:
+    """Outputs and mutated arguments vs the float64 reference, cast the way the op's result is: an integer result
+    to within one unit, a bool exactly, a floating one within its dtype's tolerance."""
+    import torch
+
+    outputs, new_values = split_reference(loaded, call_reference(loaded, _real_valued_reference(loaded, inputs)))
+    if len(got) != len(outputs):
+        raise CheckFailure(f"returned {len(got)} value(s), expected {len(outputs)}.")
+    what = "" if claimed else f"{case.dtype} is not claimed, and instead of rejecting it the op returns wrong values: "
+    compared = list(zip(output_names(loaded), got, outputs)) + [
+        (f"{name} (mutated)", argument(inputs, loaded, name), e) for name, e in new_values.items()]
+    for name, g, e in compared:
+        if not isinstance(g, torch.Tensor) or not isinstance(e, torch.Tensor):
+            check_result(name, g, e, tolerance_for(loaded.spec, case.dtype), None, case.device)
+            continue
+        dtype = expected_dtype(case.dtype, e) if claimed else g.dtype
+        try:
+            check_result(name, g, _as_the_op_would(e, g.dtype), _tolerance(loaded, g.dtype), dtype, case.device)
+        except CheckFailure as failure:
+            raise CheckFailure(what + failure.message, failure.mismatch) from None
+
+
+def _real_valued_reference(loaded: LoadedOp, inputs: CaseInputs) -> CaseInputs:
+    """The reference is written for float64: integer and bool inputs reach it as float64 holding the same values."""
+    from dataclasses import replace
+
+    def real(v: Any) -> Any:
+        import torch
+
+        is_integral = isinstance(v, torch.Tensor) and not (v.is_floating_point() or v.is_complex())
+        return v.to(torch.float64) if is_integral else v
+
+    return replace(inputs, reference_args=tuple(real(a) for a in inputs.reference_args),
+                   reference_kwargs={k: real(v) for k, v in inputs.reference_kwargs.items()})
+
+
+def _as_the_op_would(expected, dtype):
+    import torch
+
+    if dtype == torch.bool:
+        return (expected != 0).to(torch.float64)
+    return expected if dtype.is_floating_point or dtype.is_complex else expected.trunc()
+
+
+def _tolerance(loaded: LoadedOp, dtype) -> Tolerance:
+    import torch
+
+    if dtype == torch.bool:
+        return Tolerance(atol=0.0, rtol=0.0)
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return INTEGER_ROUNDING
+    return tolerance_for(loaded.spec, str(dtype).removeprefix("torch."))
+
+
+# --------------------------------------------------------------------------------------------- error_inputs
+
+
+def error_input_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    """One case per invalid call the spec lists, on a device the run covers (a call that needs a missing GPU is
+    among the run's skipped CUDA rows)."""
+    devices = {c.device for c in cases}
+    calls = [_error_case(loaded.spec, entry) for entry in loaded.spec.error_inputs]
+    return [c for c in calls if c.device in devices]
+
+
+def _error_case(spec: OpSpec, entry: ErrorInput) -> Case:
+    tensors = _error_tensors(spec, entry)
+    devices = {device for _, _, _, device in tensors}
+    scalars = _error_scalars(spec, entry)
+    return Case(dtype=tensors[0][2] if tensors else spec.dtypes[0], device="cuda" if "cuda" in devices else "cpu",
+                layout="contiguous", shapes=tuple((name, shape) for name, shape, _, _ in tensors),
+                values=tuple(scalars.items()), values_index=0, shape_index=representative_shape_index(spec),
+                label=entry.label)
+
+
+def _error_tensors(spec: OpSpec, entry: ErrorInput) -> list[tuple[str, tuple[int, ...], str, str]]:
+    """(name, shape, dtype, device) of each tensor argument: the entry's, else the representative valid case's."""
+    index = representative_shape_index(spec)
+    given = {t.name: t for t in entry.tensors}
+    resolved = []
+    for t in spec.tensor_inputs():
+        override = given.get(t.name)
+        shape = override.shape if override and override.shape is not None else t.shapes[index]
+        dtype = (override.dtype if override else None) or t.dtype or spec.dtypes[0]
+        device = (override.device if override else None) or "cpu"
+        resolved.append((t.name, shape, dtype, device))
+    return resolved
+
+
+def _error_scalars(spec: OpSpec, entry: ErrorInput) -> dict[str, Any]:
+    values = {i.name: i.values[0] for i in spec.inputs if isinstance(i, ScalarInput)}
+    values.update(dict(entry.values))
+    return values
+
+
+def error_inputs(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+    spec = ctx.loaded.spec
+    entry = next(e for e in spec.error_inputs if e.label == case.label)
+    kwargs = _error_call(spec, entry, case.seed(ctx.base_seed))
+    expected = getattr(builtins, entry.error)
+    wanted = f"{entry.error} with {entry.match!r} in its message"
+    try:
+        returned = target.fn(**kwargs)
+    except Exception as exc:
+        if not isinstance(exc, expected):
+            raise CheckFailure(f"{entry.description}: expected {wanted}, got {short(exc)}") from exc
+        if entry.match not in str(exc):
+            raise CheckFailure(f"{entry.description}: raised {type(exc).__name__} as expected, but its message lacks "
+                               f"{entry.match!r}: {short(exc)}") from exc
+        return {"error_inputs": None}
+    raise CheckFailure(f"{entry.description}: the op accepted this invalid call and returned {_describe(returned)}; "
+                       f"expected {wanted}. Check the arguments (TORCH_CHECK) before computing.")
+
+
+def _error_call(spec: OpSpec, entry: ErrorInput, seed: int) -> dict[str, Any]:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    inputs = {t.name: t for t in spec.tensor_inputs()}
+    call: dict[str, Any] = dict(_error_scalars(spec, entry))
+    try:
+        for name, shape, dtype, device in _error_tensors(spec, entry):
+            values = sample(inputs[name], shape, dtype, generator)
+            call[name] = values.to(getattr(torch, dtype)).to(device)
+    except Exception as exc:
+        raise ReferenceFailure(f"could not make the inputs of {entry.description!r}: {short(exc)}") from exc
+    return call
+
+
+def _describe(returned: Any) -> str:
+    values = returned if isinstance(returned, (tuple, list)) else (returned,)
+    return ", ".join(f"a {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')} tensor" if hasattr(v, "shape")
+                     else repr(v) for v in values)

@@ -1,0 +1,76 @@
+"""memory: calling the op again and again must not grow what stays allocated.
+
+On CUDA the caching allocator counts every byte a live tensor holds (`torch.cuda.memory_allocated`), whoever holds
+it, Python or C++. On CPU ATen keeps no such count (its allocator reports only to the profiler, which missed
+retained tensors when tried), so the CPU measure is the number of live torch.Tensor objects the garbage collector
+can see: it catches an op that keeps Python references to tensors (a cache, a list, a global), not C++ code that
+holds on to at::Tensors.
+"""
+
+from __future__ import annotations
+
+import gc
+
+from opforge.cases import Case
+from opforge.checks import CheckContext, Outcomes
+from opforge.checks.calls import inputs_for, outputs_of
+from opforge.checks.contracts import representative_shape_index
+from opforge.compare import CheckFailure
+from opforge.loading import LoadedOp, Target
+
+# Calls before measuring, so lazily created state (a kernel cache, an allocator's first block) is not counted.
+WARMUP_CALLS = 2
+# Calls per measured window. A leak grows in both of two consecutive windows; a one-off allocation does not.
+CALLS_PER_WINDOW = 8
+
+
+def memory_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    """One case per device: the representative contiguous case in the first dtype. A full scan of the garbage
+    collector's objects costs ~0.1 s on CPU, and a leak does not depend on the dtype."""
+    wanted = representative_shape_index(loaded.spec)
+    selected: dict[str, Case] = {}
+    for case in cases:
+        if case.layout == "contiguous" and case.values_index == 0 and case.shape_index == wanted:
+            selected.setdefault(case.device, case)
+    return list(selected.values())
+
+
+def memory(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+    loaded = ctx.loaded
+    inputs = inputs_for(loaded, case, ctx.base_seed)
+    measure, unit = (_cuda_allocated_bytes, "bytes stayed allocated") if case.device == "cuda" \
+        else (_live_tensors, "tensors stayed alive")
+
+    def call() -> None:
+        outputs_of(loaded, target, inputs)  # and drop what it returned
+
+    for _ in range(WARMUP_CALLS):
+        call()
+    marks = [measure()]
+    for _ in range(2):
+        for _ in range(CALLS_PER_WINDOW):
+            call()
+        marks.append(measure())
+    growth = [after - before for before, after in zip(marks, marks[1:])]
+    if all(g > 0 for g in growth):
+        raise CheckFailure(
+            f"{growth[0]} then {growth[1]} {unit} over two windows of {CALLS_PER_WINDOW} calls whose results were "
+            f"dropped ({growth[1] / CALLS_PER_WINDOW:g} per call): the op keeps what it allocates (a cache, a list, "
+            "a global). Free it, or bound the cache.")
+    return {"memory": None}
+
+
+def _cuda_allocated_bytes() -> int:
+    import torch
+
+    torch.cuda.synchronize()
+    gc.collect()
+    return torch.cuda.memory_allocated()
+
+
+def _live_tensors() -> int:
+    import torch
+
+    gc.collect()
+    # type() rather than isinstance: isinstance reads __class__, which some lazily imported modules intercept.
+    return sum(1 for o in gc.get_objects() if issubclass(type(o), torch.Tensor))

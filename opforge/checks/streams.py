@@ -1,0 +1,183 @@
+"""stream (CUDA): the op must run on the caller's current stream, in stream order, and be capturable in a CUDA graph.
+
+Two runs per case:
+
+1. Side streams, as a careful caller uses them: a producer stream sleeps (torch.cuda._sleep, ~50 ms), then writes
+   the inputs, which until then hold a sentinel (NaN); the consumer stream waits on the producer
+   (`wait_stream`) and runs the op; its outputs are copied on the consumer. A kernel launched on the current stream
+   runs after the write. A kernel launched on the legacy default stream (`<<<grid, block>>>` with no stream) does
+   not wait: PyTorch's pool streams are created with cudaStreamNonBlocking, which the legacy stream's implicit
+   synchronization skips, so it reads the sentinel while the producer still sleeps (pytorch/extension-cpp shipped
+   that bug until July 2025, pytorch#157363).
+2. CUDA-graph capture of the op, then replay on new input values. A legacy-stream launch during capture fails
+   (cudaErrorStreamCaptureImplicit); a kernel that is not captured leaves the replayed outputs stale.
+
+Both results are compared with the float64 reference.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from opforge.cases import Case
+from opforge.checks import CheckContext, Outcomes, first_values
+from opforge.checks.calls import (argument, call_reference, expected_dtype, inputs_for, output_names, outputs_of,
+                                  short, split_reference, with_arguments)
+from opforge.compare import CheckFailure, check_result, tolerance_for
+from opforge.loading import LoadedOp, Target
+
+# How long the producer stream sleeps before it writes the inputs: long enough that a kernel which does not wait
+# for it has certainly run first (a kernel launch is ~10 us; the ops under test run in well under a millisecond at
+# the spec's shapes), short enough that the check costs little per case.
+PRODUCER_SLEEP_S = 0.05
+# torch.cuda._sleep spins for a number of GPU clock cycles; this many are timed once per process to convert.
+CALIBRATION_CYCLES = 10_000_000
+
+
+def stream_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    """CUDA, contiguous, non-empty, first argument values: stream order does not depend on layout or values, and
+    an empty tensor launches no kernel."""
+    return [c for c in first_values(loaded, target, cases)
+            if c.device == "cuda" and c.layout == "contiguous" and all(_numel(s) for _, s in c.shapes)]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
+
+
+def stream(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+    _on_side_streams(ctx, target, case)
+    _in_cuda_graph(ctx, target, case)
+    return {"stream": None}
+
+
+def _on_side_streams(ctx: CheckContext, target: Target, case: Case) -> None:
+    import torch
+
+    loaded = ctx.loaded
+    inputs = inputs_for(loaded, case, ctx.base_seed)
+    expected = _expected(loaded, inputs)
+    ready = {name: argument(inputs, loaded, name) for name in inputs.tensor_names}
+    pending = {name: _sentinel_like(t) for name, t in ready.items()}
+    torch.cuda.synchronize()
+    producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(producer):
+        torch.cuda._sleep(_sleep_cycles(PRODUCER_SLEEP_S))
+        for name, t in pending.items():
+            t.copy_(ready[name])
+    consumer.wait_stream(producer)
+    with torch.cuda.stream(consumer):
+        args, kwargs = with_arguments(loaded, inputs, pending)
+        got = outputs_of(loaded, target, _replaced(inputs, args, kwargs))
+        # Read on the consumer, as the caller's next op would. Every tensor stays referenced until the synchronize
+        # below, so none needs record_stream.
+        seen = [o.clone() for o in got] + [pending[name].clone() for name in loaded.mutated_arguments]
+    torch.cuda.synchronize()
+    _compare(loaded, case, seen, expected, "on a side stream, inputs written by another stream just before it ran",
+             "The op does not run in the caller's stream order: launch every kernel on "
+             "at::cuda::getCurrentCUDAStream() (a <<<grid, block>>> launch without a stream uses the legacy "
+             "default stream).")
+
+
+def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
+    """Warm up, capture with the case's inputs, then replay on other values (those of base seed + 1)."""
+    import torch
+
+    loaded = ctx.loaded
+    captured_inputs = inputs_for(loaded, case, ctx.base_seed)
+    replay_inputs = inputs_for(loaded, case, ctx.base_seed + 1)
+    expected = _expected(loaded, replay_inputs)
+    fresh = {name: argument(replay_inputs, loaded, name).clone() for name in replay_inputs.tensor_names}
+    # Lazy initialization (handles, workspaces) must not happen during capture: one call first, on a side stream
+    # as torch.cuda.graphs asks.
+    warmup = torch.cuda.Stream()
+    warmup.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warmup):
+        outputs_of(loaded, target, captured_inputs)
+    torch.cuda.current_stream().wait_stream(warmup)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            got = outputs_of(loaded, target, captured_inputs)
+    except Exception as exc:
+        _clear_stale_launch_error()
+        message = exc.message if isinstance(exc, CheckFailure) else short(exc)
+        raise CheckFailure(f"CUDA-graph capture of {target.name} failed: {message}. A kernel launched on the legacy "
+                           "default stream (<<<grid, block>>> without a stream) cannot be captured; launch on "
+                           "at::cuda::getCurrentCUDAStream(), and keep host synchronization (.item(), .cpu()) out "
+                           "of the op.") from exc
+    for name, value in fresh.items():
+        argument(captured_inputs, loaded, name).copy_(value)
+    graph.replay()
+    torch.cuda.synchronize()
+    seen = list(got) + [argument(captured_inputs, loaded, name) for name in loaded.mutated_arguments]
+    _compare(loaded, case, seen, expected, "CUDA-graph replay on new inputs",
+             "A kernel that is not on the current stream is not captured, and its outputs are stale on replay.")
+
+
+def _expected(loaded: LoadedOp, inputs) -> list:
+    outputs, new_values = split_reference(loaded, call_reference(loaded, inputs))
+    return list(outputs) + [new_values[name] for name in loaded.mutated_arguments]
+
+
+def _compare(loaded: LoadedOp, case: Case, seen: list, expected: list, how: str, hint: str) -> None:
+    names = output_names(loaded)[: len(seen) - len(loaded.mutated_arguments)] + [
+        f"{name} (mutated)" for name in loaded.mutated_arguments]
+    if len(seen) != len(expected):
+        raise CheckFailure(f"{how}: {len(seen)} value(s) returned or mutated, expected {len(expected)}.")
+    tol = tolerance_for(loaded.spec, case.dtype)
+    for name, got, want in zip(names, seen, expected):
+        try:
+            check_result(f"{name} ({how})", got, want, tol, expected_dtype(case.dtype, want), case.device)
+        except CheckFailure as failure:
+            raise CheckFailure(f"{failure.message} {hint}", failure.mismatch) from None
+
+
+def _sentinel_like(t):
+    """A tensor with t's layout holding a value the op would never turn into the reference's: NaN, or the dtype's
+    largest value for integers."""
+    import torch
+
+    fill = float("nan") if t.is_floating_point() or t.is_complex() else (
+        True if t.dtype == torch.bool else torch.iinfo(t.dtype).max)
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).fill_(fill)
+
+
+def _replaced(inputs, args, kwargs):
+    from dataclasses import replace
+
+    return replace(inputs, args=args, kwargs=kwargs)
+
+
+@functools.cache
+def _cycles_per_second() -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(CALIBRATION_CYCLES)
+    end.record()
+    end.synchronize()
+    return CALIBRATION_CYCLES / (start.elapsed_time(end) / 1e3)
+
+
+def _sleep_cycles(seconds: float) -> int:
+    return int(_cycles_per_second() * seconds)
+
+
+def _clear_stale_launch_error() -> None:
+    """A failed launch during capture leaves its error in CUDA's per-thread last-error slot when the op did not check
+    it (no C10_CUDA_KERNEL_LAUNCH_CHECK); the next ATen kernel's launch check would then raise it in an unrelated
+    check. Launching a kernel and checking it consumes the stale error."""
+    import torch
+
+    for _ in range(2):
+        try:
+            torch.empty(1, device="cuda").fill_(0)
+            torch.cuda.synchronize()
+            return
+        except RuntimeError:
+            continue

@@ -1,0 +1,57 @@
+"""vmap: torch.vmap over a new leading batch dimension against a Python loop over the batch."""
+
+from __future__ import annotations
+
+from opforge.cases import Case, in_layout
+from opforge.checks import CheckContext, Outcomes, first_values
+from opforge.checks.calls import argument, inputs_for, output_names, outputs_of, short, with_arguments
+from opforge.compare import CheckFailure, as_tuple, check_result, tolerance_for
+from opforge.loading import LoadedOp, Target
+
+# Batch size: more than one slice so a rule that mixes or reorders slices shows, and odd so no pairing hides it.
+BATCH = 3
+# Layouts a batched tensor can take on: channels_last is 4-D only, and a batched 4-D tensor is 5-D.
+BATCHABLE_LAYOUTS = ("contiguous", "transposed", "strided")
+
+
+def vmap_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    """Every case with the first argument values, when the spec claims vmap; not for ops that mutate arguments
+    (vmap of an in-place op is a different contract)."""
+    if not loaded.spec.vmap or loaded.mutated_arguments:
+        return []
+    return [c for c in first_values(loaded, target, cases) if c.layout in BATCHABLE_LAYOUTS]
+
+
+def vmap(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+    """Slice k of the batch has the inputs the case would have under base seed + k: different values per slice."""
+    import torch
+
+    loaded = ctx.loaded
+    slices = [inputs_for(loaded, case, ctx.base_seed + k) for k in range(BATCH)]
+    names = slices[0].tensor_names
+    looped = [outputs_of(loaded, target, inputs) for inputs in slices]
+    batched_inputs = [_batched(loaded, slices, name, case) for name in names]
+
+    def call(*tensors):
+        args, kwargs = with_arguments(loaded, slices[0], dict(zip(names, tensors)))
+        return target.fn(*args, **kwargs)
+
+    try:
+        batched = as_tuple(torch.vmap(call)(*batched_inputs))
+    except Exception as exc:
+        raise CheckFailure(f"torch.vmap of {target.name} raised {short(exc)}") from exc
+    tol = tolerance_for(loaded.spec, case.dtype)
+    for i, name in enumerate(output_names(loaded)):
+        expected = torch.stack([outputs[i] for outputs in looped])
+        check_result(f"{name} (vmap vs loop over {BATCH} slices)", batched[i], expected, tol, expected.dtype,
+                     case.device)
+    return {"vmap": None}
+
+
+def _batched(loaded: LoadedOp, slices, name: str, case: Case):
+    """The slices of one input stacked along a new dim 0, in the case's layout (a transposed case stays transposed
+    in its last two dims)."""
+    import torch
+
+    stacked = torch.stack([argument(inputs, loaded, name) for inputs in slices])
+    return in_layout(stacked.to(torch.float64), case.layout, stacked.dtype, case.device)
