@@ -27,7 +27,8 @@ KNOWN_LAYOUTS = ("contiguous", "noncontiguous", "channels_last")
 # Checks a spec may name. Kept here (not imported from opforge.checks) so validating a spec never imports torch.
 # `opcheck` expands into one result per torch.library.opcheck sub-test.
 KNOWN_CHECKS = ("correctness", "devices", "determinism", "special_values", "opcheck", "gradcheck", "gradgradcheck",
-                "grad_lowp", "compile", "dtypes", "error_inputs", "vmap", "memory", "stream", "large_index")
+                "grad_lowp", "compile", "dtypes", "error_inputs", "vmap", "memory", "stream", "large_index",
+                "multi_gpu")
 # Checks that apply only when the spec claims what they test (`vmap: true`, an `error_inputs` list, `large_index`).
 CLAIMED_CHECKS = {"vmap": "vmap", "error_inputs": "error_inputs", "large_index": "large_index"}
 # int32 indexing breaks past this many elements: a large_index shape must exceed it.

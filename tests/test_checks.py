@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import FIXTURES, describe, failures_by_check, requires_cuda, run_spec, spec_variant
+from conftest import FIXTURES, REPO, describe, failures_by_check, requires_cuda, run_spec, spec_variant
 from opforge.checks.contracts import TRIED_DTYPES
 from opforge.loading import load_op
 from opforge.results import Status
@@ -220,6 +220,65 @@ def test_cuda_only_check_is_skipped_with_a_reason_without_cuda(fixture, check):
     rows = [r for r in report.results if r.check == check]
     assert rows and all(r.status == Status.SKIP and "CUDA is not available" in r.message for r in rows)
     assert not report.failed, describe([r for r in report.results if r.status.failed])
+
+
+@no_cuda
+def test_multi_gpu_is_skipped_with_a_reason_without_cuda():
+    report = run_spec(CUDA_OPS / "unguarded_swish.yaml")
+    rows = [r for r in report.results if r.check == "multi_gpu"]
+    assert rows and all(r.status == Status.SKIP and "CUDA is not available" in r.message for r in rows)
+
+
+def test_multi_gpu_with_one_gpu_skips_and_says_why():
+    from opforge.checks.placement import far_device
+    from opforge.compare import CheckSkipped
+
+    for visible in (0, 1):
+        with pytest.raises(CheckSkipped, match=f"needs 2 GPUs .*, {visible} visible"):
+            far_device(visible)
+    assert str(far_device(4)) == "cuda:3"
+
+
+def test_multi_gpu_flags_a_result_on_another_device_than_the_inputs():
+    import torch
+
+    from opforge.checks.placement import require_device
+    from opforge.compare import CheckFailure
+
+    require_device("result", torch.ones(3), torch.device("cpu"))
+    with pytest.raises(CheckFailure, match="expected the result on the input's device cpu, got one on meta.*CUDAGuard"):
+        require_device("result", torch.empty(3, device="meta"), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided"])
+def test_multi_gpu_moves_inputs_with_their_exact_strides(layout):
+    import torch
+
+    from opforge.cases import CaseInputs, in_layout
+    from opforge.checks.placement import on_device
+
+    x = in_layout(torch.arange(35.0, dtype=torch.float64).reshape(5, 7), layout, torch.float32, "cpu")
+    moved = on_device(CaseInputs((x, 0.5), {}, (), {}, ("x",)), torch.device("cpu")).args
+    assert moved[0].stride() == x.stride() and moved[0].equal(x) and moved[0].data_ptr() != x.data_ptr()
+    assert moved[1] == 0.5
+
+
+requires_two_gpus = pytest.mark.skipif(__import__("torch").cuda.device_count() < 2, reason="needs two GPUs")
+
+
+@requires_two_gpus
+def test_kernel_without_a_device_guard_fails_multi_gpu():
+    report = run_spec(CUDA_OPS / "unguarded_swish.yaml")
+    failed = failures_by_check(report)
+    assert {r.device for r in failed["multi_gpu"]} == {"cuda"}
+    assert "devices" not in failed and "correctness" not in failed, "on one GPU the bug does not show"
+
+
+@requires_two_gpus
+def test_guarded_kernels_pass_multi_gpu():
+    report = run_spec(REPO / "specs" / "leaky_swish.yaml", checks=("multi_gpu",), devices=("cuda",))
+    rows = [r for r in report.results if r.check == "multi_gpu"]
+    assert rows and not report.failed, describe([r for r in rows if r.status.failed])
 
 
 @requires_cuda

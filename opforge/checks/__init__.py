@@ -105,8 +105,8 @@ def all_shapes_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> lis
 
 
 def registry() -> dict[str, Check]:
-    from opforge.checks import (compiled, contracts, gradients, large_index, numerics, registration, resources,
-                                streams, transforms)
+    from opforge.checks import (compiled, contracts, gradients, large_index, numerics, placement, registration,
+                                resources, streams, transforms)
 
     checks = [
         Check("correctness", all_cases, numerics.correctness),
@@ -125,5 +125,6 @@ def registry() -> dict[str, Check]:
         Check("memory", resources.memory_cases, resources.memory),
         Check("stream", streams.stream_cases, streams.stream),
         Check("large_index", large_index.large_index_cases, large_index.large_index, opted_out=large_index.opted_out),
+        Check("multi_gpu", placement.multi_gpu_cases, placement.multi_gpu),
     ]
     return {c.name: c for c in checks}
