@@ -125,6 +125,8 @@ class OpSpec:
     description: str = ""
     # Declares results that may differ run to run (atomics, sampling): the determinism check then does not apply.
     nondeterministic: bool = False
+    # Seconds one check on one case may take before it is killed and reported TIMEOUT; None: the run's default.
+    timeout: float | None = None
     # Line of each top-level key and of each input, for errors found after loading (schema mismatch, bad module).
     lines: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
@@ -280,6 +282,13 @@ def _number(r: _Reader, key: str, node: _Node) -> float:
     return float(value)
 
 
+def _seconds(r: _Reader, key: str, node: _Node) -> float:
+    value = _number(r, key, node)
+    if not 0 < value < float("inf"):
+        raise r.fail(node, key, "a number of seconds > 0", repr(value), "Write e.g. `timeout: 600`.")
+    return value
+
+
 def _list(item: Callable[[_Reader, str, _Node], Any], *, allow_empty: bool = False):
     def read(r: _Reader, key: str, node: _Node) -> tuple[Any, ...]:
         if not isinstance(node.value, list):
@@ -419,6 +428,7 @@ _LOAD_KEYS = ("python", "sources")
 _TOP_KEYS = (
     "op", "schema", "description", "load", "implementations", "reference", "inputs", "dtypes", "devices", "layouts",
     "tolerances", "grad_tolerances", "checks", "xfail", "differentiable", "double_backward", "nondeterministic",
+    "timeout",
 )
 _REQUIRED = ("op", "schema", "load", "reference", "inputs", "dtypes")
 
@@ -475,6 +485,7 @@ def load_spec(path: Path | str) -> OpSpec:
         differentiable=differentiable,
         double_backward=double_backward,
         nondeterministic=r.get("nondeterministic", _bool, False),
+        timeout=r.get("timeout", _seconds),
         lines=lines,
     )
 
