@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,9 @@ from opforge.cli import app
 from opforge.errors import SpecError
 from opforge.isolation import (DEFAULT_CHECK_TIMEOUT, describe_exit, gpu_per_slot, stderr_excerpt,
                                threads_per_worker, time_limit, visible_gpus)
+from opforge.loading import load_op
+from opforge.results import Status
+from opforge.runner import Filters, run_op
 from opforge.spec import load_spec
 
 runner = CliRunner()
@@ -213,3 +217,18 @@ def test_spec_timeout_must_be_positive_seconds(tmp_path, value):
         load_spec(path)
     assert info.value.key == "timeout" and info.value.line == text.count("\n") + 1
     assert "seconds" in str(info.value) or "a number" in str(info.value)
+
+
+def test_a_raising_reference_errors_its_cases_and_the_others_still_run(tmp_path):
+    shutil.copy(FIXTURES / "broken_ops.py", tmp_path / "broken_ops.py")
+    spec = tmp_path / "good.yaml"
+    spec.write_text((FIXTURES / "good.yaml").read_text().replace("broken_ops:reference",
+                                                                 "broken_ops:reference_raising_on_7"))
+    report = run_op(load_op(load_spec(spec)), Filters(checks=("correctness",), dtypes=("float32",)))
+    statuses = {r.case_id: r.status for r in report.results}
+    assert statuses == {"float32-cpu-contiguous-x=0d": Status.PASS, "float32-cpu-contiguous-x=0": Status.PASS,
+                        "float32-cpu-contiguous-x=7": Status.ERROR, "float32-cpu-contiguous-x=5x6": Status.PASS,
+                        "float32-cpu-transposed-x=5x6": Status.PASS, "float32-cpu-strided-x=7": Status.ERROR,
+                        "float32-cpu-strided-x=5x6": Status.PASS}
+    error = next(r for r in report.results if r.status == Status.ERROR)
+    assert "ZeroDivisionError: the reference divided by zero" in error.message
