@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -196,6 +197,7 @@ class Supervisor:
         self.gpus = gpu_per_slot(isolation.jobs, gpus)
 
     def execute(self) -> None:
+        previous = _stop_on_sigterm()
         try:
             while True:
                 self._fill_slots()
@@ -206,6 +208,8 @@ class Supervisor:
             for op in self.active.values():
                 if op.worker:
                     op.worker.close()
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
 
     def _fill_slots(self) -> None:
         while self.pending and not self.stopped and len(self.active) < self.isolation.jobs:
@@ -353,6 +357,19 @@ def stderr_excerpt(text: str, lines: int = STDERR_TAIL_LINES) -> str:
     report = [line for line in all_lines[fatal:] if line.strip()]
     report = [line for line in report if not line.startswith(("Extension modules:", "(total:"))]
     return "\n".join(report[:lines])
+
+
+def _stop_on_sigterm():
+    """A cancelled CI job gets SIGTERM: stop like Ctrl-C (workers killed, reports written, marked incomplete) rather
+    than die and leave workers running. Returns the handler to restore (None off the main thread, where Python
+    cannot install one)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def _with_stderr(how: str, worker: _Worker) -> str:

@@ -96,7 +96,8 @@ def test_cli_timeout_overrides_the_spec(tmp_path):
     assert row["status"] == "timeout" and "time limit of 0.5 s" in row["message"]
 
 
-def test_interrupt_writes_an_incomplete_report_and_exits_130(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupt_writes_an_incomplete_report_and_exits_130(tmp_path, signum):
     marker, report_path = tmp_path / "hanging", tmp_path / "r.json"
     env = {**os.environ, "OPFORGE_TEST_MARKER": str(marker), "NO_COLOR": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "opforge", "check", str(FIXTURES / "hangs.yaml"),
@@ -105,7 +106,7 @@ def test_interrupt_writes_an_incomplete_report_and_exits_130(tmp_path):
                             stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for(marker, proc)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         output, _ = proc.communicate(timeout=60)
     finally:
         proc.kill()
@@ -153,12 +154,15 @@ def test_a_load_error_in_a_worker_is_the_same_clean_spec_error(tmp_path):
 @requires_cuda
 def test_a_cuda_device_assert_does_not_fail_the_rows_after_it(tmp_path):
     path = tmp_path / "r.json"
-    invoke("check", str(FIXTURES / "poisons_cuda.yaml"), str(FIXTURES / "good.yaml"), "--device", "cuda",
-           "--json", str(path))
+    invoke("check", str(FIXTURES / "poisons_cuda.yaml"), str(FIXTURES / "good.yaml"), "--json", str(path))
     report = json.loads(path.read_text())
-    rows = rows_of(report, "poisons_cuda")
-    assert {k: r["status"] for k, r in rows.items()} == {"x=0d": "pass", "x=7": "fail", "x=5x6": "pass"}
-    assert {r["status"] for r in report["ops"][1]["results"]} == {"pass"}
+    [op, good] = report["ops"]
+    statuses = {r["case_id"]: r["status"] for r in op["results"]}
+    assert statuses == {f"float32-{device}-contiguous-x={shape}": "fail" if shape == "7" else "pass"
+                        for device in ("cpu", "cuda") for shape in ("0d", "7", "5x6")}
+    cuda_failure = next(r for r in op["results"] if r["device"] == "cuda" and r["status"] == "fail")
+    assert "device-side assert" in cuda_failure["message"] or "CUDA error" in cuda_failure["message"]
+    assert {r["status"] for r in good["results"]} == {"pass"}
 
 
 def test_the_cuda_fixture_fails_only_its_own_case_on_cpu(tmp_path):
