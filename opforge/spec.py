@@ -213,7 +213,8 @@ def _to_node(path: Path, node: yaml.Node, enclosing: frozenset[int]) -> _Node:
         raise SpecError(path, line, "", "a plain YAML value", f"tag {node.tag}", "Remove the tag: specs are plain data.")
     try:
         return _Node(yaml.SafeLoader("").construct_object(node), line)
-    except (ValueError, yaml.YAMLError):  # `2001-13-45` resolves as a date; `!!int 0xZZ` is no int
+    except Exception:  # PyYAML's scalar constructors raise what they meet: ValueError for `2001-13-45` (a date),
+        # IndexError for an empty `!!float`, AttributeError for an empty `!!timestamp`, YAMLError for bad base64
         kind = node.tag.rsplit(":", 1)[-1]
         raise SpecError(path, line, "", f"a valid {kind}", repr(node.value),
                         "Fix the value, or quote it to make it a string.") from None

@@ -89,9 +89,12 @@ def mutated_specs(draw) -> tuple[str, str]:
     return name, text
 
 
-@pytest.mark.parametrize("text", ["a: &a [*a]", "op: 2001-13-45", "op: !!binary xyz", "op: !!int 0xZZ", "[" * 3000,
-                                  "op: \x1f", b"op: \x80"], ids=["self-alias", "bad-date", "bad-base64", "bad-int",
-                                                                   "deep", "control-char", "not-utf8"])
+TRAPS = {"self-alias": "a: &a [*a]", "bad-date": "op: 2001-13-45", "bad-base64": "op: !!binary xyz",
+         "bad-int": "op: !!int 0xZZ", "empty-int": "!!int ", "empty-float": "!!float ", "empty-date": "!!timestamp ",
+         "deep": "[" * 3000, "control-char": "op: \x1f", "not-utf8": b"op: \x80"}
+
+
+@pytest.mark.parametrize("text", TRAPS.values(), ids=TRAPS.keys())
 def test_known_yaml_traps_give_a_spec_error(workdir, text):
     assert _assert_clean(workdir / "trap.yaml", text) is None
 
