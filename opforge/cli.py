@@ -1,7 +1,8 @@
 """The command line. Commands are thin: parse, call the library, render, map errors to exit codes.
 
 Exit codes: 0 all passed (skip and xfail allowed), 1 a check failed, 2 bad usage or a bad spec, 3 a build failed,
-4 an internal error (a bug in opforge: rerun with --debug and report it).
+4 an internal error (a bug in opforge: rerun with --debug and report it), 130 interrupted (Ctrl-C; the reports
+written are marked incomplete).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from opforge.spec import (KNOWN_CHECKS, KNOWN_DEVICES, KNOWN_DTYPES, OPCHECK_SUB
                           load_spec)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUILD, EXIT_INTERNAL = 0, 1, 2, 3, 4
+# 128 + SIGINT, as a shell reports a process stopped by Ctrl-C.
+EXIT_INTERRUPTED = 130
 
 app = typer.Typer(
     name="opforge",
@@ -45,7 +48,7 @@ def _guarded(command: Callable[[], int]) -> None:
         code = exc.exit_code
     except KeyboardInterrupt:
         report.error("interrupted")
-        code = 130
+        code = EXIT_INTERRUPTED
     except Exception as exc:  # a bug in opforge: say so briefly, keep the traceback for --debug
         if _state["debug"]:
             raise
@@ -78,11 +81,21 @@ def check(
     device: List[str] = typer.Option([], "--device", help="Only these devices (repeatable)."),
     check_: List[str] = typer.Option([], "--check", help="Only these checks (repeatable)."),
     keyword: Optional[str] = typer.Option(None, "-k", help="Only results whose id contains this substring."),
+    last_failed: bool = typer.Option(False, "--last-failed", "--lf",
+                                     help="Only what failed last time (all of it when nothing is recorded)."),
     seed: int = typer.Option(0, "--seed", help="Base seed; each case derives its own from it and its id."),
     fail_fast: bool = typer.Option(False, "--fail-fast", "-x", help="Stop at the first failure."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="List every result."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write a JSON report here."),
     junit_path: Optional[Path] = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
+    markdown_path: Optional[Path] = typer.Option(None, "--markdown",
+                                                 help="Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds one check on one case may take before "
+                                            "it is killed (TIMEOUT); overrides the specs' `timeout:`. Default 300."),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Check this many ops at once, each in its own process (one "
+                             "GPU per process where there are several)."),
+    no_isolation: bool = typer.Option(False, "--no-isolation", help="Run the checks in this process (for a "
+                                      "debugger); a crash then ends the run and --timeout does not apply."),
     cuda_arch: Optional[str] = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
     large: bool = typer.Option(False, "--large",
                                help="Also run large_index (tensors past 2^31 elements: GBs of GPU memory)."),
@@ -90,44 +103,106 @@ def check(
     """Build an op's kernels and run every check its spec declares."""
 
     def body() -> int:
+        from opforge.results import RunReport
         from opforge.runner import Filters
 
-        filters = Filters(
-            dtypes=_validate(dtype, KNOWN_DTYPES, "--dtype"),
-            devices=_validate(device, KNOWN_DEVICES, "--device"),
-            checks=_validate(check_, KNOWN_CHECKS + tuple(f"opcheck:{t}" for t in OPCHECK_SUBTESTS), "--check"),
-            keyword=keyword, seed=seed, fail_fast=fail_fast, large=large,
-        )
-        specs = [load_spec(p) for p in _specs(targets or [], all_specs)]
-        run = _run_checks(specs, filters, cuda_arch)
+        _validate_run_options(timeout, jobs, no_isolation)
+        dtypes = _validate(dtype, KNOWN_DTYPES, "--dtype")
+        devices = _validate(device, KNOWN_DEVICES, "--device")
+        checks = _validate(check_, KNOWN_CHECKS + tuple(f"opcheck:{t}" for t in OPCHECK_SUBTESTS), "--check")
+        only_ids, paths = _last_failed_selection(last_failed, targets or [], all_specs)
+        filters = Filters(dtypes=dtypes, devices=devices, checks=checks, keyword=keyword, seed=seed,
+                          fail_fast=fail_fast, ids=only_ids, large=large)
+        specs = [load_spec(p) for p in paths]
+        run = RunReport(environment={}, seed=seed)
+        code = EXIT_OK
+        start = time.perf_counter()
+        try:
+            if no_isolation:
+                _run_in_process(specs, filters, cuda_arch, run)
+            else:
+                _run_isolated(specs, filters, cuda_arch, timeout, jobs, run)
+        except KeyboardInterrupt:
+            run.incomplete = True
+            code = EXIT_INTERRUPTED
+        run.seconds = time.perf_counter() - start
+        if not run.environment:
+            from opforge.runner import environment
+
+            run.environment = environment()
         report.render_run(run, verbose)
-        _write_reports(run, json_path, junit_path)
+        _write_reports(run, json_path, junit_path, markdown_path)
+        _record_failures(run)
+        if code == EXIT_INTERRUPTED:
+            report.error("interrupted: the results above and the reports written are incomplete")
+            return code
         return EXIT_FAILED if run.failed else EXIT_OK
 
     _guarded(body)
 
 
-def _run_checks(specs: list[OpSpec], filters, cuda_arch: str | None):
-    from opforge.loading import load_op
-    from opforge.runner import new_report, plan_op, run_op
+def _validate_run_options(timeout: float | None, jobs: int, no_isolation: bool) -> None:
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise UsageError("--timeout", "a number of seconds > 0", repr(timeout), "Write e.g. --timeout 600.")
+    if jobs < 1:
+        raise UsageError("--jobs", "a number of processes >= 1", repr(jobs), "Write e.g. -j 2.")
+    if no_isolation and (jobs > 1 or timeout is not None):
+        option = "--jobs" if jobs > 1 else "--timeout"
+        raise UsageError(option, "worker processes", "--no-isolation",
+                         f"Drop {option} or --no-isolation: only worker processes can run in parallel or be killed.")
 
-    start = time.perf_counter()
-    run = new_report(filters.seed)
+
+def _last_failed_selection(last_failed: bool, targets: list[str], all_specs: bool) -> tuple[tuple[str, ...], list]:
+    """(result ids to keep, spec paths to run). Without targets, --last-failed runs the specs that failed."""
+    if not last_failed:
+        return (), _specs(targets, all_specs)
+    from opforge.lastfailed import recorded
+
+    failed = recorded(Path.cwd())
+    if not failed:
+        report.info("--last-failed: no failures recorded, running everything selected")
+        return (), _specs(targets, all_specs)
+    if targets or all_specs:
+        return tuple(failed), _specs(targets, all_specs)
+    report.info(f"--last-failed: rerunning {len(failed)} failed results")
+    return tuple(failed), [Path(p) for p in dict.fromkeys(failed.values())]
+
+
+def _run_isolated(specs: list[OpSpec], filters, cuda_arch: str | None, timeout: float | None, jobs: int,
+                  run) -> None:
+    from opforge.isolation import Events, Isolation, run_isolated
+
+    with report.run_progress() as bar:
+        events = Events(step=report.info, planned=bar.planned, result=bar.result)
+        run_isolated(specs, filters, Isolation(jobs=jobs, timeout=timeout, cuda_arch=cuda_arch), run, events)
+
+
+def _run_in_process(specs: list[OpSpec], filters, cuda_arch: str | None, run) -> None:
+    from opforge.loading import load_op
+    from opforge.results import OpReport
+    from opforge.runner import environment, plan_op, run_op
+
+    run.environment = environment()
     for spec in specs:
         with report.spinner(f"loading {spec.name}"):
             loaded = load_op(spec, cuda_arch, on_step=report.info)
         plan = plan_op(loaded, filters)
+        # Results land here as they come, so that an interrupted run keeps the op's finished rows.
+        partial = OpReport(op=spec.name, spec_path=str(spec.path))
+        run.ops.append(partial)
         with report.progress(spec.name, len(plan.rows) + len(plan.skipped)) as advance:
-            op_report = run_op(loaded, filters, plan, on_result=advance)
-        run.ops.append(op_report)
-        if filters.fail_fast and op_report.failed:
+            def on_result(result):
+                partial.results.append(result)
+                advance(result)
+
+            run.ops[-1] = run_op(loaded, filters, plan, on_result=on_result)
+        if filters.fail_fast and run.ops[-1].failed:
             break
-    run.seconds = time.perf_counter() - start
-    return run
 
 
-def _write_reports(run, json_path: Path | None, junit_path: Path | None) -> None:
-    from opforge.results import write_json, write_junit
+def _write_reports(run, json_path: Path | None, junit_path: Path | None, markdown_path: Path | None) -> None:
+    from opforge.results import write_atomically, write_json, write_junit
+    from opforge.summary import render_markdown
 
     if json_path:
         write_json(run, json_path)
@@ -135,6 +210,18 @@ def _write_reports(run, json_path: Path | None, junit_path: Path | None) -> None
     if junit_path:
         write_junit(run, junit_path)
         report.info(f"JUnit report: {junit_path}")
+    if markdown_path:
+        write_atomically(markdown_path, render_markdown(run))
+        report.info(f"Markdown summary: {markdown_path}")
+
+
+def _record_failures(run) -> None:
+    from opforge.lastfailed import record
+
+    try:
+        record(Path.cwd(), run)
+    except OSError as exc:  # a read-only checkout must not fail the run; --last-failed then reruns everything
+        report.info(f"could not record the failures for --last-failed: {exc}")
 
 
 @app.command("list")

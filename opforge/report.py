@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from rich.console import Console
 from rich.panel import Panel
@@ -28,14 +28,14 @@ MAX_FAILURE_PANELS = 20
 
 _STYLE = {
     Status.PASS: "green", Status.FAIL: "bold red", Status.ERROR: "bold red", Status.XPASS: "bold red",
-    Status.SKIP: "dim", Status.XFAIL: "yellow",
+    Status.SKIP: "dim", Status.XFAIL: "yellow", Status.CRASH: "bold red", Status.TIMEOUT: "bold red",
 }
 _LABEL = {
     Status.PASS: "pass", Status.FAIL: "FAIL", Status.ERROR: "ERROR", Status.XPASS: "XPASS",
-    Status.SKIP: "skip", Status.XFAIL: "xfail",
+    Status.SKIP: "skip", Status.XFAIL: "xfail", Status.CRASH: "CRASH", Status.TIMEOUT: "TIMEOUT",
 }
 # A cell shows the most severe status among its cases.
-_SEVERITY = [Status.ERROR, Status.FAIL, Status.XPASS, Status.XFAIL, Status.PASS, Status.SKIP]
+_SEVERITY = [Status.CRASH, Status.TIMEOUT, Status.ERROR, Status.FAIL, Status.XPASS, Status.XFAIL, Status.PASS, Status.SKIP]
 
 
 def _make_console(stderr: bool = False) -> Console:
@@ -84,6 +84,37 @@ def progress(description: str, total: int) -> Iterator[Callable[[CaseResult], No
             bar.update(task, advance=1, failed=f"{failures} failed" if failures else "")
 
         yield advance
+
+
+class RunProgress:
+    """One progress bar per op on a terminal, for runs where ops go on in worker processes; silent in a log."""
+
+    def __init__(self, bar: Progress | None):
+        self._bar = bar
+        self._tasks: dict[str, Any] = {}
+        self._failures: dict[str, int] = defaultdict(int)
+
+    def planned(self, op: str, total: int) -> None:
+        if self._bar is not None:
+            self._tasks[op] = self._bar.add_task(op, total=total, failed="")
+
+    def result(self, op: str, result: CaseResult) -> None:
+        if self._bar is None or op not in self._tasks:
+            return
+        self._failures[op] += result.status.failed
+        failed = self._failures[op]
+        self._bar.update(self._tasks[op], advance=1, failed=f"{failed} failed" if failed else "")
+
+
+@contextmanager
+def run_progress() -> Iterator[RunProgress]:
+    if not console.is_terminal:
+        yield RunProgress(None)
+        return
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[failed]}", style="red"))
+    with Progress(*columns, console=console, transient=True) as bar:
+        yield RunProgress(bar)
 
 
 def render_run(report: RunReport, verbose: bool = False) -> None:

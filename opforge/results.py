@@ -24,10 +24,17 @@ class Status(str, enum.Enum):
     SKIP = "skip"
     XFAIL = "xfail"
     XPASS = "xpass"  # declared xfail but passed: the spec is stale, so the run fails
+    CRASH = "crash"  # the process running the check died (a signal, an abort, an exit)
+    TIMEOUT = "timeout"  # the check ran past its time limit and was killed
 
     @property
     def failed(self) -> bool:
-        return self in (Status.FAIL, Status.ERROR, Status.XPASS)
+        return self in (Status.FAIL, Status.ERROR, Status.XPASS, Status.CRASH, Status.TIMEOUT)
+
+    @property
+    def unfinished(self) -> bool:
+        """The check never produced a verdict: JUnit calls these errors."""
+        return self in (Status.ERROR, Status.CRASH, Status.TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,16 @@ class CaseResult:
     @property
     def full_id(self) -> str:
         return result_id(self.op, self.target, self.check, self.case_id)
+
+
+def result_from_json(data: dict[str, Any]) -> CaseResult:
+    """The inverse of the JSON form of a result (what an isolated worker sends and a report stores)."""
+    fields = {k: v for k, v in data.items() if k in CaseResult.__dataclass_fields__}
+    fields["status"] = Status(data["status"])
+    fields["warnings"] = tuple(data.get("warnings", ()))
+    if data.get("mismatch"):
+        fields["mismatch"] = Mismatch(**{**data["mismatch"], "index": tuple(data["mismatch"]["index"])})
+    return CaseResult(**fields)
 
 
 def result_id(op: str, target: str, check: str, case_id: str) -> str:
@@ -129,14 +146,14 @@ class RunReport:
                     "seconds": op.seconds,
                     "build": op.build,
                     "counts": op.counts(),
-                    "results": [_result_json(r) for r in op.results],
+                    "results": [result_json(r) for r in op.results],
                 }
                 for op in self.ops
             ],
         }
 
 
-def _result_json(r: CaseResult) -> dict[str, Any]:
+def result_json(r: CaseResult) -> dict[str, Any]:
     data = asdict(r)
     data["status"] = r.status.value
     data["id"] = r.full_id
@@ -168,7 +185,8 @@ def write_junit(report: RunReport, path: Path) -> None:
         counts = op.counts()
         suite = ET.SubElement(
             suites, "testsuite", name=op.op, tests=str(len(op.results)),
-            failures=str(counts["fail"] + counts["xpass"]), errors=str(counts["error"]),
+            failures=str(counts["fail"] + counts["xpass"]),
+            errors=str(sum(counts[s.value] for s in Status if s.unfinished)),
             skipped=str(counts["skip"] + counts["xfail"]), time=f"{op.seconds:.3f}",
         )
         for r in op.results:
@@ -178,8 +196,9 @@ def write_junit(report: RunReport, path: Path) -> None:
             if r.status in (Status.FAIL, Status.XPASS):
                 ET.SubElement(case, "failure", message=r.message.splitlines()[0] if r.message else r.status.value)\
                     .text = detail
-            elif r.status == Status.ERROR:
-                ET.SubElement(case, "error", message=r.message.splitlines()[0] if r.message else "error").text = detail
+            elif r.status.unfinished:
+                ET.SubElement(case, "error", message=r.message.splitlines()[0] if r.message else r.status.value)\
+                    .text = detail
             elif r.status in (Status.SKIP, Status.XFAIL):
                 ET.SubElement(case, "skipped", message=r.message)
     ET.indent(suites)

@@ -6,14 +6,14 @@ import platform
 import shlex
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from opforge.cases import Case, build_matrix
 from opforge.checks import Check, CheckContext, registry
 from opforge.compare import CheckFailure, CheckSkipped, PassNote, ReferenceFailure
 from opforge.checks.calls import short
-from opforge.loading import LoadedOp, Target
+from opforge.loading import NATIVE, LoadedOp, Target
 from opforge.results import CaseResult, OpReport, RunReport, Status, result_id
 from opforge.spec import OpSpec
 
@@ -30,9 +30,33 @@ class Filters:
     fail_fast: bool = False
     # Run the checks that cost GBs of memory (large_index) even where the spec does not enable them.
     large: bool = False
+    # Only these full result ids (--last-failed). An op whose loading failed is listed by its load row's id and
+    # then runs whole.
+    ids: tuple[str, ...] = ()
 
     def wants_check(self, row: str) -> bool:
         return not self.checks or row in self.checks or row.split(":", 1)[0] in self.checks
+
+    def wants_id(self, op: str, ident: str) -> bool:
+        if self.keyword and self.keyword not in ident:
+            return False
+        return not self.ids or ident in self.ids or load_row_id(op) in self.ids
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Filters":
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+# The row that stands for an op's loading (import, build, schema check) when the process doing it crashed or hung.
+LOAD_CHECK = "load"
+LOAD_CASE = "-"
+
+
+def load_row_id(op: str) -> str:
+    return result_id(op, NATIVE, LOAD_CHECK, LOAD_CASE)
 
 
 @dataclass(frozen=True)
@@ -81,7 +105,7 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
                 wanted = check.select(loaded, target, build_matrix(spec, dtypes, devices))
                 plan.skipped += [r for r in (_skip_case(spec, target, row, case, opted_out)
                                              for row in rows for case in wanted)
-                                 if not filters.keyword or filters.keyword in r.full_id]
+                                 if filters.wants_id(spec.name, r.full_id)]
                 continue
             for case in check.select(loaded, target, matrix):
                 if any(_matches(filters, spec, target, r, case) for r in rows) and \
@@ -91,12 +115,18 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
                 reason = device_unavailable(device)
                 if reason:
                     skips = (_skip(spec, target, row, dtype, device, reason) for row in rows for dtype in dtypes)
-                    plan.skipped += [r for r in skips if not filters.keyword or filters.keyword in r.full_id]
+                    plan.skipped += [r for r in skips if filters.wants_id(spec.name, r.full_id)]
     return plan
 
 
 def _matches(filters: Filters, spec: OpSpec, target: Target, row: str, case: Case) -> bool:
-    return not filters.keyword or filters.keyword in full_id(spec, target.name, row, case.id)
+    return filters.wants_id(spec.name, full_id(spec, target.name, row, case.id))
+
+
+def reported_rows(filters: Filters, spec: OpSpec, row: PlannedRow) -> list[str]:
+    """The result rows a planned row reports: its check's rows that the filters keep."""
+    return [name for name in row.check.row_names()
+            if filters.wants_check(name) and _matches(filters, spec, row.target, name, row.case)]
 
 
 def full_id(spec: OpSpec, target: str, check: str, case_id: str) -> str:
@@ -117,7 +147,7 @@ def run_op(loaded: LoadedOp, filters: Filters, plan: Plan | None = None,
            on_result: ProgressCallback | None = None) -> OpReport:
     plan = plan or plan_op(loaded, filters)
     start = time.perf_counter()
-    report = OpReport(op=loaded.spec.name, spec_path=str(loaded.spec.path), build=_build_info(loaded))
+    report = OpReport(op=loaded.spec.name, spec_path=str(loaded.spec.path), build=build_info(loaded))
     context = CheckContext(loaded, filters.seed)
     for result in plan.skipped:
         report.results.append(result)
@@ -144,9 +174,7 @@ def run_row(ctx: CheckContext, row: PlannedRow, filters: Filters) -> list[CaseRe
     seen = tuple(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))
     seconds = (time.perf_counter() - start) / max(1, len(row.check.row_names()))
     results = []
-    for name in row.check.row_names():
-        if not filters.wants_check(name) or not _matches(filters, spec, row.target, name, row.case):
-            continue
+    for name in reported_rows(filters, spec, row):
         if name in skipped:
             status, message, mismatch = Status.SKIP, skipped[name], None
         elif name in errors:
@@ -202,7 +230,7 @@ def repro_command(spec: OpSpec, target: str, check: str, case_id: str, seed: int
             f"-k {shlex.quote(ident)} --seed {seed}" + (" --large" if check == "large_index" else ""))
 
 
-def _build_info(loaded: LoadedOp) -> dict | None:
+def build_info(loaded: LoadedOp) -> dict | None:
     if loaded.build is None:
         return None
     plan = loaded.build.plan

@@ -170,6 +170,8 @@ class OpSpec:
     vmap: bool = False
     error_inputs: tuple[ErrorInput, ...] = ()
     large_index: LargeIndex | None = None
+    # Seconds one check on one case may take before it is killed and reported TIMEOUT; None: the run's default.
+    timeout: float | None = None
     # Line of each top-level key and of each input, for errors found after loading (schema mismatch, bad module).
     lines: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
@@ -207,17 +209,38 @@ def _compose(path: Path, text: str) -> _Node:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else None
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(path, line, "", "valid YAML", problem, "Fix the YAML syntax at that line.") from None
+        raise SpecError(path, _error_line(exc, text), "", "valid YAML", problem, "Fix the YAML syntax at that line.")\
+            from None
+    except RecursionError:
+        raise _too_deep(path) from None
     if root is None:
         raise SpecError(path, 1, "", "a YAML mapping of spec keys", "an empty file", "See docs/specs.md for an example.")
-    return _to_node(path, root)
+    try:
+        return _to_node(path, root, frozenset())
+    except RecursionError:
+        raise _too_deep(path) from None
 
 
-def _to_node(path: Path, node: yaml.Node) -> _Node:
+def _too_deep(path: Path) -> SpecError:
+    return SpecError(path, 1, "", "a spec nested a few levels deep", "nesting too deep to read", "Flatten the YAML.")
+
+
+def _error_line(exc: yaml.YAMLError, text: str) -> int:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if mark is not None:
+        return mark.line + 1
+    # A reader error (a control character) carries only its offset in the text.
+    position = getattr(exc, "position", None)
+    return text[:position].count("\n") + 1 if isinstance(position, int) else 1
+
+
+def _to_node(path: Path, node: yaml.Node, enclosing: frozenset[int]) -> _Node:
     line = node.start_mark.line + 1
+    if id(node) in enclosing:
+        raise SpecError(path, line, "", "plain data", "an alias (*name) inside the value it names",
+                        "Write the value out instead of referring to itself.")
+    enclosing = enclosing | {id(node)}
     if isinstance(node, yaml.MappingNode):
         out: dict[str, _Node] = {}
         for key_node, value_node in node.value:
@@ -227,13 +250,19 @@ def _to_node(path: Path, node: yaml.Node) -> _Node:
             if key in out:
                 raise SpecError(path, key_node.start_mark.line + 1, key, "each key once", "a duplicate",
                                 "Remove one of the two entries.")
-            out[key] = _to_node(path, value_node)
+            out[key] = _to_node(path, value_node, enclosing)
         return _Node(out, line)
     if isinstance(node, yaml.SequenceNode):
-        return _Node([_to_node(path, item) for item in node.value], line)
+        return _Node([_to_node(path, item, enclosing) for item in node.value], line)
     if node.tag not in _SAFE_SCALAR_TAGS:
         raise SpecError(path, line, "", "a plain YAML value", f"tag {node.tag}", "Remove the tag: specs are plain data.")
-    return _Node(yaml.SafeLoader("").construct_object(node), line)
+    try:
+        return _Node(yaml.SafeLoader("").construct_object(node), line)
+    except Exception:  # PyYAML's scalar constructors raise what they meet: ValueError for `2001-13-45` (a date),
+        # IndexError for an empty `!!float`, AttributeError for an empty `!!timestamp`, YAMLError for bad base64
+        kind = node.tag.rsplit(":", 1)[-1]
+        raise SpecError(path, line, "", f"a valid {kind}", repr(node.value),
+                        "Fix the value, or quote it to make it a string.") from None
 
 
 _SAFE_SCALAR_TAGS = {
@@ -323,6 +352,13 @@ def _number(r: _Reader, key: str, node: _Node) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise r.fail(node, key, "a number", _describe(node.value), "Write a number such as 0.5 or 1.0e-3.")
     return float(value)
+
+
+def _seconds(r: _Reader, key: str, node: _Node) -> float:
+    value = _number(r, key, node)
+    if not 0 < value < float("inf"):
+        raise r.fail(node, key, "a number of seconds > 0", repr(value), "Write e.g. `timeout: 600`.")
+    return value
 
 
 def _list(item: Callable[[_Reader, str, _Node], Any], *, allow_empty: bool = False):
@@ -465,6 +501,7 @@ _TOP_KEYS = (
     "op", "schema", "description", "load", "implementations", "reference", "inputs", "dtypes", "devices", "layouts",
     "tolerances", "grad_tolerances", "checks", "xfail", "differentiable", "double_backward", "nondeterministic",
     "vmap", "error_inputs", "large_index",
+    "timeout",
 )
 _REQUIRED = ("op", "schema", "load", "reference", "inputs", "dtypes")
 
@@ -477,6 +514,10 @@ def load_spec(path: Path | str) -> OpSpec:
     except OSError as exc:
         raise SpecError(path, None, "", "a readable spec file", exc.strerror or str(exc),
                         "Check the path; `opforge list` shows the bundled specs.") from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise SpecError(path, line, "", "UTF-8 text", f"byte {exc.object[exc.start]:#04x} that is not UTF-8",
+                        "Save the spec as UTF-8.") from None
     root = _compose(path, text)
     r = _Reader(path, root, "", _TOP_KEYS, required=_REQUIRED)
 
@@ -532,6 +573,7 @@ def load_spec(path: Path | str) -> OpSpec:
         vmap=claims["vmap"],
         error_inputs=claims["error_inputs"],
         large_index=claims["large_index"],
+        timeout=r.get("timeout", _seconds),
         lines=lines,
     )
 

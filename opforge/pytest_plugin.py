@@ -1,0 +1,131 @@
+"""opforge as a pytest plugin: `pytest --opforge specs/` collects one test item per op x check x case.
+
+Ids read like opforge's results (`specs/leaky_swish.yaml::leaky_swish/native::correctness[float32-cpu-contiguous-x=7-
+alpha=0.1]`), a failure shows opforge's account (worst mismatch, seed, repro command), and the rest is pytest's:
+`-k`, `-x`, `--junitxml`, `-n auto` with pytest-xdist (each worker process loads each op once, when it collects it;
+a worker that crashes is replaced by xdist and its item reported failed), `--timeout` with pytest-timeout.
+
+Registered through the `pytest11` entry point, so it is active wherever opforge is installed, but it collects
+nothing unless `--opforge` is given: a project's own test run is unaffected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from opforge.errors import OpforgeError
+from opforge.results import CaseResult, Status, failure_text
+from opforge.spec import SPEC_SUFFIXES
+
+# The loaded ops and the results of the rows run so far, for this process.
+_SESSION = pytest.StashKey["_Session"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("opforge", "opforge: check PyTorch custom operators from YAML specs")
+    group.addoption("--opforge", action="store_true", default=False,
+                    help="Collect .yaml/.yml files as opforge specs: one test per op x check x case.")
+    group.addoption("--opforge-seed", type=int, default=0, help="opforge's base seed (as `opforge check --seed`).")
+    group.addoption("--opforge-cuda-arch", default=None, help="CUDA archs to build for, e.g. 9.0.")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "opforge: a test item collected from an opforge spec")
+    config.stash[_SESSION] = _Session(seed=config.getoption("opforge_seed"),
+                                      cuda_arch=config.getoption("opforge_cuda_arch"))
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if parent.config.getoption("opforge") and file_path.suffix in SPEC_SUFFIXES:
+        return SpecFile.from_parent(parent, path=file_path)
+    return None
+
+
+@dataclass
+class _Session:
+    seed: int
+    cuda_arch: str | None
+    loaded: dict[Path, Any] = field(default_factory=dict)
+    results: dict[tuple[Path, int], dict[str, CaseResult]] = field(default_factory=dict)
+
+    @property
+    def filters(self):
+        from opforge.runner import Filters
+
+        return Filters(seed=self.seed)
+
+    def load(self, path: Path):
+        from opforge.loading import load_op
+        from opforge.spec import load_spec
+
+        if path not in self.loaded:
+            self.loaded[path] = load_op(load_spec(path), self.cuda_arch)
+        return self.loaded[path]
+
+    def result(self, path: Path, index: int, row, name: str) -> CaseResult:
+        """Runs a planned row once per process; its other result rows (opcheck's sub-tests) come from the cache."""
+        from opforge.checks import CheckContext
+        from opforge.runner import run_row
+
+        key = (path, index)
+        if key not in self.results:
+            context = CheckContext(self.loaded[path], self.seed)
+            self.results[key] = {r.check: r for r in run_row(context, row, self.filters)}
+        return self.results[key][name]
+
+
+class SpecFile(pytest.File):
+    def collect(self) -> Iterator[pytest.Item]:
+        from opforge.runner import full_id, plan_op, reported_rows
+
+        session = self.config.stash[_SESSION]
+        try:
+            loaded = session.load(self.path)
+        except OpforgeError as exc:
+            raise self.CollectError(f"opforge: {exc}") from None
+        spec = loaded.spec
+        plan = plan_op(loaded, session.filters)
+        for result in plan.skipped:
+            yield OpforgeItem.from_parent(self, name=result.full_id, fixed=result)
+        for index, row in enumerate(plan.rows):
+            for name in reported_rows(session.filters, spec, row):
+                yield OpforgeItem.from_parent(self, name=full_id(spec, row.target.name, name, row.case.id),
+                                              index=index, row=row, row_name=name)
+
+
+class OpforgeCheckFailed(Exception):
+    """An item's result failed; carries it for repr_failure."""
+
+    def __init__(self, result: CaseResult):
+        super().__init__(result.message.splitlines()[0] if result.message else result.status.value)
+        self.result = result
+
+
+class OpforgeItem(pytest.Item):
+    def __init__(self, *, index: int = -1, row: Any = None, row_name: str = "", fixed: CaseResult | None = None,
+                 **kwargs: Any):
+        super().__init__(**kwargs)
+        self.index, self.row, self.row_name, self.fixed = index, row, row_name, fixed
+        self.add_marker("opforge")
+
+    def runtest(self) -> None:
+        result = self.fixed or self.config.stash[_SESSION].result(self.path, self.index, self.row, self.row_name)
+        if result.status == Status.SKIP:
+            pytest.skip(result.message)
+        if result.status == Status.XFAIL:
+            pytest.xfail(result.message)
+        if result.status.failed:
+            raise OpforgeCheckFailed(result)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> Any:
+        if isinstance(excinfo.value, OpforgeCheckFailed):
+            result = excinfo.value.result
+            return f"{result.status.value.upper()}: {result.full_id}\n{failure_text(result)}"
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, self.name

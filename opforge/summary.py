@@ -1,0 +1,54 @@
+"""A compact Markdown account of a run, for a CI job summary or a pull-request comment. Data to text: nothing here
+prints; the CLI writes it with --markdown."""
+
+from __future__ import annotations
+
+from opforge.results import RunReport, Status, describe_mismatch
+
+# Failures listed in full; a CI summary should stay readable, the JSON/JUnit reports hold the rest.
+MAX_FAILURES = 30
+# Lines of a failure's message kept (a crash's message carries a stderr tail).
+MAX_MESSAGE_LINES = 12
+_COLUMNS = (Status.PASS, Status.FAIL, Status.ERROR, Status.CRASH, Status.TIMEOUT, Status.XPASS, Status.XFAIL,
+            Status.SKIP)
+
+
+def render_markdown(run: RunReport) -> str:
+    counts = run.counts()
+    verdict = "FAILED" if run.failed else "OK"
+    if run.incomplete:
+        verdict += " (incomplete: interrupted)"
+    torch = run.environment.get("torch", "?")
+    totals = ", ".join(f"{counts[s.value]} {s.value}" for s in Status if counts[s.value]) or "nothing ran"
+    lines = [f"## opforge: {verdict}", "",
+             f"{totals} in {run.seconds:.1f} s (torch {torch}, seed {run.seed})", "",
+             "| op | " + " | ".join(s.value for s in _COLUMNS) + " | seconds |",
+             "|---|" + "---:|" * (len(_COLUMNS) + 1)]
+    for op in run.ops:
+        op_counts = op.counts()
+        mark = "❌" if op.failed else "✅"
+        lines.append(f"| {mark} {op.op} | " + " | ".join(_count(op_counts[s.value]) for s in _COLUMNS)
+                     + f" | {op.seconds:.1f} |")
+    failures = [r for r in run.results() if r.status.failed]
+    if failures:
+        lines += ["", "### Failures", ""]
+    for r in failures[:MAX_FAILURES]:
+        lines.append(f"**{r.status.value.upper()}** `{r.full_id}`")
+        lines.append("")
+        detail = r.message.splitlines()[:MAX_MESSAGE_LINES] if r.message else []
+        if r.mismatch:
+            detail.append(describe_mismatch(r.mismatch))
+        if r.seed is not None:
+            detail.append(f"seed: {r.seed}")
+        if detail:
+            lines += ["```text", *(line.replace("```", "'''") for line in detail), "```"]
+        if r.repro:
+            lines += [f"repro: `{r.repro}`"]
+        lines.append("")
+    if len(failures) > MAX_FAILURES:
+        lines.append(f"... and {len(failures) - MAX_FAILURES} more failures: see the JSON or JUnit report.")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _count(n: int) -> str:
+    return str(n) if n else "·"

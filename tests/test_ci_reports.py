@@ -1,0 +1,100 @@
+"""What a CI job consumes: --last-failed reruns, the Markdown summary, and the statuses every report knows."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from conftest import FIXTURES
+from opforge.cli import app
+from opforge.lastfailed import STORE, record, recorded
+from opforge.results import CaseResult, Mismatch, OpReport, RunReport, Status, result_from_json, result_json
+from opforge.summary import MAX_FAILURES, render_markdown
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), env={"NO_COLOR": "1", "COLUMNS": "200"})
+
+
+def ids_in(path) -> list[str]:
+    return [r["id"] for op in json.loads(path.read_text())["ops"] for r in op["results"]]
+
+
+def test_last_failed_reruns_exactly_what_failed_then_forgets_what_passed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = str(FIXTURES / "ignores_strides.yaml")
+    first = invoke("check", spec, "--check", "correctness", "--dtype", "float32", "--json", "all.json")
+    assert first.exit_code == 1, first.output
+    failed = [r["id"] for op in json.loads((tmp_path / "all.json").read_text())["ops"] for r in op["results"]
+              if r["status"] == "fail"]
+    assert failed and set(recorded(tmp_path)) == set(failed)
+
+    # No target: the specs come from the record.
+    again = invoke("check", "--last-failed", "--json", "again.json")
+    assert again.exit_code == 1, again.output
+    assert sorted(ids_in(tmp_path / "again.json")) == sorted(failed)
+    assert f"rerunning {len(failed)} failed results" in again.output
+
+
+def test_last_failed_with_nothing_recorded_runs_everything_with_a_note(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("check", str(FIXTURES / "good.yaml"), "--check", "correctness", "--dtype", "float64",
+                    "--lf", "--json", "r.json")
+    assert result.exit_code == 0, result.output
+    assert "no failures recorded, running everything selected" in result.output
+    assert len(ids_in(tmp_path / "r.json")) == 7
+    assert recorded(tmp_path) == {}
+
+
+def _result(check: str, case: str, status: Status, **extra) -> CaseResult:
+    return CaseResult(op="op", target="native", check=check, case_id=case, dtype="float32", device="cpu",
+                      status=status, **extra)
+
+
+def test_record_keeps_failures_that_did_not_rerun_and_drops_a_load_failure_once_the_op_loads(tmp_path):
+    crash = CaseResult(op="op", target="native", check="load", case_id="-", dtype="-", device="-",
+                       status=Status.CRASH)
+    record(tmp_path, RunReport({}, ops=[OpReport("op", "op.yaml", [crash])]))
+    assert list(recorded(tmp_path)) == ["op/native::load[-]"]
+    run = RunReport({}, ops=[OpReport("op", "op.yaml", [_result("correctness", "a", Status.FAIL),
+                                                         _result("correctness", "b", Status.PASS)])])
+    record(tmp_path, run)
+    assert recorded(tmp_path) == {"op/native::correctness[a]": "op.yaml"}
+    (tmp_path / STORE).write_text("{not json")
+    assert recorded(tmp_path) == {}
+
+
+def test_markdown_summary_counts_per_op_and_shows_failures_with_worst_mismatch_and_repro():
+    mismatch = Mismatch(output="result", index=(3,), got=1.5, expected=1.25, abs_error=0.25, rel_error=0.2,
+                        atol=1e-5, rtol=1.3e-6, mismatched=1, total=7)
+    bad = OpReport("bad", "bad.yaml", [
+        _result("correctness", "x=7", Status.FAIL, message="outputs differ", mismatch=mismatch, seed=42,
+                repro="opforge check bad.yaml -k x=7"),
+        _result("correctness", "x=0d", Status.PASS),
+        _result("correctness", "x=5", Status.CRASH, message="the worker process died: SIGSEGV\n```\nframe"),
+    ], seconds=2.0)
+    good = OpReport("good", "good.yaml", [_result("correctness", "x=7", Status.PASS)])
+    text = render_markdown(RunReport({"torch": "2.13.0"}, ops=[bad, good], seed=3, seconds=4.25, incomplete=True))
+    assert text.startswith("## opforge: FAILED (incomplete: interrupted)\n")
+    assert text.splitlines()[2] == "2 pass, 1 fail, 1 crash in 4.2 s (torch 2.13.0, seed 3)"
+    assert "| ❌ bad | 1 | 1 | · | 1 | · | · | · | · | 2.0 |" in text and "| ✅ good | 1 |" in text
+    assert "**FAIL** `op/native::correctness[x=7]`" in text
+    assert "worst mismatch in result at [3]: got 1.5, expected 1.25" in text
+    assert "repro: `opforge check bad.yaml -k x=7`" in text
+    assert text.count("```") == 4, "a fence inside a message must not break the summary's code blocks"
+
+
+def test_markdown_summary_caps_the_failures_it_lists():
+    op = OpReport("bad", "bad.yaml", [_result("correctness", str(i), Status.FAIL) for i in range(MAX_FAILURES + 5)])
+    text = render_markdown(RunReport({}, ops=[op]))
+    assert text.count("**FAIL**") == MAX_FAILURES and "... and 5 more failures" in text
+
+
+def test_results_round_trip_through_json():
+    mismatch = Mismatch(output="result", index=(1, 2), got=1.0, expected=2.0, abs_error=1.0, rel_error=0.5,
+                        atol=0.0, rtol=0.0, mismatched=1, total=4)
+    original = _result("gradcheck", "c", Status.TIMEOUT, mismatch=mismatch, warnings=("w",), seed=1, repro="r")
+    assert result_from_json(json.loads(json.dumps(result_json(original)))) == original

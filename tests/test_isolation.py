@@ -1,0 +1,238 @@
+"""Crash isolation and time limits: a segfault, an abort or a hang costs one row, the run goes on and its reports are
+complete; Ctrl-C leaves an incomplete but well-formed report."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import FIXTURES, REPO, requires_cuda
+from opforge.cli import app
+from opforge.errors import SpecError
+from opforge.isolation import (DEFAULT_CHECK_TIMEOUT, describe_exit, gpu_per_slot, stderr_excerpt,
+                               threads_per_worker, time_limit, visible_gpus)
+from opforge.loading import load_op
+from opforge.results import Status
+from opforge.runner import Filters, run_op
+from opforge.spec import load_spec
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), env={"NO_COLOR": "1", "COLUMNS": "200"})
+
+
+def rows_of(report: dict, op: str) -> dict[str, dict]:
+    """Results of one op by the shape part of their case id (x=0d, x=7, x=5x6)."""
+    [entry] = [o for o in report["ops"] if o["op"] == op]
+    return {r["case_id"].rsplit("-", 1)[-1]: r for r in entry["results"]}
+
+
+@pytest.fixture(scope="module")
+def misbehaving_run(tmp_path_factory):
+    """One run, two at a time, over ops that segfault, abort and hang on their 7-element case, then a correct op."""
+    out = tmp_path_factory.mktemp("reports")
+    specs = [str(FIXTURES / f"{name}.yaml") for name in ("segfaults", "aborts", "hangs", "good")]
+    result = invoke("check", *specs, "--check", "correctness", "-j", "2", "--json", str(out / "r.json"),
+                    "--junit", str(out / "r.xml"), "--markdown", str(out / "summary.md"))
+    return result, json.loads((out / "r.json").read_text()), out
+
+
+@pytest.mark.parametrize("op, signal_name", [("segfaults", "SIGSEGV"), ("aborts", "SIGABRT")])
+def test_a_crash_is_one_crash_row_naming_the_signal_and_the_stack(misbehaving_run, op, signal_name):
+    _, report, _ = misbehaving_run
+    rows = rows_of(report, op)
+    assert {k: r["status"] for k, r in rows.items()} == {"x=0d": "pass", "x=7": "crash", "x=5x6": "pass"}
+    crash = rows["x=7"]
+    assert crash["id"] == f"{op}/native::correctness[float32-cpu-contiguous-x=7]"
+    assert f"died: {signal_name}" in crash["message"]
+    # The stderr tail is faulthandler's account, innermost frame first: the line of the op that crashed.
+    assert "Fatal Python error" in crash["message"] and "broken_ops.py" in crash["message"]
+    assert crash["repro"].startswith("opforge check") and crash["seed"] is not None
+
+
+def test_a_hang_is_killed_at_the_specs_time_limit_and_the_op_goes_on(misbehaving_run):
+    _, report, _ = misbehaving_run
+    rows = rows_of(report, "hangs")
+    assert {k: r["status"] for k, r in rows.items()} == {"x=0d": "pass", "x=7": "timeout", "x=5x6": "pass"}
+    assert "time limit of 10 s" in rows["x=7"]["message"]
+    assert 10 <= rows["x=7"]["seconds"] < 10 + 30
+
+
+def test_the_run_completes_fails_and_every_report_says_why(misbehaving_run):
+    result, report, out = misbehaving_run
+    assert result.exit_code == 1, result.output
+    assert [o["op"] for o in report["ops"]] == ["segfaults", "aborts", "hangs", "good"]
+    assert not report["incomplete"]
+    assert report["counts"]["crash"] == 2 and report["counts"]["timeout"] == 1
+    assert {r["status"] for r in report["ops"][3]["results"]} == {"pass"}
+    assert "CRASH" in result.output and "TIMEOUT" in result.output and "FAILED:" in result.output
+    suites = {s.get("name"): s for s in ElementTree.parse(out / "r.xml").getroot()}
+    assert suites["segfaults"].get("errors") == "1" and suites["hangs"].get("errors") == "1"
+    assert suites["good"].get("errors") == "0"
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("## opforge: FAILED")
+    assert "| ❌ segfaults | 2 | · | · | 1 |" in summary and "| ✅ good | 21 |" in summary
+    assert "**CRASH** `segfaults/native::correctness[float32-cpu-contiguous-x=7]`" in summary
+    assert "repro: `opforge check" in summary
+
+
+def test_cli_timeout_overrides_the_spec(tmp_path):
+    path = tmp_path / "r.json"
+    result = invoke("check", str(FIXTURES / "hangs.yaml"), "-k", "x=7", "--timeout", "0.5", "--json", str(path))
+    assert result.exit_code == 1, result.output
+    [row] = json.loads(path.read_text())["ops"][0]["results"]
+    assert row["status"] == "timeout" and "time limit of 0.5 s" in row["message"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupt_writes_an_incomplete_report_and_exits_130(tmp_path, signum):
+    marker, report_path = tmp_path / "hanging", tmp_path / "r.json"
+    env = {**os.environ, "OPFORGE_TEST_MARKER": str(marker), "NO_COLOR": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "opforge", "check", str(FIXTURES / "hangs.yaml"),
+                             str(FIXTURES / "good.yaml"), "--timeout", "300", "--json", str(report_path)],
+                            cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(marker, proc)
+        proc.send_signal(signum)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, output
+    report = json.loads(report_path.read_text())
+    assert report["incomplete"] is True
+    assert [o["op"] for o in report["ops"]] == ["hangs"]
+    assert [r["status"] for r in report["ops"][0]["results"]] == ["pass"]  # the row that finished before Ctrl-C
+    assert "interrupted" in output and "(incomplete)" in output
+    worker = int(marker.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker, 0)
+
+
+def _wait_for(marker: Path, proc: subprocess.Popen, limit: float = 120) -> None:
+    deadline = time.monotonic() + limit
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "the hanging op never started"
+        time.sleep(0.1)
+
+
+def test_in_process_mode_still_runs_and_refuses_what_needs_workers(tmp_path):
+    result = invoke("check", str(FIXTURES / "good.yaml"), "--check", "correctness", "--no-isolation")
+    assert result.exit_code == 0, result.output
+    result = invoke("check", "good", "--no-isolation", "-j", "2")
+    assert result.exit_code == 2 and "only worker processes can run in parallel" in result.output
+
+
+@pytest.mark.parametrize("option", [["--timeout", "0"], ["--timeout", "nan"], ["-j", "0"]])
+def test_bad_run_options_exit_2(option):
+    result = invoke("check", str(FIXTURES / "good.yaml"), *option)
+    assert result.exit_code == 2 and "expected" in result.output and "Traceback" not in result.output
+
+
+def test_a_load_error_in_a_worker_is_the_same_clean_spec_error(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((FIXTURES / "good.yaml").read_text().replace("broken_ops:reference", "broken_ops:nope"))
+    result = runner.invoke(app, ["check", str(bad)], env={"NO_COLOR": "1", "COLUMNS": "200",
+                                                          "PYTHONPATH": str(FIXTURES)})
+    assert result.exit_code == 2, result.output
+    assert f"{bad}:6: reference: expected a callable 'nope'" in result.output and "Traceback" not in result.output
+
+
+@requires_cuda
+def test_a_cuda_device_assert_does_not_fail_the_rows_after_it(tmp_path):
+    path = tmp_path / "r.json"
+    invoke("check", str(FIXTURES / "poisons_cuda.yaml"), str(FIXTURES / "good.yaml"), "--json", str(path))
+    report = json.loads(path.read_text())
+    [op, good] = report["ops"]
+    statuses = {r["case_id"]: r["status"] for r in op["results"]}
+    assert statuses == {f"float32-{device}-contiguous-x={shape}": "fail" if shape == "7" else "pass"
+                        for device in ("cpu", "cuda") for shape in ("0d", "7", "5x6")}
+    cuda_failure = next(r for r in op["results"] if r["device"] == "cuda" and r["status"] == "fail")
+    assert "device-side assert" in cuda_failure["message"] or "CUDA error" in cuda_failure["message"]
+    assert {r["status"] for r in good["results"]} == {"pass"}
+
+
+def test_the_cuda_fixture_fails_only_its_own_case_on_cpu(tmp_path):
+    path = tmp_path / "r.json"
+    invoke("check", str(FIXTURES / "poisons_cuda.yaml"), "--device", "cpu", "--json", str(path))
+    rows = rows_of(json.loads(path.read_text()), "poisons_cuda")
+    assert {k: r["status"] for k, r in rows.items()} == {"x=0d": "pass", "x=7": "fail", "x=5x6": "pass"}
+    assert "IndexError" in rows["x=7"]["message"]
+
+
+# ----------------------------------------------------------------------------------------------- the pieces
+
+
+def test_one_gpu_per_worker_round_robin():
+    assert gpu_per_slot(4, ["0", "1"]) == ["0", "1", "0", "1"]
+    assert gpu_per_slot(2, ["3", "5", "7"]) == ["3", "5"]
+    assert gpu_per_slot(3, []) == [None, None, None]
+
+
+def test_visible_gpus_keep_the_ids_the_user_gave():
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2, 3"}) == ["2", "3"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-5d1a,GPU-77ff"}) == ["GPU-5d1a", "GPU-77ff"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+
+
+def test_cpu_workers_share_the_cores():
+    assert threads_per_worker(2, 2) == 1 and threads_per_worker(4, 64) == 16 and threads_per_worker(8, 2) == 1
+
+
+def test_exit_descriptions():
+    assert describe_exit(-11) == "SIGSEGV (signal 11)" and describe_exit(-6) == "SIGABRT (signal 6)"
+    assert describe_exit(3) == "exit code 3"
+
+
+def test_stderr_excerpt_prefers_the_fatal_error_and_its_innermost_frames():
+    text = "noise\n" * 50 + "Fatal Python error: Segmentation fault\n\nCurrent thread (most recent call first):\n" + \
+        "".join(f'  File "f{i}.py", line {i}\n' for i in range(40)) + "\nExtension modules: a, b\n(total: 2)\n"
+    excerpt = stderr_excerpt(text).splitlines()
+    assert excerpt[0] == "Fatal Python error: Segmentation fault" and '"f0.py"' in excerpt[2]
+    assert len(excerpt) == 20 and not any("Extension" in line for line in excerpt)
+    assert stderr_excerpt("a\nb\n" * 30).splitlines() == ["a", "b"] * 10
+
+
+def test_time_limit_cli_over_spec_over_default(tmp_path):
+    spec = load_spec(FIXTURES / "hangs.yaml")
+    assert time_limit(spec, None) == 10 and time_limit(spec, 2.5) == 2.5
+    assert time_limit(load_spec(FIXTURES / "good.yaml"), None) == DEFAULT_CHECK_TIMEOUT
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon", ".inf", "[1]"])
+def test_spec_timeout_must_be_positive_seconds(tmp_path, value):
+    path = tmp_path / "t.yaml"
+    text = (FIXTURES / "good.yaml").read_text()
+    path.write_text(text + f"timeout: {value}\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert info.value.key == "timeout" and info.value.line == text.count("\n") + 1
+    assert "seconds" in str(info.value) or "a number" in str(info.value)
+
+
+def test_a_raising_reference_errors_its_cases_and_the_others_still_run(tmp_path):
+    shutil.copy(FIXTURES / "broken_ops.py", tmp_path / "broken_ops.py")
+    spec = tmp_path / "good.yaml"
+    spec.write_text((FIXTURES / "good.yaml").read_text().replace("broken_ops:reference",
+                                                                 "broken_ops:reference_raising_on_7"))
+    report = run_op(load_op(load_spec(spec)), Filters(checks=("correctness",), dtypes=("float32",)))
+    statuses = {r.case_id: r.status for r in report.results}
+    assert statuses == {"float32-cpu-contiguous-x=0d": Status.PASS, "float32-cpu-contiguous-x=0": Status.PASS,
+                        "float32-cpu-contiguous-x=7": Status.ERROR, "float32-cpu-contiguous-x=5x6": Status.PASS,
+                        "float32-cpu-transposed-x=5x6": Status.PASS, "float32-cpu-strided-x=7": Status.ERROR,
+                        "float32-cpu-strided-x=5x6": Status.PASS}
+    error = next(r for r in report.results if r.status == Status.ERROR)
+    assert "ZeroDivisionError: the reference divided by zero" in error.message

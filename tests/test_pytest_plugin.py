@@ -1,0 +1,93 @@
+"""The pytest plugin: `pytest --opforge` turns specs into one item per op x check x case, with opforge's ids and
+failure text, and works with -k, --junitxml and pytest-xdist."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import shutil
+from xml.etree import ElementTree
+
+import pytest
+
+from conftest import FIXTURES, REPO
+
+pytest_plugins = ["pytester"]
+
+
+def _installed_as_entry_point() -> bool:
+    return any(ep.value == "opforge.pytest_plugin" for ep in importlib.metadata.entry_points(group="pytest11"))
+
+
+# Installed (CI's venv), pytest loads the plugin through its pytest11 entry point, and naming it again would
+# register it twice; run from a checkout, it is named with -p.
+PLUGIN = [] if _installed_as_entry_point() else ["-p", "opforge.pytest_plugin"]
+
+
+@pytest.fixture
+def specs(pytester, monkeypatch):
+    """good.yaml and ignores_strides.yaml next to the fixtures' module, in pytester's directory."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    for name in ("broken_ops.py", "good.yaml", "ignores_strides.yaml"):
+        shutil.copy(FIXTURES / name, pytester.path / name)
+    return pytester
+
+
+def run(pytester, *args: str):
+    # A subprocess: the fixtures' module registers torch ops on import, which pytester's in-process runs would
+    # repeat once its snapshot of sys.modules is restored.
+    return pytester.runpytest_subprocess(*PLUGIN, "-p", "no:cacheprovider", *args)
+
+
+def test_items_have_opforge_ids_and_failures_show_the_worst_mismatch_and_repro(specs):
+    result = run(specs, "--opforge", "good.yaml", "ignores_strides.yaml", "-k", "correctness and float32", "-rf",
+                 "--junitxml=report.xml", "-v")
+    result.stdout.fnmatch_lines([
+        "*good.yaml::good/native::correctness?float32-cpu-contiguous-x=7? PASSED*",
+        "*ignores_strides.yaml::ignores_strides/native::correctness?float32-cpu-transposed-x=5x6? FAILED*",
+    ])
+    result.stdout.fnmatch_lines(["FAIL: ignores_strides/native::correctness*", "worst mismatch in result at *",
+                                 "seed: *", "repro: opforge check *"])
+    outcomes = result.parseoutcomes()
+    assert outcomes["passed"] == 7 + 4 and outcomes["failed"] == 3, result.stdout.str()
+    assert result.ret == 1
+    suite = ElementTree.parse(specs.path / "report.xml").getroot().find("testsuite")
+    assert suite.get("tests") == "14" and suite.get("failures") == "3"
+    failure = suite.find("testcase/failure")
+    assert "worst mismatch in result" in failure.text
+
+
+def test_skips_and_xfails_keep_their_meaning(specs):
+    (specs.path / "ignores_strides.yaml").write_text(
+        (FIXTURES / "ignores_strides.yaml").read_text() + "devices: [cpu, cuda]\n"
+        "xfail: [{check: correctness, strict: false, reason: reads the storage linearly}]\n")
+    result = run(specs, "--opforge", "ignores_strides.yaml", "-k", "correctness and float32", "-rsx")
+    import torch
+
+    expected = {"passed": 4, "xfailed": 3} if torch.cuda.is_available() else {"passed": 4, "xfailed": 3, "skipped": 1}
+    assert {k: v for k, v in result.parseoutcomes().items() if k not in ("deselected", "seconds")} == expected
+    result.stdout.fnmatch_lines(["*reads the storage linearly*"])
+    if not torch.cuda.is_available():
+        result.stdout.fnmatch_lines(["SKIPPED*CUDA is not available*"])
+
+
+def test_a_broken_spec_is_one_clean_collection_error(specs):
+    (specs.path / "bad.yaml").write_text((FIXTURES / "good.yaml").read_text().replace("dtypes:", "dtypez:"))
+    result = run(specs, "--opforge", "bad.yaml")
+    result.stdout.fnmatch_lines(["*bad.yaml:*: dtypez: expected one of *unknown key 'dtypez'*"])
+    assert "Traceback" not in result.stdout.str()
+    assert result.ret == 2  # pytest's "interrupted by collection errors"
+
+
+def test_without_the_flag_specs_are_not_collected(specs):
+    (specs.path / "test_plain.py").write_text("def test_plain():\n    pass\n")
+    result = run(specs, ".")
+    result.assert_outcomes(passed=1)
+
+
+def test_xdist_spreads_the_items_over_workers(specs):
+    pytest.importorskip("xdist")
+    result = run(specs, "--opforge", "good.yaml", "-k", "float64 and (correctness or opcheck)", "-n", "2")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["created: 2/2 workers"])
+    # 7 cases; opcheck: 7 cases x 4 sub-tests.
+    assert result.parseoutcomes()["passed"] == 7 + 7 * 4
