@@ -88,6 +88,8 @@ def _check_call(node: ast.Call) -> None:
         raise ExpressionError("a call with keyword arguments")
     func = node.func
     if isinstance(func, ast.Attribute):  # x.numel()
+        if not isinstance(func.value, ast.Name) or func.attr not in TENSOR_ATTRIBUTES:
+            raise ExpressionError(f"the attribute .{func.attr}: only <tensor>.{'/.'.join(TENSOR_ATTRIBUTES)}")
         if node.args:
             raise ExpressionError(f"arguments to .{func.attr}()")
         return

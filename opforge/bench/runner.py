@@ -279,7 +279,7 @@ def bytes_moved(loaded: LoadedOp, mode: str, inputs: CaseInputs) -> int | None:
     output's gradient and every tensor input once and writes each differentiated input's gradient once; fwd+bwd is
     the sum. None when the op's outputs cannot be known (its call raised: its row says why).
     """
-    sizes = _sizes(loaded, inputs)
+    sizes = _sizes(loaded, inputs, with_gradients=mode != "fwd")
     if sizes is None:
         return None
     expressions = dict(loaded.spec.bench.bytes) if loaded.spec.bench else {}
@@ -303,8 +303,9 @@ def bytes_moved_for(loaded: LoadedOp, mode: str, expressions: dict[str, str], si
     return sum(t.nbytes for t in outputs + inputs + grads)
 
 
-def _sizes(loaded: LoadedOp, inputs: CaseInputs) -> dict[str, Any] | None:
-    """The names an expression can use, bound to TensorSize (tensors) or values (scalars)."""
+def _sizes(loaded: LoadedOp, inputs: CaseInputs, with_gradients: bool) -> dict[str, Any] | None:
+    """The names an expression can use, bound to TensorSize (tensors) or values (scalars); grad_<output> and
+    grad_<input> (the same sizes) for the modes that run a backward."""
     import torch
 
     from opforge.checks.calls import argument
@@ -319,8 +320,9 @@ def _sizes(loaded: LoadedOp, inputs: CaseInputs) -> dict[str, Any] | None:
     returned = as_tuple(returned) if loaded.overload._schema.returns else ()
     for name, value in zip(_output_names(loaded), returned):
         values[name] = _size_of(value)
-        values[f"grad_{name}"] = values[name]
-    for name in inputs.tensor_names:
+        if with_gradients:
+            values[f"grad_{name}"] = values[name]
+    for name in inputs.tensor_names if with_gradients else ():
         if isinstance(values.get(name), expr.TensorSize) and argument(inputs, loaded, name).requires_grad:
             values[f"grad_{name}"] = values[name]
     return values

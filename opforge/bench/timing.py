@@ -37,7 +37,7 @@ class TimingOptions:
     noise_target: float = 0.02  # stop when IQR / median is below this ...
     min_reps: int = 25  # ... but not before this many samples
     min_time_s: float = 0.1  # ... and this much measured time
-    max_reps: int = 100_000
+    max_reps: int = 10_000  # bounds a microsecond op's samples (and the JSON) when its noise stays high
     cuda_graph: bool = False
 
 
