@@ -289,3 +289,20 @@ def test_cuda_timer(graph):
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
         assert timing.method == "cuda-events" and timing.flush_bytes >= 2 * l2
         assert L2Flush("cuda").buffer.numel() * 4 == timing.flush_bytes
+
+
+def test_a_declared_xfail_is_timed_with_a_note(tmp_path):
+    import shutil
+
+    for name in ("broken_ops.py", "bench_ops.py"):
+        shutil.copy(FIXTURES / name, tmp_path / name)
+    spec_path = tmp_path / "bench_good.yaml"
+    spec_path.write_text((FIXTURES / "bench_good.yaml").read_text() +
+                         "xfail:\n  - {check: correctness, implementation: scaled, reason: 1% off on purpose}\n")
+    out = tmp_path / "run.json"
+    result = invoke("bench", str(spec_path), "--sizes", "64", "--mode", "fwd", "--impl", "scaled", "--json", str(out),
+                    *QUICK)
+    assert result.exit_code == 0, result.output
+    row = results_by_id(out)["good/scaled[fwd-float32-cpu-n=2^6]"]
+    assert row["status"] == "ok" and row["timing"]["samples"]
+    assert row["message"] == "correctness xfail: 1% off on purpose"
