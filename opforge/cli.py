@@ -211,6 +211,7 @@ def bench(
     cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Time CUDA-graph replays (no L2 flush): for "
                                                                 "microsecond ops."),
     refresh_peak: bool = typer.Option(False, "--refresh-peak", help="Measure the peak bandwidth again."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the benchmark inputs."),
     cuda_arch: Optional[str] = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
 ) -> None:
@@ -220,10 +221,11 @@ def bench(
         from opforge.bench.runner import BenchFilters, parse_sizes
         from opforge.bench.timing import TimingOptions
 
-        if budget <= 0 or warmup < 0 or not 0 < noise < 1 or min_reps < 1 or max_regression < 0:
+        if budget <= 0 or warmup < 0 or not 0 < noise < 1 or min_reps < 1 or max_regression < 0 or \
+                threads is not None and threads < 1:
             raise UsageError("timing options", "--budget > 0, --warmup >= 0, 0 < --noise < 1, --min-reps >= 1, "
-                             "--max-regression >= 0", f"{budget}, {warmup}, {noise}, {min_reps}, {max_regression}",
-                             "Fix the option.")
+                             "--max-regression >= 0, --threads >= 1",
+                             f"{budget}, {warmup}, {noise}, {min_reps}, {max_regression}, {threads}", "Fix the option.")
         filters = BenchFilters(
             devices=_validate(device, KNOWN_DEVICES, "--device"), dtypes=_validate(dtype, KNOWN_DTYPES, "--dtype"),
             modes=_validate(mode, BENCH_MODES, "--mode"), impls=tuple(impl), sizes=parse_sizes(sizes), seed=seed,
@@ -238,6 +240,10 @@ def bench(
         specs = [load_spec(p) for p in _specs(targets or [], all_specs)]
         if all_specs:
             specs = [s for s in specs if s.bench is not None]
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
         run = _run_bench(specs, filters, timing, refresh_peak, cuda_arch)
         report.render_bench(run)
         comparison = None

@@ -140,3 +140,66 @@ def test_graph_calls_amortize_launches_within_bounds():
     assert graph_calls_for(5e-3) == 1
     assert graph_calls_for(0.0) == GRAPH_MAX_CALLS
     assert graph_calls_for(1e-9) == GRAPH_MAX_CALLS
+
+
+# ------------------------------------------------------------------------- the CUDA timer's order, with fakes
+
+
+class FakeCuda:
+    """Stands in for torch.cuda: logs every flush, event record, call and synchronization."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        fake = self
+
+        class Event:
+            count = 0
+
+            def __init__(self, enable_timing: bool = False) -> None:
+                assert enable_timing
+                Event.count += 1
+                self.name = f"e{Event.count}"
+                self.at = None
+
+            def record(self) -> None:
+                fake.log.append(f"record {self.name}")
+                self.at = len(fake.log)
+
+            def elapsed_time(self, end) -> float:
+                return 0.5  # ms
+
+        class Flush:
+            nbytes = MIN_FLUSH_BYTES
+
+            def __init__(self, device) -> None:
+                pass
+
+            def __call__(self) -> None:
+                fake.log.append("flush")
+
+        self.Event, self.Flush = Event, Flush
+
+    def synchronize(self) -> None:
+        self.log.append("sync")
+
+
+def test_cuda_timer_flushes_before_every_rep_outside_the_events(monkeypatch):
+    import torch
+
+    from opforge.bench import timing
+
+    fake = FakeCuda()
+    monkeypatch.setattr(torch.cuda, "Event", fake.Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", fake.synchronize)
+    monkeypatch.setattr(timing, "L2Flush", fake.Flush)
+    result = timing.time_cuda(lambda: fake.log.append("fn"), TimingOptions(warmup_s=0.0, budget_s=0.0, min_reps=4))
+    assert result.samples == (0.5e-3,) * FIRST_BATCH and result.method == "cuda-events"
+    assert result.flush_bytes == MIN_FLUSH_BYTES
+    # Warm-up: flushed calls, each synchronized.
+    assert fake.log[:9] == ["flush", "fn", "sync"] * 3
+    timed = fake.log[9:]
+    # Then per rep: flush, start event, the call, end event; one synchronization for the batch.
+    starts = [f"e{i}" for i in range(1, FIRST_BATCH + 1)]
+    ends = [f"e{i}" for i in range(FIRST_BATCH + 1, 2 * FIRST_BATCH + 1)]
+    expected = [step for s, e in zip(starts, ends) for step in ("flush", f"record {s}", "fn", f"record {e}")]
+    assert timed == expected + ["sync"]
