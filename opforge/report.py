@@ -239,7 +239,7 @@ def render_bench(run) -> None:
                 note = r.message.splitlines()[0] if r.message else ""
             else:
                 cells = [Text(format_seconds(r.median_s)), Text(format_seconds(r.iqr_s)),
-                         Text(_fixed(r.gbps, 1)), Text(_fixed(r.pct_of_peak, 1))]
+                         Text(_significant(r.gbps)), Text(_fixed(r.pct_of_peak, 1))]
                 cells += [Text(f"{ups[b]:.2f}x", style="green" if ups[b] >= 1 else "yellow") if b in ups else
                           Text("") for b in baselines]
                 note = r.message
@@ -254,6 +254,11 @@ def render_bench(run) -> None:
 
 def _fixed(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _significant(value: float | None) -> str:
+    """Three significant digits, so 0.00437 GB/s of a tiny size is not shown as 0.0."""
+    return "-" if value is None else f"{value:.3g}" if value < 100 else f"{value:.0f}"
 
 
 def render_comparison(comparison, markdown: str) -> None:
