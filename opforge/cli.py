@@ -17,6 +17,7 @@ from opforge import report
 from opforge.errors import BuildError, OpforgeError, UsageError
 from opforge.spec import (KNOWN_CHECKS, KNOWN_DEVICES, KNOWN_DTYPES, OPCHECK_SUBTESTS, OpSpec, find_spec, list_specs,
                           load_spec)
+from opforge.spec import BENCH_MODES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUILD, EXIT_INTERNAL = 0, 1, 2, 3, 4
 # 128 + SIGINT, as a shell reports a process stopped by Ctrl-C.
@@ -271,6 +272,132 @@ def build(
         return EXIT_OK
 
     _guarded(body)
+
+
+@app.command()
+def bench(
+    targets: List[str] = typer.Argument(None, help="Op names (see `opforge list`) or paths to spec files."),
+    all_specs: bool = typer.Option(False, "--all", help="Benchmark every bundled spec that has a bench: section."),
+    device: List[str] = typer.Option([], "--device", help="Only these devices (repeatable)."),
+    dtype: List[str] = typer.Option([], "--dtype", help="Only these dtypes (repeatable)."),
+    mode: List[str] = typer.Option([], "--mode", help="fwd, bwd or fwd+bwd (repeatable)."),
+    impl: List[str] = typer.Option([], "--impl", help="Only these contenders: native, a spec implementation, eager, "
+                                                      "compile (repeatable)."),
+    sizes: List[str] = typer.Option([], "--sizes", help="Elements per tensor input, e.g. 2**20,2**24 (replaces the "
+                                                        "spec's sizes and shapes)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write every result with its raw samples and the "
+                                                                  "environment here."),
+    csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write one CSV row per result here."),
+    plot_path: Optional[Path] = typer.Option(None, "--plot", help="Plot GB/s against size into this PNG."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="A --json of an earlier run to gate against."),
+    max_regression: float = typer.Option(5.0, "--max-regression", help="Percent slower (beyond noise) that fails."),
+    markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Also write the gate's Markdown summary "
+                                                                          "here (e.g. $GITHUB_STEP_SUMMARY)."),
+    budget: float = typer.Option(2.0, "--budget", help="Seconds of timing per contender and case, at most."),
+    warmup: float = typer.Option(0.2, "--warmup", help="Seconds of warm-up per contender and case."),
+    noise: float = typer.Option(0.02, "--noise", help="Stop timing once IQR/median is below this."),
+    min_reps: int = typer.Option(25, "--min-reps", help="Samples taken before the noise target may stop timing."),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Time CUDA-graph replays (no L2 flush): for "
+                                                                "microsecond ops."),
+    refresh_peak: bool = typer.Option(False, "--refresh-peak", help="Measure the peak bandwidth again."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the benchmark inputs."),
+    cuda_arch: Optional[str] = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
+) -> None:
+    """Time an op's implementations against its eager reference and torch.compile of it; gate regressions."""
+
+    def body() -> int:
+        from opforge.bench.runner import BenchFilters, parse_sizes
+        from opforge.bench.timing import TimingOptions
+
+        if budget <= 0 or warmup < 0 or not 0 < noise < 1 or min_reps < 1 or max_regression < 0 or \
+                threads is not None and threads < 1:
+            raise UsageError("timing options", "--budget > 0, --warmup >= 0, 0 < --noise < 1, --min-reps >= 1, "
+                             "--max-regression >= 0, --threads >= 1",
+                             f"{budget}, {warmup}, {noise}, {min_reps}, {max_regression}, {threads}", "Fix the option.")
+        filters = BenchFilters(
+            devices=_validate(device, KNOWN_DEVICES, "--device"), dtypes=_validate(dtype, KNOWN_DTYPES, "--dtype"),
+            modes=_validate(mode, BENCH_MODES, "--mode"), impls=tuple(impl), sizes=parse_sizes(sizes), seed=seed,
+        )
+        timing = TimingOptions(budget_s=budget, warmup_s=warmup, noise_target=noise, min_reps=min_reps,
+                               cuda_graph=cuda_graph)
+        old = None
+        if baseline is not None:
+            from opforge.bench.baseline import load_baseline
+
+            old = load_baseline(baseline)
+        specs = [load_spec(p) for p in _specs(targets or [], all_specs)]
+        if all_specs:
+            specs = [s for s in specs if s.bench is not None]
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+        run = _run_bench(specs, filters, timing, refresh_peak, cuda_arch)
+        report.render_bench(run)
+        comparison = None
+        if old is not None:
+            from opforge.bench.baseline import compare, markdown
+
+            comparison = compare(run, old, max_regression, str(baseline))
+            summary = markdown(comparison)
+            report.render_comparison(comparison, summary)
+            if markdown_path:
+                from opforge.results import write_atomically
+
+                write_atomically(markdown_path, summary)
+        _write_bench_outputs(run, json_path, csv_path, plot_path)
+        report.render_bench_totals(run, comparison)
+        return EXIT_FAILED if run.failed or (comparison is not None and comparison.failed) else EXIT_OK
+
+    _guarded(body)
+
+
+def _run_bench(specs: list[OpSpec], filters, timing, refresh_peak: bool, cuda_arch: str | None):
+    from opforge.bench.environment import fingerprint
+    from opforge.bench.model import BenchRun
+    from opforge.bench.peak import peak_bandwidth
+    from opforge.bench.runner import contenders, plan_points, run_point, runnable_devices
+    from opforge.loading import load_op
+
+    start = time.perf_counter()
+    plans, skipped = [], {}
+    for spec in specs:
+        with report.spinner(f"loading {spec.name}"):
+            loaded = load_op(spec, cuda_arch, on_step=report.info)
+        devices, skips = runnable_devices(spec, filters)
+        skipped.update(skips)
+        plans.append((loaded, plan_points(spec, filters, devices), contenders(loaded, filters)))
+    used = tuple(dict.fromkeys(p.device for _, points, _ in plans for p in points))
+    env = fingerprint(used)
+    run = BenchRun(environment=env, options={**vars(timing), "seed": filters.seed}, skipped=skipped)
+    for device in used:
+        with report.spinner(f"peak bandwidth of {device}"):
+            peak = peak_bandwidth(device, env, refresh=refresh_peak)
+        run.peaks[device] = {"gbps": peak.gbps, "method": peak.method, "measured_at": peak.measured_at,
+                             "cached": peak.cached, "key": peak.key}
+    total = sum(len(points) * len(chosen) for _, points, chosen in plans)
+    with report.bench_progress(total) as advance:
+        for loaded, points, chosen in plans:
+            for point in points:
+                run.results += run_point(loaded, point, chosen, timing, filters.seed,
+                                         run.peaks[point.device]["gbps"], on_result=advance)
+    run.seconds = time.perf_counter() - start
+    return run
+
+
+def _write_bench_outputs(run, json_path: Path | None, csv_path: Path | None, plot_path: Path | None) -> None:
+    from opforge.bench import export
+
+    if json_path:
+        export.write_json(run, json_path)
+        report.info(f"JSON: {json_path}")
+    if csv_path:
+        export.write_csv(run, csv_path)
+        report.info(f"CSV: {csv_path}")
+    if plot_path:
+        export.write_plot(run, plot_path)
+        report.info(f"plot: {plot_path}")
 
 
 def main() -> None:

@@ -144,6 +144,27 @@ class XFail:
         )
 
 
+BENCH_MODES = ("fwd", "bwd", "fwd+bwd")
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """What `opforge bench` times. Empty fields take defaults from the rest of the spec (see opforge.bench.runner).
+
+    `sizes` gives every tensor input the 1-D shape (n,); `shapes` gives each tensor input its own shapes, paired by
+    position like `inputs`. `bytes` maps a mode to an expression of the bytes one call moves (opforge.bench.expr).
+    """
+
+    sizes: tuple[int, ...] = ()
+    shapes: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...] = ()
+    dtypes: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    modes: tuple[str, ...] = ()
+    bytes: tuple[tuple[str, str], ...] = ()
+    # Line of each `bench.bytes` expression, for errors found when it is evaluated.
+    lines: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+
+
 @dataclass(frozen=True)
 class OpSpec:
     path: Path
@@ -172,6 +193,8 @@ class OpSpec:
     large_index: LargeIndex | None = None
     # Seconds one check on one case may take before it is killed and reported TIMEOUT; None: the run's default.
     timeout: float | None = None
+    # What `opforge bench` times; None when the spec has no `bench:` section.
+    bench: BenchSpec | None = None
     # Line of each top-level key and of each input, for errors found after loading (schema mismatch, bad module).
     lines: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
@@ -500,8 +523,7 @@ _LOAD_KEYS = ("python", "sources")
 _TOP_KEYS = (
     "op", "schema", "description", "load", "implementations", "reference", "inputs", "dtypes", "devices", "layouts",
     "tolerances", "grad_tolerances", "checks", "xfail", "differentiable", "double_backward", "nondeterministic",
-    "vmap", "error_inputs", "large_index",
-    "timeout",
+    "vmap", "error_inputs", "large_index", "timeout", "bench",
 )
 _REQUIRED = ("op", "schema", "load", "reference", "inputs", "dtypes")
 
@@ -574,6 +596,7 @@ def load_spec(path: Path | str) -> OpSpec:
         error_inputs=claims["error_inputs"],
         large_index=claims["large_index"],
         timeout=r.get("timeout", _seconds),
+        bench=_bench_section(r, inputs, r.get("schema", _str), differentiable),
         lines=lines,
     )
 
@@ -714,6 +737,86 @@ def _source_path(load: _Reader, spec_path: Path, index: int, item: _Node) -> Pat
         raise load.fail(item, f"load.sources[{index}]", "an existing file (relative to the spec)", f"{source} is missing",
                         "Fix the path; it is resolved against the spec's directory.")
     return source
+
+
+# ------------------------------------------------------------------------------------------------ bench section
+
+
+_BENCH_KEYS = ("sizes", "shapes", "dtypes", "devices", "modes", "bytes")
+POWER_OF_TWO = re.compile(r"^\s*2\s*(?:\*\*|\^)\s*(\d+)\s*$")
+
+
+def _bench_section(r: _Reader, inputs: tuple[Input, ...], schema: str, differentiable: bool) -> BenchSpec | None:
+    if not r.has("bench"):
+        return None
+    node = r.child("bench")
+    b = _Reader(r.path, node, "bench", _BENCH_KEYS)
+    tensors = tuple(i.name for i in inputs if isinstance(i, TensorInput))
+    if not b.has("sizes") and not b.has("shapes"):
+        raise b.fail(node, "bench", "`sizes:` (numel of every tensor input) or `shapes:` (per input)", "neither",
+                     "Add e.g. `sizes: [2**16, 2**20, 2**24]`.")
+    modes = b.get("modes", _list(_one_of(BENCH_MODES)), ())
+    if not differentiable and any(m != "fwd" for m in modes):
+        raise b.fail(b.child("modes"), "bench.modes", "only fwd for an op with differentiable: false",
+                     ", ".join(modes), "Drop bwd and fwd+bwd, or declare the op differentiable.")
+    expressions, lines = _bench_bytes(b, inputs, schema) if b.has("bytes") else ((), ())
+    return BenchSpec(
+        sizes=b.get("sizes", _list(_bench_size), ()),
+        shapes=_bench_shapes(b, tensors) if b.has("shapes") else (),
+        dtypes=b.get("dtypes", _list(_one_of(KNOWN_DTYPES)), ()),
+        devices=b.get("devices", _list(_one_of(KNOWN_DEVICES)), ()),
+        modes=modes,
+        bytes=expressions,
+        lines=lines,
+    )
+
+
+def _bench_size(r: _Reader, key: str, node: _Node) -> int:
+    value = node.value
+    match = POWER_OF_TWO.match(value) if isinstance(value, str) else None
+    if match:
+        value = 2 ** int(match.group(1))
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise r.fail(node, key, "a number of elements > 0, or 2**k", _describe(node.value),
+                     "Write e.g. 65536 or \"2**24\".")
+    return value
+
+
+def _bench_shapes(b: _Reader, tensors: tuple[str, ...]) -> tuple[tuple[tuple[str, tuple[int, ...]], ...], ...]:
+    node = b.child("shapes")
+    s = _Reader(b.path, node, "bench.shapes", tensors, required=tensors)
+    per_input = {name: s.get(name, _list(_shape)) for name in tensors}
+    counts = {len(v) for v in per_input.values()}
+    if len(counts) > 1:
+        listing = ", ".join(f"{name}: {len(v)}" for name, v in per_input.items())
+        raise b.fail(node, "bench.shapes", "the same number of shapes for every tensor input (paired by position)",
+                     listing, "Give each tensor input one shape per benchmark case.")
+    return tuple(tuple((name, per_input[name][i]) for name in tensors) for i in range(counts.pop()))
+
+
+def _bench_bytes(b: _Reader, inputs: tuple[Input, ...], schema: str) -> tuple[tuple, tuple]:
+    from opforge.bench.expr import ExpressionError, parse, return_names
+
+    node = b.child("bytes")
+    if isinstance(node.value, dict):
+        m = _Reader(b.path, node, "bench.bytes", BENCH_MODES)
+        items = [(mode, m.child(mode), f"bench.bytes.{mode}") for mode in node.value]
+    else:
+        items = [("fwd", node, "bench.bytes")]
+    outputs = return_names(schema)
+    names = {i.name for i in inputs} | set(outputs) | {f"grad_{n}" for n in outputs} | \
+        {f"grad_{i.name}" for i in inputs if isinstance(i, TensorInput)}
+    expressions, lines = [], []
+    for mode, child, key in items:
+        text = _str(b, key, child)
+        try:
+            parse(text, names)
+        except ExpressionError as exc:
+            raise b.fail(child, key, "an arithmetic expression over the op's tensors (e.g. `2 * x.nbytes`)",
+                         str(exc), "See docs/specs.md, `bench.bytes`.") from None
+        expressions.append((mode, text))
+        lines.append((mode, child.line))
+    return tuple(expressions), tuple(lines)
 
 
 # ------------------------------------------------------------------------------------------------ finding specs

@@ -1,0 +1,79 @@
+"""Writing a benchmark run: JSON (everything, raw samples included), CSV (one row per result), a plot."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from opforge.bench.model import BenchRun, speedups
+from opforge.results import write_atomically
+
+CSV_COLUMNS = ("id", "op", "impl", "role", "device", "dtype", "mode", "case", "elements", "status", "bytes",
+               "median_s", "iqr_s", "gbps", "pct_of_peak", "peak_gbps", "reps", "method", "threads", "message")
+
+
+def write_json(run: BenchRun, path: Path) -> None:
+    write_atomically(path, json.dumps(run.to_json(), indent=1, default=str) + "\n")
+
+
+def write_csv(run: BenchRun, path: Path) -> None:
+    baselines = sorted({r.impl for r in run.results if r.role == "baseline"})
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS + tuple(f"speedup_vs_{b}" for b in baselines))
+    for r in run.results:
+        row = r.to_json()
+        timing = row["timing"] or {}
+        row.update(reps=len(timing.get("samples") or []), method=timing.get("method"), threads=timing.get("threads"))
+        ups = speedups(r, run.results)
+        writer.writerow([_cell(row.get(c)) for c in CSV_COLUMNS] + [_cell(ups.get(b)) for b in baselines])
+    write_atomically(path, out.getvalue())
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def write_plot(run: BenchRun, path: Path) -> None:
+    """GB/s against size, one line per implementation, one panel per (op, device, dtype, mode); the measured
+    peak of the device as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on CI machines
+    import matplotlib.pyplot as plt
+
+    panels: dict[tuple, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
+    for r in run.results:
+        if r.gbps is not None:
+            panels[(r.op, r.device, r.dtype, r.mode)][r.impl].append((r.elements, r.gbps))
+    if not panels:
+        raise ValueError("nothing was timed, so there is nothing to plot")
+    columns = min(3, len(panels))
+    rows = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4 * rows), squeeze=False)
+    for ax, ((op, device, dtype, mode), lines) in zip(axes.flat, sorted(panels.items())):
+        for impl, points in lines.items():
+            points.sort()
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=impl)
+        peak = run.peaks.get(device, {}).get("gbps")
+        if peak:
+            ax.axhline(peak, linestyle="--", color="gray", label=f"measured peak ({peak:.0f} GB/s)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("elements")
+        ax.set_ylabel("GB/s")
+        ax.set_title(f"{op} {mode} {dtype} {device}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -1,0 +1,114 @@
+"""The result model of `opforge bench`: data only (opforge.report renders it, opforge.bench.export writes it).
+
+The JSON form carries every raw sample so that a later run can be gated against it (opforge.bench.baseline).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from opforge.bench.stats import iqr, median
+from opforge.bench.timing import Timing
+from opforge.results import Mismatch
+
+BENCH_SCHEMA_VERSION = 1
+IMPLEMENTATION, BASELINE = "implementation", "baseline"
+# Statuses: timed; wrong (output differs from the reference: not timed); error (could not run).
+OK, WRONG, ERROR = "ok", "wrong", "error"
+
+
+@dataclass
+class BenchResult:
+    op: str
+    impl: str
+    role: str  # IMPLEMENTATION (the op, the spec's implementations) or BASELINE (eager, compile)
+    device: str
+    dtype: str
+    mode: str  # fwd, bwd, fwd+bwd
+    case: str  # the size point: "n=16777216" or "pred=4096x4096,target=4096"
+    elements: int  # the largest tensor input's numel: the x axis of the plot
+    status: str
+    bytes: int | None = None  # moved per call (spec expression or default count)
+    message: str = ""
+    mismatch: Mismatch | None = None
+    timing: Timing | None = None
+    peak_gbps: float | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.op}/{self.impl}[{self.mode}-{self.dtype}-{self.device}-{self.case}]"
+
+    @property
+    def case_key(self) -> tuple[str, str, str, str, str]:
+        """What contenders of the same case share (their speedups are over each other)."""
+        return self.op, self.device, self.dtype, self.mode, self.case
+
+    @property
+    def timed(self) -> bool:
+        return self.timing is not None and bool(self.timing.samples)
+
+    @property
+    def median_s(self) -> float | None:
+        return median(self.timing.samples) if self.timed else None
+
+    @property
+    def iqr_s(self) -> float | None:
+        return iqr(self.timing.samples) if self.timed else None
+
+    @property
+    def gbps(self) -> float | None:
+        m = self.median_s
+        return self.bytes / m / 1e9 if m and self.bytes is not None else None
+
+    @property
+    def pct_of_peak(self) -> float | None:
+        g = self.gbps
+        return 100 * g / self.peak_gbps if g is not None and self.peak_gbps else None
+
+    def to_json(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k not in ("timing", "mismatch")}
+        data.update(id=self.id, median_s=self.median_s, iqr_s=self.iqr_s, gbps=self.gbps, pct_of_peak=self.pct_of_peak,
+                    mismatch=asdict(self.mismatch) if self.mismatch else None)
+        data["timing"] = None if self.timing is None else {**asdict(self.timing), "samples": list(self.timing.samples)}
+        return data
+
+
+def speedups(result: BenchResult, results: list[BenchResult]) -> dict[str, float]:
+    """Baseline name -> baseline median / this median, over the baselines timed on the same case."""
+    mine = result.median_s
+    if not mine:
+        return {}
+    return {b.impl: b.median_s / mine for b in results
+            if b.role == BASELINE and b.case_key == result.case_key and b.timed and b is not result}
+
+
+@dataclass
+class BenchRun:
+    environment: dict[str, Any]
+    options: dict[str, Any]
+    results: list[BenchResult] = field(default_factory=list)
+    peaks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Device -> why it was not benchmarked (no GPU here).
+    skipped: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return any(r.status in (WRONG, ERROR) for r in self.results)
+
+    def ops(self) -> list[str]:
+        return list(dict.fromkeys(r.op for r in self.results))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": BENCH_SCHEMA_VERSION,
+            "tool": "opforge",
+            "kind": "bench",
+            "environment": self.environment,
+            "options": self.options,
+            "peaks": self.peaks,
+            "skipped": self.skipped,
+            "seconds": self.seconds,
+            "results": [r.to_json() for r in self.results],
+        }

@@ -1,0 +1,207 @@
+"""Timers. Each returns per-call samples in seconds; the statistics are opforge.bench.stats'.
+
+GPU: CUDA events around every rep, L2 flushed before every rep outside the timed region, a time-based warm-up,
+then reps in growing batches until IQR/median is under the noise target (after a minimum of reps and time) or the
+time budget is spent. An optional CUDA-graph mode replays many calls per sample for microsecond ops.
+CPU: torch.utils.benchmark's adaptive_autorange, after the same time-based warm-up; the thread count is recorded.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from opforge.bench.stats import relative_iqr
+
+# Triton's do_bench flushes with a 256 MB write; never flushing less keeps our medians comparable with its. Above
+# that, twice the device's L2 (H200: 2 x 60 MiB) so no line of the op's inputs can survive.
+MIN_FLUSH_BYTES = 256 * 2**20
+# Calls made in the warm-up even when one call outlasts the warm-up time (the first call of a torch.compile
+# baseline compiles; the next ones must run the compiled code before timing starts).
+MIN_WARMUP_CALLS = 3
+# CUDA-graph mode: calls captured per graph so that one replay lasts about this long (launch cost amortized),
+# at most GRAPH_MAX_CALLS (each call's outputs live in the graph's memory pool).
+GRAPH_REPLAY_S = 1e-3
+GRAPH_MAX_CALLS = 1000
+# Reps in the first batch: few, so an op slower than budget / min_reps still stops near the budget.
+FIRST_BATCH = 4
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    """How long and how precisely to time one contender on one case."""
+
+    budget_s: float = 2.0  # the measurement loop stops after this much time even if still noisy
+    warmup_s: float = 0.2
+    noise_target: float = 0.02  # stop when IQR / median is below this ...
+    min_reps: int = 25  # ... but not before this many samples
+    min_time_s: float = 0.1  # ... and this much measured time
+    max_reps: int = 10_000  # bounds a microsecond op's samples (and the JSON) when its noise stays high
+    cuda_graph: bool = False
+
+
+@dataclass(frozen=True)
+class Timing:
+    samples: tuple[float, ...]  # seconds per call
+    method: str
+    calls_per_sample: int
+    stopped: str  # "noise" (IQR/median under the target), "budget" or "max_reps"
+    threads: int | None = None  # CPU: torch's intra-op threads
+    flush_bytes: int | None = None  # GPU: the L2 flush written before each rep; None when not flushed
+
+
+def flush_bytes_for(l2_bytes: int) -> int:
+    return max(2 * l2_bytes, MIN_FLUSH_BYTES)
+
+
+def warm_up(fn: Callable[[], object], seconds: float, sync: Callable[[], None],
+            clock: Callable[[], float] = time.perf_counter) -> int:
+    """Call fn until `seconds` have passed and at least MIN_WARMUP_CALLS were made; the number of calls."""
+    start, calls = clock(), 0
+    while calls < MIN_WARMUP_CALLS or clock() - start < seconds:
+        fn()
+        sync()
+        calls += 1
+    return calls
+
+
+def measure_until_stable(run_batch: Callable[[int], list[float]], options: TimingOptions,
+                         clock: Callable[[], float] = time.perf_counter) -> tuple[list[float], str]:
+    """Samples from batches of reps (`run_batch(n)` returns n samples) until the noise target or the budget.
+
+    Batches grow geometrically so that a noisy op does not pay a synchronization per rep, and a quiet one stops
+    soon after the minimum.
+    """
+    samples: list[float] = []
+    deadline = clock() + options.budget_s
+    batch = FIRST_BATCH
+    while True:
+        samples += run_batch(min(batch, options.max_reps - len(samples)))
+        if len(samples) >= options.min_reps and sum(samples) >= options.min_time_s and \
+                relative_iqr(samples) < options.noise_target:
+            return samples, "noise"
+        if clock() >= deadline:
+            return samples, "budget"
+        if len(samples) >= options.max_reps:
+            return samples, "max_reps"
+        # The next batch fits the time left, judged by the mean so far.
+        mean = sum(samples) / len(samples)
+        left = max(1, int((deadline - clock()) / mean)) if mean > 0 else batch
+        batch = max(1, min(2 * batch, left))
+
+
+# --------------------------------------------------------------------------------------------------- CUDA
+
+
+class L2Flush:
+    """Writes a buffer of at least twice the L2 before each rep. The buffer is the flusher's own and the write is
+    aten::zero_ called with Python-level function overrides disabled, so nothing the op under test registers
+    (a TorchFunctionMode, a tensor subclass, an override of its own op) takes part in it."""
+
+    def __init__(self, device) -> None:
+        import torch
+
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+        self.nbytes = flush_bytes_for(l2)
+        self.buffer = torch.empty(self.nbytes // 4, dtype=torch.int32, device=device)
+
+    def __call__(self) -> None:
+        import torch
+
+        with torch._C.DisableTorchFunction():
+            torch.ops.aten.zero_.default(self.buffer)
+
+
+def time_cuda(fn: Callable[[], object], options: TimingOptions, device="cuda") -> Timing:
+    import torch
+
+    if options.cuda_graph:
+        return _time_cuda_graph(fn, options)
+    flush = L2Flush(device)
+
+    def flushed_call():
+        flush()
+        fn()
+
+    warm_up(flushed_call, options.warmup_s, torch.cuda.synchronize)
+
+    def run_batch(n: int) -> list[float]:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for start, end in zip(starts, ends):
+            flush()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) / 1e3 for start, end in zip(starts, ends)]
+
+    samples, stopped = measure_until_stable(run_batch, options)
+    return Timing(tuple(samples), "cuda-events", 1, stopped, flush_bytes=flush.nbytes)
+
+
+def graph_calls_for(seconds_per_call: float) -> int:
+    """Calls captured in one graph so a replay lasts about GRAPH_REPLAY_S."""
+    if seconds_per_call <= 0:
+        return GRAPH_MAX_CALLS
+    return max(1, min(GRAPH_MAX_CALLS, round(GRAPH_REPLAY_S / seconds_per_call)))
+
+
+def _time_cuda_graph(fn: Callable[[], object], options: TimingOptions) -> Timing:
+    """Replays of a graph of k calls, one sample = replay time / k. No L2 flush between the calls: this mode is
+    for ops whose launch cost rivals their run time, whose inputs then sit in L2 anyway; it says so in the
+    results (flush_bytes None)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up before capture, on a side stream, as CUDA graphs require
+        warm_up(fn, options.warmup_s, torch.cuda.synchronize)
+    torch.cuda.current_stream().wait_stream(side)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    calls = graph_calls_for(start.elapsed_time(end) / 1e3)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+
+    def run_batch(n: int) -> list[float]:
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for s, e in events:
+            s.record()
+            graph.replay()
+            e.record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) / 1e3 / calls for s, e in events]
+
+    samples, stopped = measure_until_stable(run_batch, options)
+    return Timing(tuple(samples), "cuda-graph", calls, stopped, flush_bytes=None)
+
+
+# ---------------------------------------------------------------------------------------------------- CPU
+
+
+def time_cpu(fn: Callable[[], object], options: TimingOptions) -> Timing:
+    import torch
+    from torch.utils import benchmark
+
+    threads = torch.get_num_threads()
+    warm_up(fn, options.warmup_s, lambda: None)
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
+    measurement = timer.adaptive_autorange(threshold=options.noise_target, min_run_time=options.min_time_s,
+                                           max_run_time=options.budget_s)
+    samples = tuple(measurement.times)
+    stopped = "noise" if relative_iqr(samples) < options.noise_target else "budget"
+    return Timing(samples, "torch.utils.benchmark.adaptive_autorange", measurement.number_per_run, stopped,
+                  threads=threads)
+
+
+def time_callable(fn: Callable[[], object], device: str, options: TimingOptions) -> Timing:
+    return time_cuda(fn, options) if device == "cuda" else time_cpu(fn, options)

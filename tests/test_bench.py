@@ -1,0 +1,308 @@
+"""opforge bench end to end on CPU: wrong implementations are not timed, outputs, the peak cache, bytes moved, and
+the regression gate (with a fake timer, so its verdicts do not depend on this machine's noise)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import FIXTURES, SPECS, requires_cuda
+from opforge.bench import peak as peak_module
+from opforge.bench.timing import Timing, TimingOptions
+from opforge.cli import app
+from test_bench_stats import noisy
+
+BENCH_GOOD = str(FIXTURES / "bench_good.yaml")
+QUICK = ("--budget", "0.05", "--warmup", "0.01", "--min-reps", "4", "--noise", "0.5")
+runner = CliRunner()
+REAL_MEASURE_COPY = peak_module.measure_copy  # the autouse fixture below replaces it with a fake
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), env={"NO_COLOR": "1", "COLUMNS": "250"})
+
+
+@pytest.fixture(autouse=True)
+def fake_peak(tmp_path, monkeypatch):
+    """A cache of this test's own and a 10 GB/s "measurement", so no test copies 256 MiB."""
+    monkeypatch.setattr(peak_module, "cache_file", lambda: tmp_path / "peak.json")
+    monkeypatch.setattr(peak_module, "measure_copy", lambda device: (10.0, "fake copy", 1024))
+
+
+@pytest.fixture
+def fake_timer(monkeypatch):
+    """Replaces the timers: each contender gets 40 samples with the median and spread set in `state`."""
+    state = {"median_s": 1e-3, "spread": 0.02, "seed": 0}
+
+    def fake(call, device, options):
+        call()
+        state["seed"] += 1
+        return Timing(tuple(noisy(state["median_s"], state["spread"], n=40, seed=state["seed"])), "fake", 1, "noise")
+
+    monkeypatch.setattr("opforge.bench.runner.time_callable", fake)
+    return state
+
+
+def results_by_id(path) -> dict[str, dict]:
+    return {r["id"]: r for r in json.loads(path.read_text())["results"]}
+
+
+# ------------------------------------------------------------------------------------- wrong is not timed
+
+
+def test_wrong_implementations_are_reported_and_not_timed(tmp_path):
+    out = tmp_path / "run.json"
+    result = invoke("bench", BENCH_GOOD, "--sizes", "256", "--impl", "native", "--impl", "scaled",
+                    "--impl", "wrong_gradient", "--impl", "eager", "--json", str(out), *QUICK)
+    assert result.exit_code == 1, result.output
+    rows = results_by_id(out)
+    fwd, bwd = "fwd-float32-cpu-n=2^8", "bwd-float32-cpu-n=2^8"
+    for ident in (f"good/native[{fwd}]", f"good/native[{bwd}]", f"good/wrong_gradient[{fwd}]", f"good/eager[{fwd}]",
+                  f"good/eager[{bwd}]"):
+        assert rows[ident]["status"] == "ok" and rows[ident]["timing"]["samples"], ident
+    for ident in (f"good/scaled[{fwd}]", f"good/scaled[{bwd}]", f"good/wrong_gradient[{bwd}]"):
+        assert rows[ident]["status"] == "wrong" and rows[ident]["timing"] is None, ident
+        assert rows[ident]["mismatch"]["mismatched"] > 0
+    assert rows[f"good/scaled[{fwd}]"]["message"].startswith("correctness: result:")
+    assert rows[f"good/wrong_gradient[{bwd}]"]["message"].startswith("grad_lowp: grad[x]:")
+    assert "WRONG" in result.output and "worst mismatch in result at [" in result.output
+    assert "FAILED: 5 timed, 3 wrong" in result.output
+
+
+def test_compile_baseline_and_speedup_columns(tmp_path):
+    out = tmp_path / "run.json"
+    result = invoke("bench", BENCH_GOOD, "--sizes", "256", "--mode", "fwd", "--impl", "native", "--impl", "compile",
+                    "--json", str(out), *QUICK)
+    assert result.exit_code == 0, result.output
+    rows = results_by_id(out)
+    assert rows["good/compile[fwd-float32-cpu-n=2^8]"]["status"] == "ok"
+    assert "vs compile" in result.output and "x │" in result.output
+
+
+def test_json_csv_and_plot(tmp_path):
+    paths = {name: tmp_path / name for name in ("run.json", "run.csv", "run.png")}
+    result = invoke("bench", BENCH_GOOD, "--impl", "native", "--impl", "eager", "--mode", "fwd",
+                    "--json", str(paths["run.json"]), "--csv", str(paths["run.csv"]), "--plot", str(paths["run.png"]),
+                    *QUICK)
+    assert result.exit_code == 0, result.output
+    data = json.loads(paths["run.json"].read_text())
+    assert data["kind"] == "bench" and data["schema_version"] == 1
+    assert {"cpu_model", "torch_threads", "torch", "torch_cuda", "git_revision"} <= data["environment"].keys()
+    assert data["peaks"]["cpu"]["gbps"] == 10.0 and data["options"]["budget_s"] == 0.05
+    native = results_by_id(paths["run.json"])["good/native[fwd-float32-cpu-n=2^12]"]
+    assert native["bytes"] == 2 * 4096 * 4  # the default: x read once, the result written once
+    assert native["timing"]["threads"] >= 1 and native["timing"]["method"].startswith("torch.utils.benchmark")
+    assert native["gbps"] == pytest.approx(native["bytes"] / native["median_s"] / 1e9)
+    assert native["pct_of_peak"] == pytest.approx(10 * native["gbps"])
+    rows = list(csv.DictReader(paths["run.csv"].open()))
+    assert len(rows) == 4 and rows[0]["speedup_vs_eager"] and rows[0]["gbps"]
+    assert paths["run.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------------------ usage errors
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["bench", str(FIXTURES / "good.yaml")], "a `bench:` section"),
+    (["bench", BENCH_GOOD, "--impl", "nope"], "--impl: expected one of native, scaled, wrong_gradient, eager, compile"),
+    (["bench", BENCH_GOOD, "--sizes", "2**x"], "--sizes: expected element counts"),
+    (["bench", BENCH_GOOD, "--dtype", "bfloat16"], "--dtype: expected one of float32, float64 (what good's spec"),
+    (["bench", BENCH_GOOD, "--mode", "both"], "--mode: expected one of fwd, bwd, fwd+bwd"),
+    (["bench", BENCH_GOOD, "--noise", "0"], "timing options"),
+])
+def test_bad_usage_exits_2(args, fragment):
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert fragment in result.output and "Traceback" not in result.output
+
+
+def test_a_file_that_is_no_bench_run_is_refused_as_baseline(tmp_path):
+    bad = tmp_path / "check.json"
+    bad.write_text(json.dumps({"schema_version": 1, "tool": "opforge", "ops": []}))
+    result = invoke("bench", BENCH_GOOD, "--baseline", str(bad))
+    assert result.exit_code == 2 and "the --json of an `opforge bench` run" in result.output
+
+
+# ------------------------------------------------------------------------------------------- the gate
+
+
+def record_baseline(tmp_path, fake_timer) -> str:
+    path = tmp_path / "old.json"
+    result = invoke("bench", BENCH_GOOD, "--sizes", "256", "--mode", "fwd", "--impl", "native", "--impl", "eager",
+                    "--json", str(path))
+    assert result.exit_code == 0, result.output
+    return str(path)
+
+
+def gate(baseline: str, *extra: str):
+    return invoke("bench", BENCH_GOOD, "--sizes", "256", "--mode", "fwd", "--impl", "native", "--impl", "eager",
+                  "--baseline", baseline, "--max-regression", "5", *extra)
+
+
+def test_gate_passes_identical_samples(tmp_path, fake_timer):
+    baseline = record_baseline(tmp_path, fake_timer)
+    fake_timer["seed"] = 0  # the same samples again
+    result = gate(baseline)
+    assert result.exit_code == 0, result.output
+    assert "### opforge bench: ✅ no regression" in result.output
+    assert "| `good/native[fwd-float32-cpu-n=2^8]` | 1 ms | 1 ms | 1.000 |" in result.output
+
+
+def test_gate_fails_a_twenty_percent_slower_run(tmp_path, fake_timer):
+    baseline = record_baseline(tmp_path, fake_timer)
+    fake_timer["median_s"] = 1.2e-3
+    summary = tmp_path / "summary.md"
+    result = gate(baseline, "--markdown", str(summary))
+    assert result.exit_code == 1, result.output
+    text = summary.read_text()
+    assert text.startswith("### opforge bench: ❌ 1 regression\n")
+    assert "| `good/native[fwd-float32-cpu-n=2^8]` | 1 ms | 1.2 ms | 1.200 |" in text and "| **regression** |" in text
+    # The eager baseline slowed down too: shown, but only the op's own implementations gate.
+    assert "regression (baseline, not gated)" in text
+    assert "FAILED: 2 timed, 1 regression(s)" in result.output
+
+
+def test_gate_passes_a_noisy_run_whose_interval_includes_the_threshold(tmp_path, fake_timer):
+    fake_timer["spread"] = 0.15
+    baseline = record_baseline(tmp_path, fake_timer)
+    fake_timer["median_s"] = 1.06e-3
+    result = gate(baseline)
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if line.startswith("| `good/native"))
+    ratio, interval = row.split(" | ")[3:5]
+    low, high = (float(v) for v in interval.strip("[]").split(", "))
+    assert float(ratio) == pytest.approx(1.06, abs=1e-3) and low < 1.05 < high
+
+
+def test_gate_warns_when_the_environments_differ(tmp_path, fake_timer):
+    baseline = record_baseline(tmp_path, fake_timer)
+    data = json.loads(open(baseline).read())
+    data["environment"]["torch"] = "2.0.0"
+    data["environment"]["cpu_model"] = "another CPU"
+    open(baseline, "w").write(json.dumps(data))
+    result = gate(baseline)
+    assert result.exit_code == 0, result.output
+    assert "warning: environment differs from the baseline: torch: '2.0.0' ->" in result.output
+    assert "> **Warning: the environments differ**" in result.output and "> - cpu_model: 'another CPU' ->" in \
+        result.output
+
+
+# ---------------------------------------------------------------------------------------- peak and bytes
+
+
+def test_peak_is_measured_once_per_device_and_cached(tmp_path):
+    measured = []
+
+    def measure(device):
+        measured.append(device)
+        return 12.5, "fake", 64
+
+    env = {"cpu_model": "X", "torch_threads": 2, "torch": "2.13.0"}
+    path = tmp_path / "cache" / "peak.json"
+    first = peak_module.peak_bandwidth("cpu", env, path=path, measure=measure)
+    again = peak_module.peak_bandwidth("cpu", env, path=path, measure=measure)
+    assert (first.cached, again.cached, again.gbps, measured) == (False, True, 12.5, ["cpu"])
+    peak_module.peak_bandwidth("cpu", {**env, "torch_threads": 1}, path=path, measure=measure)
+    peak_module.peak_bandwidth("cpu", env, path=path, measure=measure, refresh=True)
+    assert measured == ["cpu"] * 3
+    path.write_text("{not json")
+    assert not peak_module.peak_bandwidth("cpu", env, path=path, measure=measure).cached
+
+
+def test_cpu_copy_peak_is_a_real_measurement():
+    gbps, method, nbytes = REAL_MEASURE_COPY("cpu")
+    assert gbps > 0 and nbytes == peak_module.CPU_COPY_BYTES and method.startswith("memcpy copy of 256 MiB")
+
+
+def test_bytes_of_a_broadcasting_two_input_op():
+    from opforge.bench.runner import BenchFilters, bytes_moved, plan_points
+    from opforge.cases import make_inputs
+    from opforge.loading import load_op
+    from opforge.spec import load_spec
+
+    loaded = load_op(load_spec(SPECS / "custom_loss.yaml"))
+    point = next(p for p in plan_points(loaded.spec, BenchFilters(), ("cpu",)) if "target=4096" in p.label)
+    assert point.label == "pred=4096x4096,target=4096" and point.elements == 4096 * 4096
+    from dataclasses import replace
+
+    case = replace(point.case, shapes=(("pred", (64, 32)), ("target", (32,))))
+    fwd = make_inputs(loaded.spec, loaded.arguments, case, 0)
+    bwd = make_inputs(loaded.spec, loaded.arguments, case, 0, requires_grad=True)
+    assert bytes_moved(loaded, "fwd", fwd) == (2048 + 32 + 2048) * 4
+    assert bytes_moved(loaded, "bwd", bwd) == (2048 + 2048 + 32 + 2048 + 32) * 4
+    assert bytes_moved(loaded, "fwd+bwd", bwd) == (2 * 2048 + 32 + 3 * 2048 + 64) * 4
+
+
+def test_a_bytes_expression_the_mode_cannot_evaluate_is_a_spec_error(tmp_path):
+    import shutil
+
+    from opforge.bench.runner import BenchFilters, bytes_moved, plan_points
+    from opforge.cases import make_inputs
+    from opforge.errors import SpecError
+    from opforge.loading import load_op
+    from opforge.spec import load_spec
+
+    for name in ("broken_ops.py", "bench_ops.py"):
+        shutil.copy(FIXTURES / name, tmp_path / name)
+    spec_path = tmp_path / "bench_good.yaml"
+    spec_path.write_text((FIXTURES / "bench_good.yaml").read_text().replace(
+        "  modes: [fwd, bwd]\n", "  modes: [fwd, bwd]\n  bytes: 'x.nbytes + grad_x.nbytes'\n"))
+    loaded = load_op(load_spec(spec_path))
+    point = plan_points(loaded.spec, BenchFilters(sizes=(8,)), ("cpu",))[0]
+    # A forward has no gradients: grad_x passes the load-time check (a bwd expression may use it), not this one.
+    with pytest.raises(SpecError, match=r"bench_good.yaml:18: bench.bytes: expected an expression this mode can "
+                                        r"evaluate, got the unknown name 'grad_x': use one of result, x"):
+        bytes_moved(loaded, "fwd", make_inputs(loaded.spec, loaded.arguments, point.case, 0))
+
+
+# --------------------------------------------------------------------------------------------- the timers
+
+
+def test_cpu_timer_records_samples_and_threads():
+    import torch
+
+    from opforge.bench.timing import time_cpu
+
+    x = torch.randn(1024)
+    timing = time_cpu(lambda: x * 2, TimingOptions(budget_s=0.05, warmup_s=0.0, min_time_s=0.01))
+    assert timing.samples and all(s > 0 for s in timing.samples)
+    assert timing.threads == torch.get_num_threads() and timing.calls_per_sample >= 1
+    assert timing.stopped in ("noise", "budget")
+
+
+@requires_cuda
+@pytest.mark.parametrize("graph", [False, True])
+def test_cuda_timer(graph):
+    import torch
+
+    from opforge.bench.timing import L2Flush, time_cuda
+
+    x = torch.randn(2**20, device="cuda")
+    timing = time_cuda(lambda: x * 2, TimingOptions(budget_s=0.2, warmup_s=0.05, cuda_graph=graph))
+    assert timing.samples and all(s > 0 for s in timing.samples)
+    if graph:
+        assert timing.method == "cuda-graph" and timing.flush_bytes is None and timing.calls_per_sample > 1
+    else:
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        assert timing.method == "cuda-events" and timing.flush_bytes >= 2 * l2
+        assert L2Flush("cuda").buffer.numel() * 4 == timing.flush_bytes
+
+
+def test_a_declared_xfail_is_timed_with_a_note(tmp_path):
+    import shutil
+
+    for name in ("broken_ops.py", "bench_ops.py"):
+        shutil.copy(FIXTURES / name, tmp_path / name)
+    spec_path = tmp_path / "bench_good.yaml"
+    spec_path.write_text((FIXTURES / "bench_good.yaml").read_text() +
+                         "xfail:\n  - {check: correctness, implementation: scaled, reason: 1% off on purpose}\n")
+    out = tmp_path / "run.json"
+    result = invoke("bench", str(spec_path), "--sizes", "64", "--mode", "fwd", "--impl", "scaled", "--json", str(out),
+                    *QUICK)
+    assert result.exit_code == 0, result.output
+    row = results_by_id(out)["good/scaled[fwd-float32-cpu-n=2^6]"]
+    assert row["status"] == "ok" and row["timing"]["samples"]
+    assert row["message"] == "correctness xfail: 1% off on purpose"
