@@ -319,6 +319,10 @@ def bench(
             devices=_validate(device, KNOWN_DEVICES, "--device"), dtypes=_validate(dtype, KNOWN_DTYPES, "--dtype"),
             modes=_validate(mode, BENCH_MODES, "--mode"), impls=tuple(impl), sizes=parse_sizes(sizes), seed=seed,
         )
+        if plot_path:
+            from opforge.bench.export import require_plotting
+
+            require_plotting()
         timing = TimingOptions(budget_s=budget, warmup_s=warmup, noise_target=noise, min_reps=min_reps,
                                cuda_graph=cuda_graph)
         old = None

@@ -102,6 +102,18 @@ def test_json_csv_and_plot(tmp_path):
     assert paths["run.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_without_matplotlib_is_refused_before_timing(tmp_path, monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a))
+    result = invoke("bench", BENCH_GOOD, "--plot", str(tmp_path / "run.png"), *QUICK)
+    assert result.exit_code == 2, result.output
+    assert "--plot: expected matplotlib to be importable" in result.output and "opforge[plot]" in result.output
+    assert "peak bandwidth" not in result.output and not (tmp_path / "run.png").exists()
+
+
 # ------------------------------------------------------------------------------------------ usage errors
 
 

@@ -41,6 +41,17 @@ def _cell(value) -> str:
     return str(value)
 
 
+def require_plotting() -> None:
+    """Fail before minutes of timing, not after, when --plot cannot be honoured."""
+    import importlib.util
+
+    from opforge.errors import UsageError
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot", "matplotlib to be importable", "no module named matplotlib",
+                         "Install it (pip install 'opforge[plot]') or drop --plot.")
+
+
 def write_plot(run: BenchRun, path: Path) -> None:
     """GB/s against size, one line per implementation, one panel per (op, device, dtype, mode); the measured
     peak of the device as a dashed line."""
