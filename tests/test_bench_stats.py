@@ -192,14 +192,33 @@ def test_cuda_timer_flushes_before_every_rep_outside_the_events(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", fake.Event)
     monkeypatch.setattr(torch.cuda, "synchronize", fake.synchronize)
     monkeypatch.setattr(timing, "L2Flush", fake.Flush)
+    monkeypatch.setattr(timing, "spin", lambda seconds: fake.log.append(f"spin {seconds:g}"))
+    monkeypatch.setattr(timing, "host_launch_seconds", lambda fn, sync: timing.LAUNCH_COVER_MIN_S)
     result = timing.time_cuda(lambda: fake.log.append("fn"), TimingOptions(warmup_s=0.0, budget_s=0.0, min_reps=4))
     assert result.samples == (0.5e-3,) * FIRST_BATCH and result.method == "cuda-events"
     assert result.flush_bytes == MIN_FLUSH_BYTES
     # Warm-up: flushed calls, each synchronized.
     assert fake.log[:9] == ["flush", "fn", "sync"] * 3
     timed = fake.log[9:]
-    # Then per rep: flush, start event, the call, end event; one synchronization for the batch.
+    # Then per rep: flush, a spin covering the call's launch, start event, the call, end event; one synchronization
+    # for the batch.
     starts = [f"e{i}" for i in range(1, FIRST_BATCH + 1)]
     ends = [f"e{i}" for i in range(FIRST_BATCH + 1, 2 * FIRST_BATCH + 1)]
-    expected = [step for s, e in zip(starts, ends) for step in ("flush", f"record {s}", "fn", f"record {e}")]
+    expected = [step for s, e in zip(starts, ends) for step in ("flush", f"spin {2 * timing.LAUNCH_COVER_MIN_S:g}", f"record {s}", "fn",
+                                                                f"record {e}")]
     assert timed == expected + ["sync"]
+
+
+def test_launch_cost_is_the_median_host_time_of_calls_on_an_idle_gpu():
+    from opforge.bench import timing
+
+    log, now = [], [0.0]
+    costs = iter([1e-3, 5e-3, 2e-3, 9e-3, 3e-3])
+
+    def fn():
+        log.append("fn")
+        now[0] += next(costs)
+
+    seconds = timing.host_launch_seconds(fn, lambda: log.append("sync"), clock=lambda: now[0])
+    assert seconds == pytest.approx(3e-3)
+    assert log == ["sync", "fn"] * timing.LAUNCH_PROBES + ["sync"]

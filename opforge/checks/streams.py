@@ -17,21 +17,18 @@ Both results are compared with the float64 reference.
 
 from __future__ import annotations
 
-import functools
-
 from opforge.cases import Case
 from opforge.checks import CheckContext, Outcomes, first_values
 from opforge.checks.calls import (argument, call_reference, expected_dtype, inputs_for, output_names, outputs_of,
                                   short, split_reference, with_arguments)
 from opforge.compare import CheckFailure, check_result, tolerance_for
+from opforge.cuda_spin import spin
 from opforge.loading import LoadedOp, Target
 
 # How long the producer stream sleeps before it writes the inputs: long enough that a kernel which does not wait
 # for it has certainly run first (a kernel launch is ~10 us; the ops under test run in well under a millisecond at
 # the spec's shapes), short enough that the check costs little per case.
 PRODUCER_SLEEP_S = 0.05
-# torch.cuda._sleep spins for a number of GPU clock cycles; this many are timed once per process to convert.
-CALIBRATION_CYCLES = 10_000_000
 
 
 def stream_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
@@ -65,7 +62,7 @@ def _on_side_streams(ctx: CheckContext, target: Target, case: Case) -> None:
     torch.cuda.synchronize()
     producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
     with torch.cuda.stream(producer):
-        torch.cuda._sleep(_sleep_cycles(PRODUCER_SLEEP_S))
+        spin(PRODUCER_SLEEP_S)
         for name, t in pending.items():
             t.copy_(ready[name])
     consumer.wait_stream(producer)
@@ -150,22 +147,6 @@ def _replaced(inputs, args, kwargs):
     from dataclasses import replace
 
     return replace(inputs, args=args, kwargs=kwargs)
-
-
-@functools.cache
-def _cycles_per_second() -> float:
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(CALIBRATION_CYCLES)
-    end.record()
-    end.synchronize()
-    return CALIBRATION_CYCLES / (start.elapsed_time(end) / 1e3)
-
-
-def _sleep_cycles(seconds: float) -> int:
-    return int(_cycles_per_second() * seconds)
 
 
 def _clear_stale_launch_error() -> None:
