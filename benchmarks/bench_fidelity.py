@@ -11,6 +11,9 @@ Both subcommands run from the repository root.
         fresh process; then times the same cases in this process with triton.testing.do_bench (median; do_bench
         flushes L2 itself) and writes DIR/fidelity.md: the spread (target: every case within ±3%) and opforge's
         median over do_bench's (target: within 5%).
+
+Exit status: 0 when every target is met; 1 when a run failed (its log is named), a run file is missing or is not an
+`opforge bench --json`, or a target is missed (each miss is printed).
 """
 
 from __future__ import annotations
@@ -25,10 +28,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+# The targets this script checks (docs/performance.md): each case's median within ±3% of the runs' mean, and
+# opforge's median within 5% of do_bench's.
+SPREAD_TARGET = 0.03
+DO_BENCH_TARGET = 0.05
+
+
+class Failed(Exception):
+    """A run or a target failed: the message says which; the script exits 1."""
+
 
 def load_medians(path: Path) -> dict[str, tuple[float, int]]:
-    data = json.loads(Path(path).read_text())
-    return {r["id"]: (r["median_s"], r["elements"]) for r in data["results"] if r["status"] == "ok"}
+    try:
+        data = json.loads(Path(path).read_text())
+        return {r["id"]: (r["median_s"], r["elements"]) for r in data["results"] if r["status"] == "ok"}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise Failed(f"{path}: expected the --json of an `opforge bench` run, got {type(exc).__name__}: {exc}. "
+                     "Pass a file written by `opforge bench ... --json`.") from None
 
 
 def spread_table(paths: list[Path], min_elements: int = 0) -> tuple[list[str], list[float]]:
@@ -56,13 +72,23 @@ def summary(deviations: list[float], runs: int) -> str:
             f"{within[10]} within ±10%")
 
 
-def spread(args) -> None:
+def spread(args) -> list[str]:
     lines, deviations = spread_table(args.runs, args.min_elements)
     print("\n".join(lines))
     print("\n" + summary(deviations, len(args.runs)))
+    return spread_misses(deviations)
 
 
-def gpu(args) -> None:
+def spread_misses(deviations: list[float]) -> list[str]:
+    if not deviations:
+        return ["spread: expected cases timed in every run, got none"]
+    worst = max(deviations)
+    return [f"spread: expected every case within ±{100 * SPREAD_TARGET:.0f}% of the runs' mean, got ±{100 * worst:.1f}% "
+            f"({sum(d > SPREAD_TARGET for d in deviations)} of {len(deviations)} cases outside)"] \
+        if worst > SPREAD_TARGET else []
+
+
+def gpu(args) -> list[str]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     common = ["--device", "cuda", "--sizes", args.sizes] + [a for d in args.dtype for a in ("--dtype", d)] + \
@@ -72,62 +98,58 @@ def gpu(args) -> None:
         path = out / f"run{i}.json"
         command = [sys.executable, "-m", "opforge", "bench", args.op, *common, "--json", str(path)]
         print("$", " ".join(command), flush=True)
-        with open(out / f"run{i}.txt", "w") as log:
-            subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=False)
+        log_path = out / f"run{i}.txt"
+        with open(log_path, "w") as log:
+            code = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+        if code != 0 or not path.exists():
+            raise Failed(f"run {i}: expected `opforge bench` to exit 0 and write {path}, got exit {code}"
+                         f"{'' if path.exists() else ' and no JSON'}. Read {log_path}.")
         paths.append(path)
     spread_lines, deviations = spread_table(paths)
     ours = load_medians(paths[0])
-    from triton.testing import do_bench
-
-    theirs = medians_by(lambda call: do_bench(call, return_mode="median") / 1e3, args.op, args.sizes,
-                        tuple(args.dtype), tuple(args.impl), set(ours), "cuda")
+    theirs = do_bench_medians(args.op, args.sizes, tuple(args.dtype), tuple(args.impl))
     report = [f"# opforge bench fidelity: {args.op}, sizes {args.sizes}, {args.runs} runs", "",
               "## Spread across runs (target: every case within ±3%)", "", summary(deviations, args.runs), ""] + \
         spread_lines
     report += ["", "## opforge (run 1) against triton.testing.do_bench (target: within 5%)", "",
                "| case | opforge | do_bench | ratio |", "|---|---:|---:|---:|"]
     ratios = []
-    for ident, seconds in sorted(theirs.items()):
+    for ident, seconds in sorted((i, s) for i, s in theirs.items() if i in ours):
         ratio = ours[ident][0] / seconds
         ratios.append(ratio)
         report.append(f"| `{ident}` | {ours[ident][0] * 1e3:.4g} ms | {seconds * 1e3:.4g} ms | {ratio:.3f} |")
+    misses = spread_misses(deviations)
     if ratios:
-        report.append(f"\nworst ratio: {max(ratios, key=lambda r: abs(r - 1)):.3f} over {len(ratios)} cases")
+        worst = max(ratios, key=lambda r: abs(r - 1))
+        report.append(f"\nworst ratio: {worst:.3f} over {len(ratios)} cases")
+        if abs(worst - 1) > DO_BENCH_TARGET:
+            misses.append(f"do_bench: expected opforge's medians within {100 * DO_BENCH_TARGET:.0f}% of do_bench's, "
+                          f"got a ratio of {worst:.3f}")
+    else:
+        misses.append("do_bench: expected cases timed by both, got none")
     text = "\n".join(report) + "\n"
     (out / "fidelity.md").write_text(text)
     print(text)
+    return misses
 
 
-def medians_by(timer, op: str, sizes: str, dtypes: tuple[str, ...], impls: tuple[str, ...], ids: set[str],
-               device: str) -> dict[str, float]:
-    """timer(call) (seconds) of the very callables opforge bench times, for each id it timed."""
-    import torch
+def do_bench_medians(op: str, sizes: str, dtypes: tuple[str, ...], impls: tuple[str, ...]) -> dict[str, float]:
+    """do_bench's median of the very calls `opforge bench` times, by result id: opforge's own run with do_bench
+    as its timer (each result then has one sample, do_bench's median)."""
+    from triton.testing import do_bench
 
-    from opforge.bench.model import BenchResult
-    from opforge.bench.runner import (BenchFilters, compiled_reference, contenders, mode_callable, parse_sizes,
-                                      plan_points)
-    from opforge.cases import make_inputs
-    from opforge.loading import load_op
+    from opforge.bench.runner import BenchFilters, parse_sizes, run_bench
+    from opforge.bench.timing import Timing, TimingOptions
     from opforge.spec import find_spec, load_spec
 
-    loaded = load_op(load_spec(find_spec(op)))
-    filters = BenchFilters(devices=(device,), dtypes=dtypes, impls=impls, sizes=parse_sizes([sizes]))
-    medians = {}
-    for point in plan_points(loaded.spec, filters, (device,)):
-        inputs = make_inputs(loaded.spec, loaded.arguments, point.case, 0, requires_grad=point.mode != "fwd")
-        for contender in contenders(loaded, filters):
-            ident = BenchResult(loaded.spec.name, contender.name, contender.role, device, point.dtype, point.mode,
-                                point.label, point.elements, "ok").id
-            if ident not in ids:
-                continue
-            fn = contender.fn if contender.fn is not None else compiled_reference(loaded)
-            call = mode_callable(loaded, fn, inputs, point.mode, 0)
-            medians[ident] = timer(call)
-            print(f"{ident}: {medians[ident] * 1e3:.4g} ms", flush=True)
-        del inputs
-        if device == "cuda":
-            torch.cuda.empty_cache()
-    return medians
+    def timer(call, device, options) -> Timing:
+        return Timing((do_bench(call, return_mode="median") / 1e3,), "triton.testing.do_bench", 1, "do_bench")
+
+    filters = BenchFilters(devices=("cuda",), dtypes=dtypes, impls=impls, sizes=parse_sizes([sizes]))
+    run = run_bench([load_spec(find_spec(op))], filters, TimingOptions(), timer=timer)
+    for r in run.results:
+        print(f"{r.id}: {r.median_s * 1e3:.4g} ms" if r.timed else f"{r.id}: {r.status} {r.message}", flush=True)
+    return {r.id: r.median_s for r in run.results if r.timed}
 
 
 def main() -> None:
@@ -149,7 +171,14 @@ def main() -> None:
     if args.command == "gpu":
         args.dtype = args.dtype or ["float32", "bfloat16"]
         args.impl = args.impl or ["native", "eager"]
-    {"spread": spread, "gpu": gpu}[args.command](args)
+    try:
+        misses = {"spread": spread, "gpu": gpu}[args.command](args)
+    except Failed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    for miss in misses:
+        print(f"target missed: {miss}", file=sys.stderr)
+    sys.exit(1 if misses else 0)
 
 
 if __name__ == "__main__":

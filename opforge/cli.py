@@ -307,14 +307,10 @@ def bench(
     """Time an op's implementations against its eager reference and torch.compile of it; gate regressions."""
 
     def body() -> int:
-        from opforge.bench.runner import BenchFilters, parse_sizes
+        from opforge.bench.runner import BenchFilters, BenchHooks, parse_sizes, run_bench
         from opforge.bench.timing import TimingOptions
 
-        if budget <= 0 or warmup < 0 or not 0 < noise < 1 or min_reps < 1 or max_regression < 0 or \
-                threads is not None and threads < 1:
-            raise UsageError("timing options", "--budget > 0, --warmup >= 0, 0 < --noise < 1, --min-reps >= 1, "
-                             "--max-regression >= 0, --threads >= 1",
-                             f"{budget}, {warmup}, {noise}, {min_reps}, {max_regression}, {threads}", "Fix the option.")
+        _check_bench_options(budget, warmup, noise, min_reps, max_regression, threads)
         filters = BenchFilters(
             devices=_validate(device, KNOWN_DEVICES, "--device"), dtypes=_validate(dtype, KNOWN_DTYPES, "--dtype"),
             modes=_validate(mode, BENCH_MODES, "--mode"), impls=tuple(impl), sizes=parse_sizes(sizes), seed=seed,
@@ -337,7 +333,8 @@ def bench(
             import torch
 
             torch.set_num_threads(threads)
-        run = _run_bench(specs, filters, timing, refresh_peak, cuda_arch)
+        hooks = BenchHooks(step=report.spinner, info=report.info, progress=report.bench_progress)
+        run = run_bench(specs, filters, timing, refresh_peak, cuda_arch, hooks)
         report.render_bench(run)
         comparison = None
         if old is not None:
@@ -357,37 +354,21 @@ def bench(
     _guarded(body)
 
 
-def _run_bench(specs: list[OpSpec], filters, timing, refresh_peak: bool, cuda_arch: str | None):
-    from opforge.bench.environment import fingerprint
-    from opforge.bench.model import BenchRun
-    from opforge.bench.peak import peak_bandwidth
-    from opforge.bench.runner import contenders, plan_points, run_point, runnable_devices
-    from opforge.loading import load_op
-
-    start = time.perf_counter()
-    plans, skipped = [], {}
-    for spec in specs:
-        with report.spinner(f"loading {spec.name}"):
-            loaded = load_op(spec, cuda_arch, on_step=report.info)
-        devices, skips = runnable_devices(spec, filters)
-        skipped.update(skips)
-        plans.append((loaded, plan_points(spec, filters, devices), contenders(loaded, filters)))
-    used = tuple(dict.fromkeys(p.device for _, points, _ in plans for p in points))
-    env = fingerprint(used)
-    run = BenchRun(environment=env, options={**vars(timing), "seed": filters.seed}, skipped=skipped)
-    for device in used:
-        with report.spinner(f"peak bandwidth of {device}"):
-            peak = peak_bandwidth(device, env, refresh=refresh_peak)
-        run.peaks[device] = {"gbps": peak.gbps, "method": peak.method, "measured_at": peak.measured_at,
-                             "cached": peak.cached, "key": peak.key}
-    total = sum(len(points) * len(chosen) for _, points, chosen in plans)
-    with report.bench_progress(total) as advance:
-        for loaded, points, chosen in plans:
-            for point in points:
-                run.results += run_point(loaded, point, chosen, timing, filters.seed,
-                                         run.peaks[point.device]["gbps"], on_result=advance)
-    run.seconds = time.perf_counter() - start
-    return run
+def _check_bench_options(budget: float, warmup: float, noise: float, min_reps: int, max_regression: float,
+                         threads: int | None) -> None:
+    rules = [
+        ("--budget", budget > 0, "seconds > 0", budget, "Pass e.g. --budget 2."),
+        ("--warmup", warmup >= 0, "seconds >= 0", warmup, "Pass e.g. --warmup 0.2, or 0 for none."),
+        ("--noise", 0 < noise < 1, "a fraction 0 < F < 1", noise, "Pass e.g. --noise 0.02 (2% IQR/median)."),
+        ("--min-reps", min_reps >= 1, "an integer >= 1", min_reps, "Pass e.g. --min-reps 25."),
+        ("--max-regression", max_regression >= 0, "a percentage >= 0", max_regression,
+         "Pass e.g. --max-regression 5."),
+        ("--threads", threads is None or threads >= 1, "an integer >= 1", threads, "Pass e.g. --threads 2, or leave "
+                                                                                   "it out for torch's default."),
+    ]
+    for option, ok, expected, got, hint in rules:
+        if not ok:
+            raise UsageError(option, expected, repr(got), hint)
 
 
 def _write_bench_outputs(run, json_path: Path | None, csv_path: Path | None, plot_path: Path | None) -> None:
@@ -400,8 +381,10 @@ def _write_bench_outputs(run, json_path: Path | None, csv_path: Path | None, plo
         export.write_csv(run, csv_path)
         report.info(f"CSV: {csv_path}")
     if plot_path:
-        export.write_plot(run, plot_path)
-        report.info(f"plot: {plot_path}")
+        if export.write_plot(run, plot_path):
+            report.info(f"plot: {plot_path}")
+        else:
+            report.warning(f"--plot {plot_path}: not written, no case has a GB/s figure to plot")
 
 
 def main() -> None:

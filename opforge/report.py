@@ -56,6 +56,10 @@ def info(message: str) -> None:
     console.print(message)
 
 
+def warning(message: str) -> None:
+    err_console.print(Text("warning: ", style="bold yellow") + Text(message))
+
+
 @contextmanager
 def spinner(message: str) -> Iterator[None]:
     if console.is_terminal:
@@ -265,12 +269,12 @@ def bench_progress(total: int) -> Iterator[Callable[[object], None]]:
 def render_bench(run) -> None:
     """One table per op: a row per (point, contender), speedups over each baseline timed on the same point."""
     from opforge.bench.baseline import format_seconds
-    from opforge.bench.model import ERROR, WRONG, speedups
+    from opforge.bench.model import BASELINE, ERROR, SKIP, WRONG, speedups
 
     for device, peak in run.peaks.items():
         origin = "cached" if peak.get("cached") else "measured now"
         console.print(f"[dim]peak {device}: {peak['gbps']:.1f} GB/s ({peak['method']}; {origin})[/dim]")
-    baselines = list(dict.fromkeys(r.impl for r in run.results if r.role == "baseline"))
+    baselines = list(dict.fromkeys(r.impl for r in run.results if r.role == BASELINE))
     for op in run.ops():
         rows = [r for r in run.results if r.op == op]
         table = Table(title=f"opforge bench {op}", title_justify="left")
@@ -282,9 +286,10 @@ def render_bench(run) -> None:
         table.add_column("note")
         for r in rows:
             ups = speedups(r, rows)
-            if r.status in (WRONG, ERROR):
-                label = "WRONG" if r.status == WRONG else "ERROR"
-                cells = [Text(label, style="bold red")] + [Text("")] * (3 + len(baselines))
+            if r.status in (WRONG, ERROR, SKIP):
+                label, style = {WRONG: ("WRONG", "bold red"), ERROR: ("ERROR", "bold red"), SKIP: ("skip", "dim")}[
+                    r.status]
+                cells = [Text(label, style=style)] + [Text("")] * (3 + len(baselines))
                 note = r.message.splitlines()[0] if r.message else ""
             else:
                 cells = [Text(format_seconds(r.median_s)), Text(format_seconds(r.iqr_s)),
@@ -312,18 +317,30 @@ def _significant(value: float | None) -> str:
 
 def render_comparison(comparison, markdown: str) -> None:
     for difference in comparison.environment_differences:
-        err_console.print(Text("warning: ", style="bold yellow") + Text(f"environment differs from the baseline: "
-                                                                        f"{difference}"))
+        warning(f"environment differs from the baseline: {difference}")
+    for ident, differences in comparison.incomparable:
+        warning(f"{ident} was timed differently from the baseline ({'; '.join(differences)}): not gated")
+    if comparison.only_old:
+        warning(f"{len(comparison.only_old)} case(s) of the baseline were not run: {', '.join(comparison.only_old)}")
     console.print(markdown, markup=False, highlight=False, soft_wrap=True)
 
 
 def render_bench_totals(run, comparison=None) -> None:
-    from opforge.bench.model import ERROR, OK, WRONG
+    from opforge.bench.model import ERROR, OK, SKIP, WRONG
 
-    counts = {s: sum(r.status == s for r in run.results) for s in (OK, WRONG, ERROR)}
-    parts = [f"{counts[OK]} timed"] + [f"{counts[s]} {s}" for s in (WRONG, ERROR) if counts[s]]
+    counts = {s: sum(r.status == s for r in run.results) for s in (OK, WRONG, ERROR, SKIP)}
+    parts = [f"{counts[OK]} timed"] + [f"{counts[s]} {s}" for s in (WRONG, ERROR, SKIP) if counts[s]]
     if comparison is not None:
         parts.append(f"{len(comparison.regressions)} regression(s)")
+        if comparison.nothing_compared:
+            error(f"opforge bench --baseline: expected at least one case compared with {comparison.baseline_path}, "
+                  f"got none ({len(comparison.only_old)} of its cases not run, {len(comparison.incomparable)} timed "
+                  "differently). Run the cases the baseline holds, with its timing options, or record a new one.")
+    if run.nothing_timed:
+        why = [f"skip {device}: {reason}" for device, reason in run.skipped.items()]
+        why += [f"{counts[s]} {s}" for s in (WRONG, ERROR, SKIP) if counts[s]] or ([] if why else ["no case planned"])
+        error(f"opforge bench: expected at least one timed case, got none ({'; '.join(why)}). Pick a device, dtype, "
+              "mode and contender that can run here (--device, --dtype, --mode, --impl), or fix the errors above.")
     failed = run.failed or (comparison is not None and comparison.failed)
     console.print(Text("FAILED: " if failed else "OK: ", style="bold red" if failed else "bold green")
                   + Text(", ".join(parts)) + Text(f" in {run.seconds:.1f} s", style="dim"))

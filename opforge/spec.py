@@ -161,8 +161,10 @@ class BenchSpec:
     devices: tuple[str, ...] = ()
     modes: tuple[str, ...] = ()
     bytes: tuple[tuple[str, str], ...] = ()
-    # Line of each `bench.bytes` expression, for errors found when it is evaluated.
+    # Line and key (`bench.bytes` or `bench.bytes.<mode>`) of each `bench.bytes` expression, for errors found when
+    # it is evaluated.
     lines: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+    keys: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -217,6 +219,17 @@ class OpSpec:
 
     def xfail_for(self, implementation: str, check: str, dtype: str, device: str) -> XFail | None:
         return next((x for x in self.xfail if x.matches(implementation, check, dtype, device)), None)
+
+    @property
+    def bench_modes(self) -> tuple[str, ...]:
+        """The modes `opforge bench` can time: a backward needs a differentiable op and an input that requires
+        grad."""
+        return bench_modes(self.differentiable, self.inputs)
+
+
+def bench_modes(differentiable: bool, inputs: tuple[Input, ...]) -> tuple[str, ...]:
+    has_gradients = any(isinstance(i, TensorInput) and i.requires_grad for i in inputs)
+    return BENCH_MODES if differentiable and has_gradients else ("fwd",)
 
 
 # ---------------------------------------------------------------------------------------- YAML with line numbers
@@ -568,6 +581,8 @@ def load_spec(path: Path | str) -> OpSpec:
                        and (c not in CLAIMED_CHECKS or claims[CLAIMED_CHECKS[c]]))
     _check_claims(r, checks, claims)
     implementations = r.get("implementations", _implementations, ())
+    devices = r.get("devices", _list(_one_of(KNOWN_DEVICES)), ("cpu",))
+    schema = r.get("schema", _str)
     lines = tuple((k, r.line(k)) for k in root.value) + tuple(
         (f"inputs.{name}", child.line) for name, child in r.child("inputs").value.items()
     )
@@ -575,7 +590,7 @@ def load_spec(path: Path | str) -> OpSpec:
     return OpSpec(
         path=path,
         op=op,
-        schema=r.get("schema", _str),
+        schema=schema,
         description=r.get("description", _str, ""),
         python_modules=python_modules,
         sources=sources,
@@ -583,7 +598,7 @@ def load_spec(path: Path | str) -> OpSpec:
         reference=r.get("reference", _callable_ref),
         inputs=inputs,
         dtypes=dtypes,
-        devices=r.get("devices", _list(_one_of(KNOWN_DEVICES)), ("cpu",)),
+        devices=devices,
         layouts=r.get("layouts", _list(_one_of(KNOWN_LAYOUTS)), ("contiguous",)),
         tolerances=r.get("tolerances", _tolerances, ()),
         grad_tolerances=r.get("grad_tolerances", _tolerances, ()),
@@ -596,7 +611,7 @@ def load_spec(path: Path | str) -> OpSpec:
         error_inputs=claims["error_inputs"],
         large_index=claims["large_index"],
         timeout=r.get("timeout", _seconds),
-        bench=_bench_section(r, inputs, r.get("schema", _str), differentiable),
+        bench=_bench_section(r, inputs, schema, bench_modes(differentiable, inputs), dtypes, devices),
         lines=lines,
     )
 
@@ -746,7 +761,8 @@ _BENCH_KEYS = ("sizes", "shapes", "dtypes", "devices", "modes", "bytes")
 POWER_OF_TWO = re.compile(r"^\s*2\s*(?:\*\*|\^)\s*(\d+)\s*$")
 
 
-def _bench_section(r: _Reader, inputs: tuple[Input, ...], schema: str, differentiable: bool) -> BenchSpec | None:
+def _bench_section(r: _Reader, inputs: tuple[Input, ...], schema: str, claimed_modes: tuple[str, ...],
+                   dtypes: tuple[str, ...], devices: tuple[str, ...]) -> BenchSpec | None:
     if not r.has("bench"):
         return None
     node = r.child("bench")
@@ -756,19 +772,33 @@ def _bench_section(r: _Reader, inputs: tuple[Input, ...], schema: str, different
         raise b.fail(node, "bench", "`sizes:` (numel of every tensor input) or `shapes:` (per input)", "neither",
                      "Add e.g. `sizes: [2**16, 2**20, 2**24]`.")
     modes = b.get("modes", _list(_one_of(BENCH_MODES)), ())
-    if not differentiable and any(m != "fwd" for m in modes):
-        raise b.fail(b.child("modes"), "bench.modes", "only fwd for an op with differentiable: false",
-                     ", ".join(modes), "Drop bwd and fwd+bwd, or declare the op differentiable.")
-    expressions, lines = _bench_bytes(b, inputs, schema) if b.has("bytes") else ((), ())
+    if any(m not in claimed_modes for m in modes):
+        raise b.fail(b.child("modes"), "bench.modes",
+                     "only fwd for an op with differentiable: false or no input with requires_grad: true",
+                     ", ".join(modes), "Drop bwd and fwd+bwd, or declare the op differentiable and mark the "
+                                       "inputs it differentiates with requires_grad: true.")
+    expressions, lines, keys = _bench_bytes(b, inputs, schema) if b.has("bytes") else ((), (), ())
     return BenchSpec(
         sizes=b.get("sizes", _list(_bench_size), ()),
         shapes=_bench_shapes(b, tensors) if b.has("shapes") else (),
-        dtypes=b.get("dtypes", _list(_one_of(KNOWN_DTYPES)), ()),
-        devices=b.get("devices", _list(_one_of(KNOWN_DEVICES)), ()),
+        dtypes=_bench_claimed(b, "dtypes", KNOWN_DTYPES, dtypes),
+        devices=_bench_claimed(b, "devices", KNOWN_DEVICES, devices),
         modes=modes,
         bytes=expressions,
         lines=lines,
+        keys=keys,
     )
+
+
+def _bench_claimed(b: _Reader, key: str, known: tuple[str, ...], claimed: tuple[str, ...]) -> tuple[str, ...]:
+    """bench.dtypes / bench.devices: each must be one the spec claims, since the op is only checked on those."""
+    values = b.get(key, _list(_one_of(known)), ())
+    for index, value in enumerate(values):
+        if value not in claimed:
+            raise b.fail(b.child(key).value[index], f"bench.{key}[{index}]",
+                         f"one of the spec's {key} ({', '.join(claimed)})", repr(value),
+                         f"Add {value} to the spec's `{key}:` or drop it from `bench.{key}`.")
+    return values
 
 
 def _bench_size(r: _Reader, key: str, node: _Node) -> int:
@@ -794,8 +824,8 @@ def _bench_shapes(b: _Reader, tensors: tuple[str, ...]) -> tuple[tuple[tuple[str
     return tuple(tuple((name, per_input[name][i]) for name in tensors) for i in range(counts.pop()))
 
 
-def _bench_bytes(b: _Reader, inputs: tuple[Input, ...], schema: str) -> tuple[tuple, tuple]:
-    from opforge.bench.expr import ExpressionError, parse, return_names
+def _bench_bytes(b: _Reader, inputs: tuple[Input, ...], schema: str) -> tuple[tuple, tuple, tuple]:
+    from opforge.bench.expr import ExpressionError, parse
 
     node = b.child("bytes")
     if isinstance(node.value, dict):
@@ -803,20 +833,31 @@ def _bench_bytes(b: _Reader, inputs: tuple[Input, ...], schema: str) -> tuple[tu
         items = [(mode, m.child(mode), f"bench.bytes.{mode}") for mode in node.value]
     else:
         items = [("fwd", node, "bench.bytes")]
-    outputs = return_names(schema)
-    names = {i.name for i in inputs} | set(outputs) | {f"grad_{n}" for n in outputs} | \
-        {f"grad_{i.name}" for i in inputs if isinstance(i, TensorInput)}
-    expressions, lines = [], []
+    expressions, lines, keys = [], [], []
     for mode, child, key in items:
         text = _str(b, key, child)
         try:
-            parse(text, names)
+            parse(text, bytes_names(inputs, schema, mode))
         except ExpressionError as exc:
             raise b.fail(child, key, "an arithmetic expression over the op's tensors (e.g. `2 * x.nbytes`)",
                          str(exc), "See docs/specs.md, `bench.bytes`.") from None
         expressions.append((mode, text))
         lines.append((mode, child.line))
-    return tuple(expressions), tuple(lines)
+        keys.append((mode, key))
+    return tuple(expressions), tuple(lines), tuple(keys)
+
+
+def bytes_names(inputs: tuple[Input, ...], schema: str, mode: str) -> set[str]:
+    """The names a `bench.bytes` expression of `mode` may use: the inputs and outputs; for a mode that runs a
+    backward also grad_<output> and grad_<input> of each input with requires_grad."""
+    from opforge.bench.expr import return_names
+
+    outputs = return_names(schema)
+    names = {i.name for i in inputs} | set(outputs)
+    if mode != "fwd":
+        names |= {f"grad_{n}" for n in outputs} | \
+            {f"grad_{i.name}" for i in inputs if isinstance(i, TensorInput) and i.requires_grad}
+    return names
 
 
 # ------------------------------------------------------------------------------------------------ finding specs

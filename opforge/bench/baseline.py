@@ -3,7 +3,9 @@
 For each case timed in both runs, a bootstrap confidence interval of new median / old median
 (opforge.bench.stats.ratio_of_medians). A case regresses when the whole interval lies above 1 + threshold: slower
 by more than the threshold beyond what the two runs' own noise explains. Only implementations gate; the baselines
-(eager, compile) are compared for information, since their change is the environment's, not the op's.
+(eager, compile) are compared for information, since their change is the environment's, not the op's. A case timed
+differently in the two runs (timing method, which includes --cuda-graph; L2 flush size; CPU threads) is listed,
+not compared. A gate that compared no case at all fails: it cannot vouch for anything.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from pathlib import Path
 from opforge.bench import environment
 from opforge.bench.model import BASELINE, BENCH_SCHEMA_VERSION, OK, BenchRun
 from opforge.bench.stats import RatioInterval, ratio_of_medians
+from opforge.bench.timing import Timing
 from opforge.errors import UsageError
 
 REGRESSION, FASTER, SAME = "regression", "faster", "same"
+# Timing fields whose difference makes two samples of a case incomparable, whatever the environment.
+TIMING_FIELDS = ("method", "flush_bytes", "threads")
 
 
 @dataclass(frozen=True)
@@ -42,14 +47,20 @@ class Comparison:
     environment_differences: list[str] = field(default_factory=list)
     only_new: list[str] = field(default_factory=list)
     only_old: list[str] = field(default_factory=list)
+    # (id, ["field: old -> new", ...]) of each case timed in both runs but not in the same way: not compared.
+    incomparable: list[tuple[str, list[str]]] = field(default_factory=list)
 
     @property
     def regressions(self) -> list[CaseComparison]:
         return [r for r in self.rows if r.gated and r.verdict == REGRESSION]
 
     @property
+    def nothing_compared(self) -> bool:
+        return not self.rows
+
+    @property
     def failed(self) -> bool:
-        return bool(self.regressions)
+        return bool(self.regressions) or self.nothing_compared
 
 
 def load_baseline(path: Path) -> dict:
@@ -85,12 +96,23 @@ def compare(run: BenchRun, baseline: dict, threshold_pct: float, path: str = "")
         if previous is None:
             comparison.only_new.append(result.id)
             continue
+        differences = timing_differences(previous, result.timing)
+        if differences:
+            comparison.incomparable.append((result.id, differences))
+            continue
         interval = ratio_of_medians(result.timing.samples, _samples(previous))
         verdict = REGRESSION if interval.low > limit else FASTER if interval.high < 1 / limit else SAME
         comparison.rows.append(CaseComparison(result.id, result.role, previous["median_s"], result.median_s,
                                               interval, verdict))
     comparison.only_old = [i for i in old if i not in seen]
     return comparison
+
+
+def timing_differences(old: dict, new: Timing) -> list[str]:
+    """`field: old -> new` for each TIMING_FIELDS entry that differs between a saved result and a new timing."""
+    saved = old.get("timing") or {}
+    return [f"{name}: {saved.get(name)!r} -> {getattr(new, name)!r}" for name in TIMING_FIELDS
+            if saved.get(name) != getattr(new, name)]
 
 
 def _samples(result: dict) -> list[float]:
@@ -102,7 +124,8 @@ def markdown(comparison: Comparison) -> str:
     """A summary for a CI job summary ($GITHUB_STEP_SUMMARY): verdict, environment warnings, then every case."""
     n = len(comparison.regressions)
     ci = f"{round(100 * comparison.rows[0].interval.confidence)}%" if comparison.rows else "95%"
-    title = f"❌ {n} regression{'s' if n != 1 else ''}" if n else "✅ no regression"
+    title = f"❌ {n} regression{'s' if n != 1 else ''}" if n else \
+        "❌ nothing compared" if comparison.nothing_compared else "✅ no regression"
     lines = [f"### opforge bench: {title}", "",
              f"Against `{comparison.baseline_path}`; a case regresses when the {ci} confidence interval of "
              f"new/old median lies entirely above {1 + comparison.threshold_pct / 100:.3g} "
@@ -110,6 +133,11 @@ def markdown(comparison: Comparison) -> str:
     if comparison.environment_differences:
         lines += ["> **Warning: the environments differ**; timings may not be comparable:", ">"]
         lines += [f"> - {d}" for d in comparison.environment_differences] + [""]
+    if comparison.incomparable:
+        lines += ["> **Warning: timed differently from the baseline** (not compared, not gated):", ">"]
+        lines += [f"> - `{i}`: {'; '.join(d)}" for i, d in comparison.incomparable] + [""]
+    if comparison.nothing_compared:
+        lines += ["> **No case of this run could be compared with the baseline: the gate fails.**", ""]
     lines += ["| case | old | new | new/old | CI | verdict |", "|---|---:|---:|---:|---|---|"]
     for r in sorted(comparison.rows, key=lambda r: (r.verdict != REGRESSION, r.id)):
         verdict = r.verdict if r.gated else f"{r.verdict} (baseline, not gated)"
@@ -120,7 +148,8 @@ def markdown(comparison: Comparison) -> str:
     if comparison.only_new:
         lines += ["", f"{len(comparison.only_new)} case(s) not in the baseline (not gated)."]
     if comparison.only_old:
-        lines += ["", f"{len(comparison.only_old)} case(s) of the baseline not run this time."]
+        lines += ["", f"{len(comparison.only_old)} case(s) of the baseline not run this time: "
+                      + ", ".join(f"`{i}`" for i in comparison.only_old) + "."]
     return "\n".join(lines) + "\n"
 
 

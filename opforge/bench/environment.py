@@ -47,7 +47,7 @@ def gpu_fingerprint() -> dict:
         "gpu_sm_count": props.multi_processor_count,
         "gpu_count": torch.cuda.device_count(),
     }
-    smi = nvidia_smi(torch.cuda.current_device())
+    smi = nvidia_smi(gpu_smi_id(props))
     env.update({
         "gpu_driver": smi.get("driver_version"),
         "gpu_clocks_sm_mhz": smi.get("clocks.sm"),
@@ -60,11 +60,22 @@ def gpu_fingerprint() -> dict:
     return env
 
 
-def nvidia_smi(index: int) -> dict:
-    """Driver and clocks from nvidia-smi, {} where it is missing or fails (a container without it)."""
-    if not shutil.which("nvidia-smi"):
+def gpu_smi_id(props) -> str | None:
+    """The GPU's id for nvidia-smi: its UUID, since torch's device index counts only CUDA_VISIBLE_DEVICES while
+    nvidia-smi's counts every GPU. None where torch does not expose the UUID (nvidia-smi is then not asked)."""
+    uuid = getattr(props, "uuid", None)
+    if not uuid:
+        return None
+    text = str(uuid)
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
+def nvidia_smi(gpu_id: str | None) -> dict:
+    """Driver and clocks from nvidia-smi for the GPU `gpu_id` (a UUID), {} where it is missing or fails (a
+    container without it) or the GPU cannot be named."""
+    if gpu_id is None or not shutil.which("nvidia-smi"):
         return {}
-    command = ["nvidia-smi", f"--id={index}", f"--query-gpu={','.join(_SMI_FIELDS)}", "--format=csv,noheader,nounits"]
+    command = ["nvidia-smi", f"--id={gpu_id}", f"--query-gpu={','.join(_SMI_FIELDS)}", "--format=csv,noheader,nounits"]
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=_COMMAND_TIMEOUT_S, check=True).stdout
     except (OSError, subprocess.SubprocessError):

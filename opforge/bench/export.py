@@ -8,7 +8,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from opforge.bench.model import BenchRun, speedups
+from opforge.bench.model import BASELINE, BenchRun, BenchResult, speedups
 from opforge.results import write_atomically
 
 CSV_COLUMNS = ("id", "op", "impl", "role", "device", "dtype", "mode", "case", "elements", "status", "bytes",
@@ -20,7 +20,7 @@ def write_json(run: BenchRun, path: Path) -> None:
 
 
 def write_csv(run: BenchRun, path: Path) -> None:
-    baselines = sorted({r.impl for r in run.results if r.role == "baseline"})
+    baselines = sorted({r.impl for r in run.results if r.role == BASELINE})
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS + tuple(f"speedup_vs_{b}" for b in baselines))
@@ -52,27 +52,27 @@ def require_plotting() -> None:
                          "Install it (pip install 'opforge[plot]') or drop --plot.")
 
 
-def write_plot(run: BenchRun, path: Path) -> None:
-    """GB/s against size, one line per implementation, one panel per (op, device, dtype, mode); the measured
-    peak of the device as a dashed line."""
+def write_plot(run: BenchRun, path: Path) -> bool:
+    """GB/s against size, one line per implementation and kind of case, one panel per (op, device, dtype, mode);
+    the measured peak of the device as a dashed line. False (nothing written) when no result has a GB/s figure."""
+    panels: dict[tuple, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
+    for r in run.results:
+        if r.gbps is not None:
+            panels[(r.op, r.device, r.dtype, r.mode)][series_label(r)].append((r.elements, r.gbps))
+    if not panels:
+        return False
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on CI machines
     import matplotlib.pyplot as plt
 
-    panels: dict[tuple, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
-    for r in run.results:
-        if r.gbps is not None:
-            panels[(r.op, r.device, r.dtype, r.mode)][r.impl].append((r.elements, r.gbps))
-    if not panels:
-        raise ValueError("nothing was timed, so there is nothing to plot")
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4 * rows), squeeze=False)
     for ax, ((op, device, dtype, mode), lines) in zip(axes.flat, sorted(panels.items())):
-        for impl, points in lines.items():
+        for label, points in lines.items():
             points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=impl)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
         peak = run.peaks.get(device, {}).get("gbps")
         if peak:
             ax.axhline(peak, linestyle="--", color="gray", label=f"measured peak ({peak:.0f} GB/s)")
@@ -88,3 +88,11 @@ def write_plot(run: BenchRun, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
     plt.close(figure)
+    return True
+
+
+def series_label(result: BenchResult) -> str:
+    """`sizes` points (every input n elements) share a line per implementation; a `shapes` point is its own
+    series, since its element count says nothing of its shapes (pred=4096x4096,target=4096 has as many elements
+    as n=2^24 and moves half the bytes)."""
+    return result.impl if result.case.startswith("n=") else f"{result.impl} ({result.case})"

@@ -34,6 +34,7 @@ class TensorSize:
 
     shape: tuple[int, ...]
     element_size: int
+    floating: bool = True  # only floating tensors have gradients
 
     @property
     def numel(self) -> int:
@@ -103,8 +104,12 @@ def _check_call(node: ast.Call) -> None:
 
 
 def evaluate(tree: ast.Expression, values: dict[str, Any]) -> float:
-    """The value of a checked tree with `values` bound (TensorSize for tensors, numbers for scalars)."""
-    return _eval(tree.body, values)
+    """The value of a checked tree with `values` bound (TensorSize for tensors, numbers for scalars): a finite
+    number."""
+    value = _number(tree.body, values)
+    if not math.isfinite(value):
+        raise ExpressionError(f"{ast.unparse(tree.body)}, which is {value}: not a finite number")
+    return value
 
 
 def _eval(node: ast.AST, values: dict[str, Any]) -> Any:
@@ -116,22 +121,35 @@ def _eval(node: ast.AST, values: dict[str, Any]) -> Any:
                                   f"(it has {', '.join(sorted(values))})")
         return values[node.id]
     if isinstance(node, ast.BinOp):
-        left, right = _eval(node.left, values), _eval(node.right, values)
+        left, right = _number(node.left, values), _number(node.right, values)
         if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
             raise ExpressionError(f"an exponent of {right}: at most {MAX_EXPONENT}")
         return _BINARY[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp):
-        return _UNARY[type(node.op)](_eval(node.operand, values))
+        return _UNARY[type(node.op)](_number(node.operand, values))
     if isinstance(node, ast.Attribute):
         return _attribute(_eval(node.value, values), node.attr)
     if isinstance(node, ast.Call):
         if isinstance(node.func, ast.Attribute):
             return _eval(node.func, values)
-        args = [_eval(a, values) for a in node.args]
         if node.func.id in TENSOR_ATTRIBUTES:
-            return _attribute(args[0], node.func.id)
+            return _attribute(_eval(node.args[0], values), node.func.id)
+        args = [_number(a, values) for a in node.args]
+        if not args:
+            raise ExpressionError(f"{node.func.id}() without arguments")
         return FUNCTIONS[node.func.id](*args)
     raise ExpressionError(f"a {type(node).__name__} expression")  # parse() let nothing else through
+
+
+def _number(node: ast.AST, values: dict[str, Any]) -> int | float:
+    """An operand of arithmetic or of min/max/ceil/floor: a number, never a tensor (whose size is ambiguous)."""
+    value = _eval(node, values)
+    if isinstance(value, TensorSize):
+        name = ast.unparse(node)
+        raise ExpressionError(f"{name} is a tensor: use {name}.nbytes or {name}.numel()")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ExpressionError(f"{ast.unparse(node)}, which is {value!r}, not a number")
+    return value
 
 
 def _attribute(value: Any, name: str) -> int:

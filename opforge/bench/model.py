@@ -14,8 +14,9 @@ from opforge.results import Mismatch
 
 BENCH_SCHEMA_VERSION = 1
 IMPLEMENTATION, BASELINE = "implementation", "baseline"
-# Statuses: timed; wrong (output differs from the reference: not timed); error (could not run).
-OK, WRONG, ERROR = "ok", "wrong", "error"
+# Statuses: timed; wrong (output differs from the reference: not timed); error (could not run); skip (its check
+# could not apply here, e.g. not enough memory for the case: not timed, not a failure).
+OK, WRONG, ERROR, SKIP = "ok", "wrong", "error", "skip"
 
 
 @dataclass
@@ -94,8 +95,13 @@ class BenchRun:
     seconds: float = 0.0
 
     @property
+    def nothing_timed(self) -> bool:
+        """A run that timed nothing proves nothing: it fails, whatever the reason."""
+        return not any(r.timed for r in self.results)
+
+    @property
     def failed(self) -> bool:
-        return any(r.status in (WRONG, ERROR) for r in self.results)
+        return self.nothing_timed or any(r.status in (WRONG, ERROR) for r in self.results)
 
     def ops(self) -> list[str]:
         return list(dict.fromkeys(r.op for r in self.results))

@@ -9,20 +9,23 @@ reference run eagerly in the benchmark's dtype and `torch.compile` of it, are ti
 from __future__ import annotations
 
 import math
+import time
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from opforge.bench import expr
-from opforge.bench.model import BASELINE, ERROR, IMPLEMENTATION, OK, WRONG, BenchResult
-from opforge.bench.timing import TimingOptions, time_callable
+from opforge.bench.model import BASELINE, ERROR, IMPLEMENTATION, OK, SKIP, WRONG, BenchResult, BenchRun
+from opforge.bench.timing import Timing, TimingOptions, time_callable
 from opforge.cases import Case, CaseInputs, make_inputs
-from opforge.compare import CheckFailure, ReferenceFailure, as_tuple
+from opforge.compare import CheckFailure, CheckSkipped, ReferenceFailure, as_tuple
 from opforge.errors import SpecError, UsageError
 from opforge.loading import LoadedOp, Target
-from opforge.spec import POWER_OF_TWO, BENCH_MODES, FLOATING_DTYPES, BenchSpec, OpSpec, ScalarInput
+from opforge.spec import POWER_OF_TWO, FLOATING_DTYPES, BenchSpec, OpSpec, ScalarInput
 
 EAGER, COMPILE = "eager", "compile"
-BASELINES = (EAGER, COMPILE)
+
+Timer = Callable[[Callable[[], Any], str, TimingOptions], Timing]
 
 
 @dataclass(frozen=True)
@@ -77,12 +80,11 @@ def selected(spec: OpSpec, filters: BenchFilters) -> tuple[tuple[str, ...], tupl
     """(devices, dtypes, modes): the command line's choice, checked against what the op claims, else the bench
     section's, else the spec's."""
     bench = bench_section(spec, filters)
-    modes_claimed = BENCH_MODES if spec.differentiable else ("fwd",)
     devices = _choose(filters.devices, bench.devices or spec.devices, spec.devices, "--device", spec)
     default_dtypes = bench.dtypes or tuple(d for d in spec.dtypes if d in FLOATING_DTYPES) or spec.dtypes
     dtypes = _choose(filters.dtypes, default_dtypes, spec.dtypes, "--dtype", spec)
-    default_modes = bench.modes or (("fwd", "bwd") if spec.differentiable else ("fwd",))
-    modes = _choose(filters.modes, default_modes, modes_claimed, "--mode", spec)
+    default_modes = bench.modes or tuple(m for m in ("fwd", "bwd") if m in spec.bench_modes)
+    modes = _choose(filters.modes, default_modes, spec.bench_modes, "--mode", spec)
     return devices, dtypes, modes
 
 
@@ -152,9 +154,69 @@ def contenders(loaded: LoadedOp, filters: BenchFilters) -> list[Contender]:
 # ----------------------------------------------------------------------------------------------------- running
 
 
+def _no_step(text: str) -> AbstractContextManager:
+    return nullcontext()
+
+
+def _no_info(text: str) -> None:
+    return None
+
+
+@contextmanager
+def _no_progress(total: int) -> Iterator[Callable[[BenchResult], None]]:
+    yield lambda result: None
+
+
+@dataclass(frozen=True)
+class BenchHooks:
+    """How a caller follows a run; the library prints nothing. step(text) wraps a long step (loading an op,
+    measuring a peak); info(text) receives build messages; progress(total) wraps the timing of `total`
+    (point, contender) pairs and yields a callback that receives each result."""
+
+    step: Callable[[str], AbstractContextManager] = _no_step
+    info: Callable[[str], None] = _no_info
+    progress: Callable[[int], AbstractContextManager[Callable[[BenchResult], None]]] = _no_progress
+
+
+def run_bench(specs: list[OpSpec], filters: BenchFilters, timing: TimingOptions, refresh_peak: bool = False,
+              cuda_arch: str | None = None, hooks: BenchHooks = BenchHooks(), timer: Timer | None = None) -> BenchRun:
+    """Load each op, measure (or read) each device's peak bandwidth, then time every point of every op.
+
+    `timer(call, device, options)` replaces the timers (benchmarks/bench_fidelity.py times with do_bench)."""
+    from opforge.bench.environment import fingerprint
+    from opforge.bench.peak import peak_bandwidth
+    from opforge.loading import load_op
+
+    start = time.perf_counter()
+    plans, skipped = [], {}
+    for spec in specs:
+        with hooks.step(f"loading {spec.name}"):
+            loaded = load_op(spec, cuda_arch, on_step=hooks.info)
+        devices, skips = runnable_devices(spec, filters)
+        skipped.update(skips)
+        plans.append((loaded, plan_points(spec, filters, devices), contenders(loaded, filters)))
+    used = tuple(dict.fromkeys(p.device for _, points, _ in plans for p in points))
+    env = fingerprint(used)
+    run = BenchRun(environment=env, options={**vars(timing), "seed": filters.seed}, skipped=skipped)
+    for device in used:
+        with hooks.step(f"peak bandwidth of {device}"):
+            peak = peak_bandwidth(device, env, refresh=refresh_peak)
+        run.peaks[device] = {"gbps": peak.gbps, "method": peak.method, "measured_at": peak.measured_at,
+                             "cached": peak.cached, "key": peak.key}
+    total = sum(len(points) * len(chosen) for _, points, chosen in plans)
+    with hooks.progress(total) as advance:
+        for loaded, points, chosen in plans:
+            for point in points:
+                run.results += run_point(loaded, point, chosen, timing, filters.seed,
+                                         run.peaks[point.device]["gbps"], on_result=advance, timer=timer)
+    run.seconds = time.perf_counter() - start
+    return run
+
+
 def run_point(loaded: LoadedOp, point: BenchPoint, chosen: list[Contender], timing: TimingOptions, seed: int,
-              peak_gbps: float | None, on_result: Callable[[BenchResult], None] | None = None) -> list[BenchResult]:
-    """Every contender on one point. Inputs are made once and shared, so contenders see the same values."""
+              peak_gbps: float | None, on_result: Callable[[BenchResult], None] | None = None,
+              timer: Timer | None = None) -> list[BenchResult]:
+    """Every contender on one point, each on the same input values (the same seed)."""
     results = []
 
     def emit(contender: Contender, status: str, **fields) -> None:
@@ -165,35 +227,59 @@ def run_point(loaded: LoadedOp, point: BenchPoint, chosen: list[Contender], timi
             on_result(result)
 
     try:
-        inputs = make_inputs(loaded.spec, loaded.arguments, point.case, seed, requires_grad=point.mode != "fwd")
+        inputs = input_source(loaded, point, seed)
     except Exception as exc:
         for contender in chosen:
             emit(contender, ERROR, message=f"could not make the inputs: {_short(exc)}")
         return results
-    nbytes = bytes_moved(loaded, point.mode, inputs)
+    try:
+        nbytes = bytes_moved(loaded, point.mode, inputs())
+    except SpecError as exc:  # a bytes expression this point cannot evaluate: its rows say why, the run goes on
+        for contender in chosen:
+            emit(contender, ERROR, message=str(exc))
+        return results
     for contender in chosen:
-        status, fields = _run_contender(loaded, point, contender, inputs, timing, seed)
+        status, fields = _run_contender(loaded, point, contender, inputs, timing, seed, timer or time_callable)
         emit(contender, status, bytes=nbytes, **fields)
     return results
 
 
-def _run_contender(loaded: LoadedOp, point: BenchPoint, contender: Contender, inputs: CaseInputs,
-                   timing: TimingOptions, seed: int) -> tuple[str, dict]:
+def input_source(loaded: LoadedOp, point: BenchPoint, seed: int) -> Callable[[], CaseInputs]:
+    """What gives each contender its inputs. An op that mutates an argument gets a fresh set (same seed, same
+    values) per contender, so no contender is timed on values an earlier one changed; any other op shares one
+    set. Within one contender's timing the reps of a mutating op each see the previous rep's result."""
+
+    def make() -> CaseInputs:
+        return make_inputs(loaded.spec, loaded.arguments, point.case, seed, requires_grad=point.mode != "fwd")
+
+    if loaded.mutated_arguments:
+        make()  # fail here, before any row, if the inputs cannot be made at all
+        return make
+    shared = make()
+    return lambda: shared
+
+
+def _run_contender(loaded: LoadedOp, point: BenchPoint, contender: Contender, inputs: Callable[[], CaseInputs],
+                   timing: TimingOptions, seed: int, timer: Timer) -> tuple[str, dict]:
+    """(status, the row's fields). Whatever a contender raises costs its row, never the benchmark."""
     fields: dict = {}
     if contender.role == IMPLEMENTATION:
-        status, fields = verify(loaded, contender.target, point, seed)
+        try:
+            status, fields = verify(loaded, contender.target, point, seed)
+        except Exception as exc:
+            return ERROR, {"message": f"{contender.name} raised {_short(exc)} while being verified"}
         if status is not None:
             return status, fields
     try:
         fn = contender.fn if contender.fn is not None else compiled_reference(loaded)
-        call = mode_callable(loaded, fn, inputs, point.mode, seed)
-        return OK, {**fields, "timing": time_callable(call, point.device, timing)}
-    except Exception as exc:  # a contender that cannot run costs its row, not the benchmark
-        return ERROR, {"message": f"{contender.name} raised {_short(exc)}"}
+        call = mode_callable(loaded, fn, inputs(), point.mode, seed)
+        return OK, {**fields, "timing": timer(call, point.device, timing)}
+    except Exception as exc:
+        return ERROR, {"message": f"{contender.name} raised {_short(exc)} while being timed"}
 
 
 def verify(loaded: LoadedOp, target: Target, point: BenchPoint, seed: int) -> tuple[str | None, dict]:
-    """(None, fields) when the implementation may be timed, else (WRONG or ERROR, the row's fields).
+    """(None, fields) when the implementation may be timed, else (WRONG, ERROR or SKIP, the row's fields).
 
     A mismatch the spec declares as xfail (for this implementation, check, dtype, device) is timed, with a note.
     """
@@ -214,6 +300,8 @@ def verify(loaded: LoadedOp, target: Target, point: BenchPoint, seed: int) -> tu
             notes.append(f"{name} xfail: {xfail.reason}")
         except ReferenceFailure as exc:
             return ERROR, {"message": str(exc)}
+        except CheckSkipped as exc:
+            return SKIP, {"message": f"{name} skipped: {exc}"}
     return None, {"message": "; ".join(notes)} if notes else {}
 
 
@@ -275,37 +363,35 @@ def _short(exc: BaseException) -> str:
 def bytes_moved(loaded: LoadedOp, mode: str, inputs: CaseInputs) -> int | None:
     """Bytes one call moves: the spec's `bench.bytes` expression for the mode, else the default count.
 
-    Default: fwd reads every tensor input once and writes every output (and mutated argument) once; bwd reads each
-    output's gradient and every tensor input once and writes each differentiated input's gradient once; fwd+bwd is
-    the sum. None when the op's outputs cannot be known (its call raised: its row says why).
+    Default: fwd reads every tensor input once (a mutated argument too) and writes every output that is not an
+    alias of an argument, and every mutated argument, once; bwd reads each floating output's gradient and every
+    tensor input once and writes each differentiated input's gradient once; fwd+bwd is the sum. None when the op's
+    outputs cannot be known (its call raised: its row says why). Raises SpecError for an expression this point
+    cannot evaluate. An op that mutates an argument changes `inputs`: pass a set no contender uses.
     """
     sizes = _sizes(loaded, inputs, with_gradients=mode != "fwd")
     if sizes is None:
         return None
     expressions = dict(loaded.spec.bench.bytes) if loaded.spec.bench else {}
-    if mode in expressions:
-        return _evaluate(loaded.spec, mode, expressions[mode], sizes)
-    if mode == "fwd+bwd":
-        return sum(bytes_moved_for(loaded, part, expressions, sizes) for part in ("fwd", "bwd"))
-    return bytes_moved_for(loaded, mode, expressions, sizes)
+    parts = ("fwd", "bwd") if mode == "fwd+bwd" and mode not in expressions else (mode,)
+    return sum(_evaluate(loaded.spec, part, expressions[part], sizes) if part in expressions
+               else _default_bytes(loaded, part, sizes) for part in parts)
 
 
-def bytes_moved_for(loaded: LoadedOp, mode: str, expressions: dict[str, str], sizes: dict[str, Any]) -> int:
-    if mode in expressions:
-        return _evaluate(loaded.spec, mode, expressions[mode], sizes)
-    tensors = {n: s for n, s in sizes.items() if isinstance(s, expr.TensorSize)}
-    inputs = [s for n, s in tensors.items() if n in _input_names(loaded)]
-    outputs = [s for n, s in tensors.items() if n in _output_names(loaded)]
+def _default_bytes(loaded: LoadedOp, mode: str, sizes: dict[str, Any]) -> int:
+    def tensors(names) -> list[expr.TensorSize]:
+        return [sizes[n] for n in names if isinstance(sizes.get(n), expr.TensorSize)]
+
+    read = tensors(_input_names(loaded))
     if mode == "fwd":
-        mutated = [tensors[n] for n in loaded.mutated_arguments if n in tensors]
-        return sum(t.nbytes for t in inputs + outputs + mutated)
-    grads = [s for n, s in tensors.items() if n.startswith("grad_") and n[5:] in _input_names(loaded)]
-    return sum(t.nbytes for t in outputs + inputs + grads)
+        return sum(t.nbytes for t in read + tensors(_written_outputs(loaded)) + tensors(loaded.mutated_arguments))
+    gradients = tensors(f"grad_{n}" for n in _output_names(loaded) + _input_names(loaded))
+    return sum(t.nbytes for t in read + gradients)
 
 
 def _sizes(loaded: LoadedOp, inputs: CaseInputs, with_gradients: bool) -> dict[str, Any] | None:
-    """The names an expression can use, bound to TensorSize (tensors) or values (scalars); grad_<output> and
-    grad_<input> (the same sizes) for the modes that run a backward."""
+    """The names an expression can use, bound to TensorSize (tensors) or values (scalars); grad_<output> (floating
+    outputs) and grad_<input> (inputs with requires_grad), the same sizes, for the modes that run a backward."""
     import torch
 
     from opforge.checks.calls import argument
@@ -320,7 +406,7 @@ def _sizes(loaded: LoadedOp, inputs: CaseInputs, with_gradients: bool) -> dict[s
     returned = as_tuple(returned) if loaded.overload._schema.returns else ()
     for name, value in zip(_output_names(loaded), returned):
         values[name] = _size_of(value)
-        if with_gradients:
+        if with_gradients and isinstance(values[name], expr.TensorSize) and values[name].floating:
             values[f"grad_{name}"] = values[name]
     for name in inputs.tensor_names if with_gradients else ():
         if isinstance(values.get(name), expr.TensorSize) and argument(inputs, loaded, name).requires_grad:
@@ -332,7 +418,8 @@ def _size_of(value: Any) -> Any:
     import torch
 
     if isinstance(value, torch.Tensor):
-        return expr.TensorSize(tuple(value.shape), value.element_size())
+        return expr.TensorSize(tuple(value.shape), value.element_size(),
+                               value.is_floating_point() or value.is_complex())
     return value
 
 
@@ -340,20 +427,29 @@ def _input_names(loaded: LoadedOp) -> list[str]:
     return [i.name for i in loaded.spec.inputs]
 
 
-def _output_names(loaded: LoadedOp) -> tuple[str, ...]:
-    return expr.return_names(loaded.spec.schema)
+def _output_names(loaded: LoadedOp) -> list[str]:
+    from opforge.checks.calls import output_names
+
+    return output_names(loaded)
+
+
+def _written_outputs(loaded: LoadedOp) -> list[str]:
+    """Outputs a call writes: not those the schema declares as an alias of an argument (`-> Tensor(a!)`), which
+    are the mutated argument itself, counted once as that."""
+    returns = loaded.overload._schema.returns
+    return [name for name, r in zip(_output_names(loaded), returns) if r.alias_info is None]
 
 
 def _evaluate(spec: OpSpec, mode: str, text: str, sizes: dict[str, Any]) -> int:
-    key = "bench.bytes" if dict(spec.bench.bytes).keys() == {"fwd"} and mode == "fwd" else f"bench.bytes.{mode}"
+    key = dict(spec.bench.keys).get(mode, f"bench.bytes.{mode}")
+    line = dict(spec.bench.lines).get(mode)
     try:
         value = expr.evaluate(expr.parse(text, set(sizes)), sizes)
-    except (expr.ExpressionError, ArithmeticError) as exc:
-        raise SpecError(spec.path, dict(spec.bench.lines).get(mode), key, "an expression this mode can evaluate",
-                        str(exc), "Use the names listed (see docs/specs.md, `bench.bytes`).") from None
-    if not isinstance(value, (int, float)) or value < 0 or math.isnan(value):
-        raise SpecError(spec.path, dict(spec.bench.lines).get(mode), key, "a number of bytes >= 0", repr(value),
-                        "Fix the expression.")
+    except (ValueError, ArithmeticError) as exc:  # ExpressionError is a ValueError; so is math.ceil(nan)
+        raise SpecError(spec.path, line, key, "an expression this point can evaluate", str(exc),
+                        "Use the names listed (see docs/specs.md, `bench.bytes`).") from None
+    if value < 0:
+        raise SpecError(spec.path, line, key, "a number of bytes >= 0", repr(value), "Fix the expression.")
     return int(value)
 
 

@@ -106,10 +106,10 @@ def with_arguments(loaded: LoadedOp, inputs: CaseInputs, replacements: dict[str,
 
 
 def output_names(loaded: LoadedOp) -> list[str]:
-    returns = loaded.overload._schema.returns
-    if len(returns) == 1:
-        return ["result"]
-    return [r.name or f"result[{i}]" for i, r in enumerate(returns)]
+    """The outputs' names as failure messages and `bench.bytes` expressions both show them."""
+    from opforge.bench.expr import return_names
+
+    return list(return_names(str(loaded.overload._schema)))
 
 
 def expected_dtype(case_dtype: str, reference_value: Any):
