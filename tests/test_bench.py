@@ -123,7 +123,11 @@ def test_plot_without_matplotlib_is_refused_before_timing(tmp_path, monkeypatch)
     (["bench", BENCH_GOOD, "--sizes", "2**x"], "--sizes: expected element counts"),
     (["bench", BENCH_GOOD, "--dtype", "bfloat16"], "--dtype: expected one of float32, float64 (what good's spec"),
     (["bench", BENCH_GOOD, "--mode", "both"], "--mode: expected one of fwd, bwd, fwd+bwd"),
-    (["bench", BENCH_GOOD, "--noise", "0"], "timing options"),
+    (["bench", BENCH_GOOD, "--noise", "0"], "--noise: expected a fraction 0 < F < 1, got 0.0"),
+    (["bench", BENCH_GOOD, "--budget", "-1"], "--budget: expected seconds > 0, got -1.0"),
+    (["bench", BENCH_GOOD, "--min-reps", "0"], "--min-reps: expected an integer >= 1, got 0"),
+    (["bench", BENCH_GOOD, "--threads", "0"], "--threads: expected an integer >= 1, got 0"),
+    (["bench", BENCH_GOOD, "--max-regression", "-2"], "--max-regression: expected a percentage >= 0, got -2.0"),
 ])
 def test_bad_usage_exits_2(args, fragment):
     result = invoke(*args)
@@ -248,41 +252,242 @@ def test_bytes_of_a_broadcasting_two_input_op():
     assert bytes_moved(loaded, "fwd+bwd", bwd) == (2 * 2048 + 32 + 3 * 2048 + 64) * 4
 
 
-def test_a_bytes_expression_the_mode_cannot_evaluate_is_a_spec_error(tmp_path):
+def copy_fixture(tmp_path, name: str, edit=lambda text: text):
     import shutil
 
-    from opforge.bench.runner import BenchFilters, bytes_moved, plan_points
-    from opforge.cases import make_inputs
+    for module in ("broken_ops.py", "bench_ops.py"):
+        shutil.copy(FIXTURES / module, tmp_path / module)
+    path = tmp_path / name
+    path.write_text(edit((FIXTURES / name).read_text()))
+    return path
+
+
+def test_a_bytes_expression_using_a_gradient_in_fwd_is_refused_at_load(tmp_path):
     from opforge.errors import SpecError
+    from opforge.spec import load_spec
+
+    path = copy_fixture(tmp_path, "bench_good.yaml", lambda text: text.replace(
+        "  modes: [fwd, bwd]\n", "  modes: [fwd, bwd]\n  bytes: 'x.nbytes + grad_x.nbytes'\n"))
+    # A forward has no gradients: the spec is refused before anything is timed, at the expression's line.
+    with pytest.raises(SpecError, match=r"bench_good.yaml:18: bench.bytes: expected an arithmetic expression .*, "
+                                        r"got the unknown name 'grad_x': use one of result, x"):
+        load_spec(path)
+
+
+def test_a_bytes_expression_a_point_cannot_evaluate_is_an_error_row_not_an_abort(tmp_path):
+    # grad_indices passes the load-time check (an output's gradient) but int64 indices have none: each bwd row of
+    # the point is an ERROR naming file:line and key, the fwd rows are timed, and the JSON is written.
+    path = copy_fixture(tmp_path, "bench_sort.yaml", lambda text: text + "  bytes: {bwd: 'grad_indices.nbytes'}\n")
+    out = tmp_path / "run.json"
+    result = invoke("bench", str(path), "--impl", "native", "--impl", "eager", "--json", str(out), *QUICK)
+    assert result.exit_code == 1, result.output
+    rows = results_by_id(out)
+    assert rows["sort_values/native[fwd-float32-cpu-n=2^10]"]["status"] == "ok"
+    bwd = rows["sort_values/native[bwd-float32-cpu-n=2^10]"]
+    assert bwd["status"] == "error" and bwd["timing"] is None
+    assert "bench_sort.yaml:13: bench.bytes.bwd: expected an expression this point can evaluate, got the unknown " \
+           "name 'grad_indices': use one of grad_values, grad_x, indices, values, x." in bwd["message"]
+
+
+def test_a_bytes_mapping_error_names_its_mode_key(tmp_path):
+    path = copy_fixture(tmp_path, "bench_sort.yaml", lambda text: text + "  bytes: {fwd: 'x.nbytes / 0'}\n")
+    out = tmp_path / "run.json"
+    result = invoke("bench", str(path), "--mode", "fwd", "--impl", "native", "--json", str(out), *QUICK)
+    assert result.exit_code == 1, result.output
+    message = results_by_id(out)["sort_values/native[fwd-float32-cpu-n=2^10]"]["message"]
+    assert "bench_sort.yaml:13: bench.bytes.fwd: expected" in message and "division by zero" in message
+
+
+def test_a_tensor_used_as_a_number_is_an_error_row_not_an_internal_error(tmp_path):
+    path = copy_fixture(tmp_path, "bench_sort.yaml", lambda text: text + "  bytes: '2 * x'\n")
+    out = tmp_path / "run.json"
+    result = invoke("bench", str(path), "--mode", "fwd", "--impl", "native", "--json", str(out), *QUICK)
+    assert result.exit_code == 1, result.output
+    message = results_by_id(out)["sort_values/native[fwd-float32-cpu-n=2^10]"]["message"]
+    assert "bench.bytes: expected an expression this point can evaluate, got x is a tensor: use x.nbytes or " \
+           "x.numel()" in message
+
+
+def loaded_point(spec_path, mode: str = "fwd", sizes=(1024,)):
+    from opforge.bench.runner import BenchFilters, plan_points
     from opforge.loading import load_op
     from opforge.spec import load_spec
 
-    for name in ("broken_ops.py", "bench_ops.py"):
-        shutil.copy(FIXTURES / name, tmp_path / name)
-    spec_path = tmp_path / "bench_good.yaml"
-    spec_path.write_text((FIXTURES / "bench_good.yaml").read_text().replace(
-        "  modes: [fwd, bwd]\n", "  modes: [fwd, bwd]\n  bytes: 'x.nbytes + grad_x.nbytes'\n"))
     loaded = load_op(load_spec(spec_path))
-    point = plan_points(loaded.spec, BenchFilters(sizes=(8,)), ("cpu",))[0]
-    # A forward has no gradients: grad_x passes the load-time check (a bwd expression may use it), not this one.
-    with pytest.raises(SpecError, match=r"bench_good.yaml:18: bench.bytes: expected an expression this mode can "
-                                        r"evaluate, got the unknown name 'grad_x': use one of result, x"):
-        bytes_moved(loaded, "fwd", make_inputs(loaded.spec, loaded.arguments, point.case, 0))
+    point = plan_points(loaded.spec, BenchFilters(sizes=sizes, modes=(mode,)), ("cpu",))[0]
+    return loaded, point
+
+
+def default_bytes(spec_path, mode: str) -> int:
+    from opforge.bench.runner import bytes_moved, input_source
+
+    loaded, point = loaded_point(spec_path, mode)
+    return bytes_moved(loaded, mode, input_source(loaded, point, 0)())
+
+
+@pytest.mark.parametrize("fixture, mode, expected", [
+    # In place: x read and written; the returned alias of x is x itself, not a second write.
+    ("scale_.yaml", "fwd", 2 * 4096),
+    ("bench_scale_ret.yaml", "fwd", 2 * 4096),
+    # out=-style: the default cannot tell a write-only argument from an in-place one (docs/bench.md says to state
+    # bench.bytes for such ops): out counts as read and written.
+    ("swish_out.yaml", "fwd", 3 * 4096),
+    # Two outputs: values (float32) and indices (int64) written; the backward reads only the floating output's
+    # gradient, the input, and writes the input's gradient.
+    ("bench_sort.yaml", "fwd", 4096 + 4096 + 8192),
+    ("bench_sort.yaml", "bwd", 3 * 4096),
+    ("bench_sort.yaml", "fwd+bwd", 4096 + 4096 + 8192 + 3 * 4096),
+])
+def test_default_bytes_of_mutating_out_and_multi_output_ops(fixture, mode, expected):
+    assert default_bytes(FIXTURES / fixture, mode) == expected
+
+
+def test_only_floating_outputs_have_gradient_names(tmp_path):
+    from opforge.bench.runner import _sizes, input_source
+
+    loaded, point = loaded_point(FIXTURES / "bench_sort.yaml", "bwd")
+    names = set(_sizes(loaded, input_source(loaded, point, 0)(), with_gradients=True))
+    assert names == {"x", "values", "indices", "grad_values", "grad_x"}
+
+
+def test_a_mutating_op_gets_fresh_inputs_per_contender():
+    import torch
+
+    from opforge.bench.runner import input_source
+
+    loaded, point = loaded_point(FIXTURES / "scale_.yaml")
+    source = input_source(loaded, point, 0)
+    first = source()
+    before = first.args[0].clone()
+    loaded.overload(*first.args, **first.kwargs)  # what the first contender's reps do to its inputs
+    second = source()
+    assert not torch.equal(first.args[0], before) and torch.equal(second.args[0], before)
+    # An op that mutates nothing shares one set: no contender can change it.
+    loaded, point = loaded_point(FIXTURES / "bench_sort.yaml")
+    source = input_source(loaded, point, 0)
+    assert source() is source()
+
+
+def test_bench_of_a_mutating_op_times_every_contender(tmp_path):
+    out = tmp_path / "run.json"
+    result = invoke("bench", str(FIXTURES / "scale_.yaml"), "--sizes", "1024", "--dtype", "float32", "--impl", "native",
+                    "--impl", "wrong", "--impl", "eager", "--json", str(out), *QUICK)
+    assert result.exit_code == 1, result.output  # `wrong` scales by 1.01 s: WRONG, not timed
+    rows = results_by_id(out)
+    assert rows["scale_/native[fwd-float32-cpu-n=2^10]"]["status"] == "ok"
+    assert rows["scale_/native[fwd-float32-cpu-n=2^10]"]["bytes"] == 2 * 4096
+    assert rows["scale_/eager[fwd-float32-cpu-n=2^10]"]["status"] == "ok"
+    assert rows["scale_/wrong[fwd-float32-cpu-n=2^10]"]["status"] == "wrong"
+
+
+# ------------------------------------------------------------------------------ contenders that raise
+
+
+def test_a_contender_raising_while_verified_or_timed_costs_its_row(tmp_path, monkeypatch):
+    from opforge.bench import runner as bench_runner
+    from opforge.checks import numerics
+    from opforge.compare import CheckSkipped
+
+    real_check, real_timer = numerics.correctness, bench_runner.time_callable
+
+    def correctness(context, target, case):  # what a check can raise besides a mismatch
+        if target.name == "scaled":
+            raise MemoryError("out of memory cloning the inputs (simulated)")
+        if target.name == "wrong_gradient":
+            raise CheckSkipped("not enough memory for this case (simulated)")
+        return real_check(context, target, case)
+
+    def timer(call, device, options):  # the second contender timed, the eager baseline, runs out of memory
+        timer.calls += 1
+        if timer.calls == 2:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real_timer(call, device, options)
+
+    timer.calls = 0
+    monkeypatch.setattr(numerics, "correctness", correctness)
+    monkeypatch.setattr(bench_runner, "time_callable", timer)
+    out = tmp_path / "run.json"
+    result = invoke("bench", BENCH_GOOD, "--sizes", "64", "--mode", "fwd", "--impl", "native", "--impl", "scaled",
+                    "--impl", "wrong_gradient", "--impl", "eager", "--json", str(out), *QUICK)
+    assert result.exit_code == 1, result.output
+    rows = results_by_id(out)
+    assert rows["good/native[fwd-float32-cpu-n=2^6]"]["status"] == "ok"
+    scaled = rows["good/scaled[fwd-float32-cpu-n=2^6]"]
+    assert scaled["status"] == "error" and scaled["timing"] is None and scaled["message"] == \
+        "scaled raised MemoryError: out of memory cloning the inputs (simulated) while being verified"
+    skipped = rows["good/wrong_gradient[fwd-float32-cpu-n=2^6]"]
+    assert skipped["status"] == "skip" and skipped["message"] == \
+        "correctness skipped: not enough memory for this case (simulated)"
+    eager = rows["good/eager[fwd-float32-cpu-n=2^6]"]
+    assert eager["status"] == "error" and eager["message"] == \
+        "eager raised RuntimeError: CUDA out of memory (simulated) while being timed"
+    assert "FAILED: 1 timed, 2 error, 1 skip" in result.output and "Traceback" not in result.output
+
+
+# --------------------------------------------------------------------------------------- nothing timed
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")
+def test_a_run_that_times_nothing_fails_and_says_why(tmp_path):
+    plot = tmp_path / "run.png"
+    path = copy_fixture(tmp_path, "bench_good.yaml", lambda text: text.replace("dtypes: [float32, float64]\n",
+                                                                                "dtypes: [float32, float64]\n"
+                                                                                "devices: [cpu, cuda]\n"))
+    result = invoke("bench", str(path), "--device", "cuda", "--plot", str(plot), "--json", str(tmp_path / "r.json"),
+                    *QUICK)
+    assert result.exit_code == 1, result.output
+    assert "opforge bench: expected at least one timed case, got none (skip cuda:" in result.output
+    assert "not written, no case has a GB/s figure" in result.output and not plot.exists()
+    assert "internal error" not in result.output
+
+
+def test_default_modes_are_fwd_only_without_an_input_that_requires_grad(tmp_path):
+    from opforge.bench.runner import BenchFilters, selected
+    from opforge.errors import UsageError
+    from opforge.spec import load_spec
+
+    path = copy_fixture(tmp_path, "bench_good.yaml", lambda text: text.replace(
+        "requires_grad: true", "requires_grad: false").replace("  modes: [fwd, bwd]\n", ""))
+    spec = load_spec(path)
+    assert selected(spec, BenchFilters())[2] == ("fwd",)
+    with pytest.raises(UsageError, match="--mode: expected one of fwd "):
+        selected(spec, BenchFilters(modes=("bwd",)))
 
 
 # --------------------------------------------------------------------------------------------- the timers
 
 
-def test_cpu_timer_records_samples_and_threads():
+def test_cpu_timer_records_samples_and_threads_and_honours_max_reps():
     import torch
 
     from opforge.bench.timing import time_cpu
 
     x = torch.randn(1024)
-    timing = time_cpu(lambda: x * 2, TimingOptions(budget_s=0.05, warmup_s=0.0, min_time_s=0.01))
-    assert timing.samples and all(s > 0 for s in timing.samples)
+    # A noise target no timer reaches: only max_reps can stop it (the budget is far away).
+    timing = time_cpu(lambda: x * 2, TimingOptions(budget_s=60.0, warmup_s=0.0, noise_target=1e-9, max_reps=6))
+    assert timing.stopped == "max_reps" and len(timing.samples) == 6 and all(s > 0 for s in timing.samples)
     assert timing.threads == torch.get_num_threads() and timing.calls_per_sample >= 1
-    assert timing.stopped in ("noise", "budget")
+    assert timing.method == "torch.utils.benchmark.Timer.timeit"
+
+
+def test_cpu_timer_honours_min_reps_before_the_noise_target():
+    import torch
+
+    from opforge.bench.timing import time_cpu
+
+    x = torch.randn(1024)
+    # Any sample set passes a noise target of 1e9: the minimums alone decide how many samples there are.
+    timing = time_cpu(lambda: x * 2, TimingOptions(budget_s=60.0, warmup_s=0.0, noise_target=1e9, min_reps=30,
+                                                   min_time_s=0.0))
+    # Batches of 4, 8, 16, 32: the first total past 30 is 60.
+    assert timing.stopped == "noise" and len(timing.samples) == 60
+
+
+def test_cpu_block_grows_tenfold_until_it_lasts_the_block_time():
+    from opforge.bench.timing import CPU_BLOCK_S, cpu_block_calls
+
+    assert cpu_block_calls(lambda calls: calls * CPU_BLOCK_S / 50) == 100
+    assert cpu_block_calls(lambda calls: 1.0) == 1
 
 
 @requires_cuda
