@@ -206,7 +206,59 @@ def test_gate_warns_when_the_environments_differ(tmp_path, fake_timer):
         result.output
 
 
+def test_gate_warns_about_baseline_cases_not_run_and_fails_when_none_ran(tmp_path, fake_timer):
+    baseline = record_baseline(tmp_path, fake_timer)
+    result = invoke("bench", BENCH_GOOD, "--sizes", "256", "--mode", "fwd", "--impl", "native",
+                    "--baseline", baseline)
+    assert result.exit_code == 0, result.output
+    assert "warning: 1 case(s) of the baseline were not run: good/eager[fwd-float32-cpu-n=2^8]" in result.output
+    result = invoke("bench", BENCH_GOOD, "--sizes", "512", "--mode", "fwd", "--impl", "native",
+                    "--baseline", baseline)
+    assert result.exit_code == 1, result.output
+    assert "### opforge bench: ❌ nothing compared" in result.output
+    assert "--baseline: expected at least one case compared with" in result.output
+
+
+def test_gate_does_not_compare_cases_timed_differently(tmp_path, fake_timer):
+    baseline = record_baseline(tmp_path, fake_timer)
+    data = json.loads(open(baseline).read())
+    for row in data["results"]:
+        if row["impl"] == "native":
+            row["timing"]["threads"] = 64
+            row["timing"]["samples"] = [s * 2 for s in row["timing"]["samples"]]  # would be a regression
+    open(baseline, "w").write(json.dumps(data))
+    fake_timer["seed"] = 0
+    result = gate(baseline)
+    assert result.exit_code == 0, result.output
+    assert "good/native[fwd-float32-cpu-n=2^8] was timed differently from the baseline (threads: 64 -> None): " \
+           "not gated" in result.output
+    assert "> - `good/native[fwd-float32-cpu-n=2^8]`: threads: 64 -> None" in result.output
+    assert "| `good/native" not in result.output and "| `good/eager[fwd-float32-cpu-n=2^8]` |" in result.output
+
+
 # ---------------------------------------------------------------------------------------- peak and bytes
+
+
+def test_gpu_is_named_to_nvidia_smi_by_uuid():
+    from types import SimpleNamespace
+
+    from opforge.bench.environment import gpu_smi_id, nvidia_smi
+
+    uuid = "58f2d6e2-1c0b-4e5b-9a8e-0f5c3c2d1a00"
+    assert gpu_smi_id(SimpleNamespace(uuid=uuid)) == f"GPU-{uuid}"
+    assert gpu_smi_id(SimpleNamespace(uuid=f"GPU-{uuid}")) == f"GPU-{uuid}"
+    assert gpu_smi_id(SimpleNamespace()) is None and nvidia_smi(None) == {}
+
+
+def test_plot_series_separate_shapes_from_sizes():
+    from opforge.bench.export import series_label
+    from opforge.bench.model import BenchResult
+
+    def row(case: str) -> BenchResult:
+        return BenchResult("custom_loss", "native", "implementation", "cpu", "float32", "fwd", case, 2**24, "ok")
+
+    assert series_label(row("n=2^24")) == series_label(row("n=2^20")) == "native"
+    assert series_label(row("pred=4096x4096,target=4096")) == "native (pred=4096x4096,target=4096)"
 
 
 def test_peak_is_measured_once_per_device_and_cached(tmp_path):
@@ -523,3 +575,36 @@ def test_a_declared_xfail_is_timed_with_a_note(tmp_path):
     row = results_by_id(out)["good/scaled[fwd-float32-cpu-n=2^6]"]
     assert row["status"] == "ok" and row["timing"]["samples"]
     assert row["message"] == "correctness xfail: 1% off on purpose"
+
+
+# ------------------------------------------------------------------------------------ the fidelity script
+
+
+def fidelity(*args: str):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_fidelity.py"), *args],
+                          capture_output=True, text=True, cwd=REPO)
+
+
+def fake_run(path, median_s: float):
+    path.write_text(json.dumps({"kind": "bench", "results": [
+        {"id": "good/native[fwd-float32-cuda-n=2^24]", "status": "ok", "median_s": median_s, "elements": 2**24}]}))
+    return str(path)
+
+
+def test_fidelity_script_exits_1_when_the_spread_target_is_missed(tmp_path):
+    runs = [fake_run(tmp_path / f"run{i}.json", m) for i, m in enumerate((1.0e-3, 1.01e-3, 0.99e-3))]
+    assert fidelity("spread", *runs).returncode == 0
+    runs.append(fake_run(tmp_path / "slow.json", 1.2e-3))
+    result = fidelity("spread", *runs)
+    assert result.returncode == 1 and "target missed: spread: expected every case within ±3%" in result.stderr
+
+
+def test_fidelity_script_reports_a_missing_run_cleanly(tmp_path):
+    result = fidelity("spread", fake_run(tmp_path / "run1.json", 1e-3), str(tmp_path / "missing.json"))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "missing.json: expected the --json of an `opforge bench` run, got FileNotFoundError" in result.stderr

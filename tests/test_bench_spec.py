@@ -78,6 +78,19 @@ def test_huge_exponents_and_missing_names_fail_at_evaluation():
         evaluate(parse("alpha.nbytes", NAMES), {"alpha": 0.1})
 
 
+@pytest.mark.parametrize("text, fragment", [
+    ("2 * x", "x is a tensor: use x.nbytes or x.numel()"),
+    ("max(x, 10)", "x is a tensor: use x.nbytes or x.numel()"),
+    ("-x", "x is a tensor"),
+    ("x", "x is a tensor"),
+    ("x.nbytes * 1e308 * 1e308", "not a finite number"),
+])
+def test_tensors_as_numbers_and_infinite_values_are_expression_errors(text, fragment):
+    with pytest.raises(ExpressionError) as info:
+        evaluate(parse(text, NAMES), {"x": X, "result": X})
+    assert fragment in str(info.value)
+
+
 @pytest.mark.parametrize("schema, names", [
     ("ns::f(Tensor x) -> Tensor", ("result",)),
     ("ns::f(Tensor(a!) x) -> ()", ()),
@@ -118,6 +131,13 @@ def test_bench_section_loads_with_defaults_left_empty(tmp_path):
     ("bench:\n  sizes: [8]\n  mode: [fwd]\n", 11, "bench.mode", "Did you mean 'modes'?"),
     ("bench:\n  sizes: [8]\n  modes: [fwd, back]\n", 11, "bench.modes[1]", "one of fwd, bwd, fwd+bwd"),
     ("bench:\n  shapes: {y: [[8]]}\n", 10, "bench.shapes.y", "unknown key 'y'"),
+    # A forward has no gradients; a backward has no gradient of an input without requires_grad.
+    ("bench:\n  sizes: [8]\n  bytes: 'grad_x.nbytes'\n", 11, "bench.bytes", "the unknown name 'grad_x'"),
+    ("bench:\n  sizes: [8]\n  bytes: {bwd: 'grad_result.nbytes + grad_x.nbytes + grad_y.nbytes'}\n", 11,
+     "bench.bytes.bwd", "the unknown name 'grad_y'"),
+    ("bench:\n  sizes: [8]\n  dtypes: [float32, bfloat16]\n", 11, "bench.dtypes[1]",
+     "one of the spec's dtypes (float32), got 'bfloat16'"),
+    ("bench:\n  sizes: [8]\n  devices: [cuda]\n", 11, "bench.devices[0]", "one of the spec's devices (cpu), got 'cuda'"),
 ])
 def test_bad_bench_sections_name_file_line_and_key(tmp_path, bench_yaml, line, key, fragment):
     path = write(tmp_path, bench_yaml)
@@ -140,3 +160,12 @@ def test_backward_modes_need_a_differentiable_op(tmp_path):
     path = write(tmp_path, "differentiable: false\nbench:\n  sizes: [8]\n  modes: [fwd, bwd]\n")
     with pytest.raises(SpecError, match=r"op.yaml:12: bench.modes: expected only fwd"):
         load_spec(path)
+
+
+def test_backward_modes_need_an_input_that_requires_grad(tmp_path):
+    base = BASE.replace("requires_grad: true", "requires_grad: false")
+    path = write(tmp_path, "bench:\n  sizes: [8]\n  modes: [fwd+bwd]\n", base)
+    with pytest.raises(SpecError, match=r"op.yaml:11: bench.modes: expected only fwd for an op with differentiable: "
+                                        r"false or no input with requires_grad: true, got fwd\+bwd"):
+        load_spec(path)
+    assert load_spec(write(tmp_path, "bench:\n  sizes: [8]\n", base)).bench_modes == ("fwd",)

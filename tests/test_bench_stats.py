@@ -60,10 +60,41 @@ def test_interval_is_reproducible_and_stable_across_seeds():
     assert (max(lows) - min(lows)) / min(lows) < 0.005
 
 
-def test_large_sample_sets_are_thinned_not_refused():
-    big = noisy(1e-3, 0.02, n=20_000, seed=7)
-    interval = ratio_of_medians(big, big)
-    assert interval.low <= 1.0 <= interval.high
+def test_large_sample_sets_are_thinned_not_refused(monkeypatch):
+    import numpy as np
+
+    from opforge.bench import stats
+
+    widths = []
+    real_rng = np.random.default_rng
+
+    class Recording:  # records the shape of each resampling draw: resamples x samples per set
+        def __init__(self, seed) -> None:
+            self.rng = real_rng(seed)
+
+        def integers(self, low, high, size):
+            widths.append(size[1])
+            return self.rng.integers(low, high, size=size)
+
+    big, small = noisy(1e-3, 0.02, n=20_000, seed=7), noisy(1e-3, 0.02, n=50, seed=8)
+    monkeypatch.setattr(np.random, "default_rng", Recording)
+    interval = ratio_of_medians(big, small)
+    assert widths == [stats.MAX_BOOTSTRAP_SAMPLES, 50]
+    assert interval.low <= interval.ratio <= interval.high
+
+
+def test_the_ratio_is_of_the_samples_the_interval_resamples():
+    # 20,000 samples whose thinned subset (every ~10th) is 2 ms and the rest 1 ms: the ratio must come from the
+    # same thinned set as its interval, or it falls outside it.
+    import numpy as np
+
+    from opforge.bench.stats import MAX_BOOTSTRAP_SAMPLES
+
+    kept = np.linspace(0, 19_999, MAX_BOOTSTRAP_SAMPLES).round().astype(int)
+    new = np.full(20_000, 1e-3)
+    new[kept] = 2e-3
+    interval = ratio_of_medians(list(new), [1e-3] * 50)
+    assert interval.low <= interval.ratio <= interval.high
 
 
 # ------------------------------------------------------------------------------------------- the stopping rule
@@ -107,6 +138,20 @@ def test_noisy_op_stops_at_the_budget():
     samples, stopped = measure_until_stable(run_batch, TimingOptions(budget_s=0.5), clock)
     assert stopped == "budget"
     assert 0.5 <= clock.now < 0.6  # the last batch was sized to the time left
+
+
+def test_minimum_time_is_clock_time_not_the_sum_of_samples():
+    # A quiet 5 us op whose reps each spend 95 us more outside the sample (flush, spin): 0.1 s of clock time passes
+    # after ~1,000 reps, while the samples' sum would need 20,000 (past max_reps).
+    clock = FakeClock()
+    samples_of = lambda i: 5e-6 * (1 + 0.001 * (i % 3))  # noqa: E731
+
+    def run_batch(n: int) -> list[float]:
+        clock.now += n * 100e-6
+        return [samples_of(i) for i in range(n)]
+
+    samples, stopped = measure_until_stable(run_batch, TimingOptions(budget_s=100.0, min_time_s=0.1), clock)
+    assert stopped == "noise" and 1000 <= len(samples) < 2100
 
 
 def test_max_reps_bounds_the_samples():
