@@ -87,6 +87,18 @@ def test_graph_break_fails_compile_for_that_implementation_only():
     assert not failures_by_check(report, "native")
 
 
+def test_an_op_returning_fewer_values_than_expected_fails_instead_of_comparing_fewer():
+    import torch
+
+    from opforge.checks.calls import paired
+    from opforge.compare import CheckFailure
+
+    loaded = load_op(load_spec(FIXTURES / "good.yaml"))
+    with pytest.raises(CheckFailure, match=r"outputs: expected 2 value\(s\) \(the schema's returns\), got 1\."):
+        paired(loaded, (torch.ones(1),), {}, (torch.ones(1), torch.ones(1)), {})
+    assert paired(loaded, (torch.ones(1),), {}, (torch.zeros(1),), {})[0][0] == "result"
+
+
 def test_mutated_argument_is_compared_with_the_reference():
     report = run_spec(FIXTURES / "scale_.yaml")
     assert not failures_by_check(report, "native"), describe(failures_by_check(report, "native").get("correctness", []))
