@@ -65,7 +65,7 @@ def run(job: dict, send: Send) -> None:
              skipped=[result_json(r) for r in plan.skipped])
     else:
         send("loaded", count=len(plan.rows))
-    context = CheckContext(loaded, filters.seed)
+    context = CheckContext(loaded, filters.seed, job["time_limit"])
     for index in range(start, len(plan.rows)):
         send("start", index=index)
         results = run_row(context, plan.rows[index], filters)

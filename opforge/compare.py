@@ -56,8 +56,10 @@ def as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
-def check_result(name: str, got: Any, expected: Any, tol: Tolerance, dtype: Any, device: str) -> None:
-    """`got` must be a tensor of `dtype` on `device`, shaped like `expected`, and close to it."""
+def check_result(name: str, got: Any, expected: Any, tol: Tolerance, dtype: Any, device: str,
+                 against: str = "the reference") -> None:
+    """`got` must be a tensor of `dtype` on `device`, shaped like `expected`, and close to it; `against` names what
+    `expected` is in the failure message."""
     import torch
 
     if not isinstance(expected, torch.Tensor):
@@ -74,7 +76,7 @@ def check_result(name: str, got: Any, expected: Any, tol: Tolerance, dtype: Any,
         raise CheckFailure(f"{name}: expected a tensor on {device}, got one on {got.device}.")
     mismatch = worst_mismatch(name, got, expected, tol)
     if mismatch is not None:
-        raise CheckFailure(f"{name}: {mismatch.mismatched} of {mismatch.total} elements differ from the reference "
+        raise CheckFailure(f"{name}: {mismatch.mismatched} of {mismatch.total} elements differ from {against} "
                            "beyond tolerance.", mismatch)
 
 

@@ -226,7 +226,7 @@ class Supervisor:
         if self.gpus[op.slot] is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[op.slot]
         job = {"spec": str(op.spec.path), "cuda_arch": self.isolation.cuda_arch, "filters": self.filters.to_json(),
-               "start": op.next_index}
+               "start": op.next_index, "time_limit": op.limit}
         op.worker = _Worker(job, env)
         op.in_flight, op.since, op.progressed = None, time.monotonic(), False
 

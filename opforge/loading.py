@@ -52,7 +52,9 @@ def load_op(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[str],
     targets = (Target(NATIVE, overload, overload),) + tuple(
         _target(spec, name, ref) for name, ref in spec.implementations
     )
-    return LoadedOp(spec, overload, targets, resolve_callable(spec, "reference", spec.reference), build)
+    loaded = LoadedOp(spec, overload, targets, resolve_callable(spec, "reference", spec.reference), build)
+    _check_vmap_claim(loaded)
+    return loaded
 
 
 def _import_modules(spec: OpSpec) -> None:
@@ -161,6 +163,16 @@ def _check_inputs(spec: OpSpec, overload: Any) -> None:
         if name not in given and not argument.has_default_value():
             raise spec.error("inputs", f"an entry for schema argument {name!r} (it has no default)", "none",
                              f"Add `{name}:` under inputs.")
+
+
+def _check_vmap_claim(loaded: LoadedOp) -> None:
+    """The vmap check compares with a loop over slices of fresh inputs; an op that writes its arguments would need
+    the batched writes compared too, which it does not do: refuse the claim rather than check nothing."""
+    mutated = loaded.mutated_arguments
+    if loaded.spec.vmap and mutated:
+        raise loaded.spec.error("vmap", "vmap: true only for an op that mutates none of its arguments",
+                                f"vmap: true on an op that mutates {', '.join(mutated)}",
+                                "Drop `vmap: true`: opforge checks vmap of functional ops only.")
 
 
 def _is_tensor_type(t: Any) -> bool:

@@ -7,6 +7,7 @@ and spec errors stay instant.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +30,9 @@ KNOWN_LAYOUTS = ("contiguous", "noncontiguous", "channels_last")
 KNOWN_CHECKS = ("correctness", "devices", "determinism", "special_values", "opcheck", "gradcheck", "gradgradcheck",
                 "grad_lowp", "compile", "dtypes", "error_inputs", "vmap", "memory", "stream", "large_index",
                 "multi_gpu")
-# Checks that apply only when the spec claims what they test (`vmap: true`, an `error_inputs` list, `large_index`).
-CLAIMED_CHECKS = {"vmap": "vmap", "error_inputs": "error_inputs", "large_index": "large_index"}
+# Checks that apply only when the spec claims what they test under a key of the same name (`vmap: true`, an
+# `error_inputs` list, `large_index`).
+CLAIMED_CHECKS = ("vmap", "error_inputs", "large_index")
 # int32 indexing breaks past this many elements: a large_index shape must exceed it.
 INT32_INDEX_LIMIT = 2**31
 OPCHECK_SUBTESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
@@ -578,7 +580,7 @@ def load_spec(path: Path | str) -> OpSpec:
     }
     if checks is None:
         checks = tuple(c for c in KNOWN_CHECKS if _applicable_by_default(c, differentiable, double_backward)
-                       and (c not in CLAIMED_CHECKS or claims[CLAIMED_CHECKS[c]]))
+                       and (c not in CLAIMED_CHECKS or claims[c]))
     _check_claims(r, checks, claims)
     implementations = r.get("implementations", _implementations, ())
     devices = r.get("devices", _list(_one_of(KNOWN_DEVICES)), ("cpu",))
@@ -617,10 +619,10 @@ def load_spec(path: Path | str) -> OpSpec:
 
 
 def _check_claims(r: _Reader, checks: tuple[str, ...], claims: dict[str, Any]) -> None:
-    for check, key in CLAIMED_CHECKS.items():
-        if check in checks and not claims[key]:
-            raise r.fail(r.child("checks"), "checks", f"a `{key}:` entry for check {check!r}", "none",
-                         f"Add `{key}:` (see docs/checks.md) or drop {check} from checks.")
+    for check in CLAIMED_CHECKS:
+        if check in checks and not claims[check]:
+            raise r.fail(r.child("checks"), "checks", f"a `{check}:` entry for check {check!r}", "none",
+                         f"Add `{check}:` (see docs/checks.md) or drop {check} from checks.")
 
 
 # ----------------------------------------------------------------------------------------------- error_inputs
@@ -645,7 +647,8 @@ def _error_input(r: _Reader, key: str, node: _Node, inputs: tuple[Input, ...]) -
     e = _Reader(r.path, node, key, _ERROR_INPUT_KEYS, required=("description", "inputs", "error", "match"))
     error = e.get("error", _str)
     if not _is_builtin_exception(error):
-        raise e.fail(e.child("error"), f"{key}.error", "the name of a Python built-in exception class",
+        raise e.fail(e.child("error"), f"{key}.error",
+                     "the name of a Python built-in exception class (an Exception subclass)",
                      repr(error), "Write e.g. RuntimeError (torch's TORCH_CHECK raises RuntimeError, or a subclass "
                                   "such as ValueError/TypeError/IndexError for TORCH_CHECK_VALUE/_TYPE/_INDEX).")
     args = e.child("inputs")
@@ -675,10 +678,12 @@ def _error_tensor(r: _Reader, key: str, name: str, node: _Node) -> ErrorTensor:
 
 
 def _is_builtin_exception(name: str) -> bool:
+    """A built-in Exception subclass: the check catches Exception, so SystemExit or KeyboardInterrupt (BaseException
+    only) would escape it."""
     import builtins
 
     cls = getattr(builtins, name, None)
-    return isinstance(cls, type) and issubclass(cls, BaseException)
+    return isinstance(cls, type) and issubclass(cls, Exception)
 
 
 # ------------------------------------------------------------------------------------------------ large_index
@@ -700,9 +705,7 @@ def _large_index(r: _Reader, inputs: tuple[Input, ...], dtypes: tuple[str, ...])
         raise s.fail(shapes_node, "large_index.shapes", "the same shape for every tensor input (the check compares "
                      "element i of the output with element i of each input)",
                      ", ".join(f"{n}: {list(sh)}" for n, sh in shapes), "Give every tensor input one shape.")
-    numel = 1
-    for size in shapes[0][1]:
-        numel *= size
+    numel = math.prod(shapes[0][1])
     if numel <= INT32_INDEX_LIMIT:
         raise s.fail(shapes_node, "large_index.shapes", f"more than 2^31 = {INT32_INDEX_LIMIT} elements",
                      f"{numel}", "Use e.g. [2147487747] (2^31 + 4099: past the limit, no multiple of a vector width).")

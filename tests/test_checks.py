@@ -22,15 +22,20 @@ def test_correct_op_passes_every_check():
     failed = [r for r in report.results if r.status.failed]
     assert not failed, describe(failed)
     checks = {r.check for r in report.results if r.status == Status.PASS}
-    assert {"correctness", "determinism", "special_values", "gradcheck", "grad_lowp", "opcheck:test_schema", "opcheck:test_faketensor",
-            "opcheck:test_autograd_registration", "opcheck:test_aot_dispatch_dynamic", "dtypes", "vmap", "memory"} <= checks
+    assert {"correctness", "determinism", "special_values", "gradcheck", "gradgradcheck", "grad_lowp",
+            "opcheck:test_schema", "opcheck:test_faketensor", "opcheck:test_autograd_registration",
+            "opcheck:test_aot_dispatch_dynamic", "dtypes", "vmap", "memory"} <= checks
 
 
 # (fixture, checks that must flag it, checks that must still pass on it)
 BUGS = [
     ("wrong_fake_shape", {"opcheck:test_faketensor"}, {"correctness", "gradcheck", "opcheck:test_schema"}),
     ("wrong_gradient", {"gradcheck", "grad_lowp"}, {"correctness", "opcheck:test_faketensor"}),
-    ("no_autograd", {"gradcheck", "grad_lowp", "opcheck:test_aot_dispatch_dynamic"}, {"correctness"}),
+    ("no_autograd", {"gradcheck", "grad_lowp", "opcheck:test_aot_dispatch_dynamic"},
+     {"correctness", "opcheck:test_autograd_registration"}),
+    ("wrong_double_backward", {"gradgradcheck"}, {"correctness", "gradcheck", "grad_lowp"}),
+    ("function_on_cpu_key", {"opcheck:test_autograd_registration"},
+     {"correctness", "gradcheck", "opcheck:test_schema"}),
     ("undeclared_mutation", {"opcheck:test_schema", "correctness"}, {"opcheck:test_faketensor"}),
     ("float32_compute", {"gradcheck"}, {"opcheck:test_faketensor"}),
     ("ignores_strides", {"correctness"}, {"opcheck:test_schema"}),
@@ -48,6 +53,8 @@ BUGS = [
 @pytest.mark.parametrize("fixture, flagged_by, unaffected", BUGS, ids=[b[0] for b in BUGS])
 def test_broken_op_is_flagged_by_its_check(fixture, flagged_by, unaffected):
     report = run_spec(FIXTURES / f"{fixture}.yaml")
+    errors = [r for r in report.results if r.status == Status.ERROR]
+    assert not errors, describe(errors)
     failed = failures_by_check(report)
     missing = flagged_by - failed.keys()
     assert not missing, f"{fixture}: expected {sorted(missing)} to fail; failures were {sorted(failed)}"
@@ -79,6 +86,18 @@ def test_graph_break_fails_compile_for_that_implementation_only():
     report = run_spec(FIXTURES / "graph_break.yaml")
     assert failures_by_check(report, "graph_break").keys() == {"compile"}
     assert not failures_by_check(report, "native")
+
+
+def test_an_op_returning_fewer_values_than_expected_fails_instead_of_comparing_fewer():
+    import torch
+
+    from opforge.checks.calls import paired
+    from opforge.compare import CheckFailure
+
+    loaded = load_op(load_spec(FIXTURES / "good.yaml"))
+    with pytest.raises(CheckFailure, match=r"outputs: expected 2 value\(s\) \(the schema's returns\), got 1\."):
+        paired(loaded, (torch.ones(1),), {}, (torch.ones(1), torch.ones(1)), {})
+    assert paired(loaded, (torch.ones(1),), {}, (torch.zeros(1),), {})[0][0] == "result"
 
 
 def test_mutated_argument_is_compared_with_the_reference():
@@ -170,17 +189,56 @@ def test_error_input_with_the_wrong_message_fails(tmp_path):
     assert len(failed) == 1 and "lacks 'y must be float32'" in failed[0].message
 
 
+def _pinned_to(tmp_path, device: str, devices: str) -> object:
+    """accepts_shape_mismatch with its dtype entry turned into a call that puts y on `device`."""
+    path = spec_variant(tmp_path, "accepts_shape_mismatch", f"devices: {devices}\n")
+    path.write_text(path.read_text().replace("inputs: {y: {dtype: float64}}", f"inputs: {{y: {{device: {device}}}}}"))
+    return path
+
+
+def test_error_inputs_run_once_per_device_with_unpinned_tensors_there(tmp_path):
+    cases = _planned(_pinned_to(tmp_path, "cuda", "[cpu, cuda]"), "error_inputs")
+    by_label = {(c.label.split("_")[2], c.device) for c in cases}
+    # The shape entry on both devices; the entry that pins y to cuda only where x lands elsewhere (on cuda it would
+    # be a valid call).
+    assert by_label == {("x", "cpu"), ("x", "cuda"), ("another", "cpu")}, by_label
+
+
 def test_error_input_on_a_missing_device_is_skipped_with_the_reason(tmp_path):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    path = spec_variant(tmp_path, "accepts_shape_mismatch", "devices: [cpu, cuda]\n")
-    path.write_text(path.read_text().replace("inputs: {y: {dtype: float64}}", "inputs: {y: {device: cuda}}"))
-    report = run_spec(path, checks=("error_inputs",))
-    rows = [r for r in report.results if r.device == "cuda"]
-    assert rows and all(r.status == Status.SKIP and "CUDA is not available" in r.message for r in rows)
-    assert len([r for r in report.results if r.device == "cpu"]) == 2, "only the CPU call ran, for both targets"
+    report = run_spec(_pinned_to(tmp_path, "cuda", "[cpu, cuda]"), checks=("error_inputs",))
+    pinned = [r for r in report.results if r.case_id.startswith("y_has_another_dtype")]
+    assert len(pinned) == 2 and all(r.status == Status.SKIP and "puts y on cuda: CUDA is not available" in r.message
+                                    for r in pinned), describe(pinned)
+    cuda_rows = [r for r in report.results if r.device == "cuda"]
+    assert cuda_rows and all(r.status == Status.SKIP and "CUDA is not available" in r.message for r in cuda_rows)
+    ran = [r for r in report.results if r.device == "cpu" and r.status != Status.SKIP]
+    assert len(ran) == 2, "the shape entry ran on the CPU, for both targets"
+
+
+def test_error_input_pinned_to_a_device_the_spec_lacks_is_skipped_with_the_reason(tmp_path):
+    report = run_spec(_pinned_to(tmp_path, "cuda", "[cpu]"), checks=("error_inputs",))
+    pinned = [r for r in report.results if r.case_id.startswith("y_has_another_dtype")]
+    assert len(pinned) == 2 and all(r.status == Status.SKIP and "do not include. Add cuda to devices" in r.message
+                                    for r in pinned), describe(pinned)
+
+
+def test_unclaimed_integer_dtype_keeps_a_pinned_index_input_for_the_reference():
+    report = run_spec(FIXTURES / "take.yaml")
+    assert {r.status for r in report.results} == {Status.PASS}, describe(
+        [r for r in report.results if r.status != Status.PASS])
+    assert {r.dtype for r in report.results if r.check == "dtypes"} >= {"int8", "int64", "bool"}
+
+
+def test_vmap_claim_on_an_op_that_mutates_an_argument_is_a_spec_error(tmp_path):
+    from opforge.errors import SpecError
+
+    path = spec_variant(tmp_path, "scale_", "vmap: true\n")
+    with pytest.raises(SpecError, match="vmap: true on an op that mutates x"):
+        load_op(load_spec(path))
 
 
 def test_out_argument_gets_the_case_layout():
@@ -223,8 +281,9 @@ def test_cuda_only_check_is_skipped_with_a_reason_without_cuda(fixture, check):
 
 
 @no_cuda
-def test_multi_gpu_is_skipped_with_a_reason_without_cuda():
-    report = run_spec(CUDA_OPS / "unguarded_swish.yaml")
+@pytest.mark.parametrize("fixture", ["unguarded_swish", "unguarded_launch_swish"])
+def test_multi_gpu_is_skipped_with_a_reason_without_cuda(fixture):
+    report = run_spec(CUDA_OPS / f"{fixture}.yaml")
     rows = [r for r in report.results if r.check == "multi_gpu"]
     assert rows and all(r.status == Status.SKIP and "CUDA is not available" in r.message for r in rows)
 
@@ -255,7 +314,7 @@ def test_multi_gpu_moves_inputs_with_their_exact_strides(layout):
     import torch
 
     from opforge.cases import CaseInputs, in_layout
-    from opforge.checks.placement import on_device
+    from opforge.checks.calls import on_device
 
     x = in_layout(torch.arange(35.0, dtype=torch.float64).reshape(5, 7), layout, torch.float32, "cpu")
     moved = on_device(CaseInputs((x, 0.5), {}, (), {}, ("x",)), torch.device("cpu")).args
@@ -275,10 +334,34 @@ def test_kernel_without_a_device_guard_fails_multi_gpu():
 
 
 @requires_two_gpus
+def test_kernel_launched_on_the_wrong_gpu_fails_multi_gpu(tmp_path):
+    """Output on the right GPU, kernel on the wrong one: it faults (a sticky CUDA error), so it runs isolated, where
+    the fault ends one worker and every case is the op's failure."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from opforge.cli import app
+
+    path = tmp_path / "report.json"
+    CliRunner().invoke(app, ["check", str(CUDA_OPS / "unguarded_launch_swish.yaml"), "--check", "multi_gpu",
+                             "--json", str(path)])
+    rows = json.loads(path.read_text())["ops"][0]["results"]
+    assert rows and {r["status"] for r in rows} == {"fail"}, rows
+
+
+@requires_two_gpus
 def test_guarded_kernels_pass_multi_gpu():
     report = run_spec(REPO / "specs" / "leaky_swish.yaml", checks=("multi_gpu",), devices=("cuda",))
     rows = [r for r in report.results if r.check == "multi_gpu"]
     assert rows and not report.failed, describe([r for r in rows if r.status.failed])
+
+
+@requires_cuda
+def test_leak_fails_memory_on_cuda_by_allocated_bytes():
+    failed = failures_by_check(run_spec(FIXTURES / "leaks_outputs.yaml", devices=("cuda",)))
+    assert {r.device for r in failed["memory"]} == {"cuda"}
+    assert all("bytes stayed allocated" in r.message for r in failed["memory"])
 
 
 @requires_cuda
@@ -291,16 +374,22 @@ def test_kernel_on_the_legacy_default_stream_fails_stream():
 
 @requires_cuda
 def test_cuda_kernel_that_disagrees_with_its_cpu_kernel_fails_devices():
-    failed = failures_by_check(run_spec(CUDA_OPS / "disagreeing_swish.yaml"))
-    assert {r.device for r in failed["devices"]} == {"cuda"}
-    assert "stream" not in failed and not any(r.device == "cpu" for r in failed.get("correctness", []))
+    # The CUDA kernel is wrong, so every CUDA check that compares with the reference (correctness, stream) may fail
+    # too; the CPU kernel is right.
+    report = run_spec(CUDA_OPS / "disagreeing_swish.yaml")
+    assert {r.device for r in failures_by_check(report)["devices"]} == {"cuda"}
+    cpu = [r for r in report.results if r.device == "cpu"]
+    assert cpu and all(r.status == Status.PASS for r in cpu), describe([r for r in cpu if r.status != Status.PASS])
 
 
 @requires_cuda
 def test_int32_indexing_kernel_fails_large_index():
     report = run_spec(CUDA_OPS / "int32_index_swish.yaml", large=True)
     rows = [r for r in report.results if r.check == "large_index"]
-    assert rows and all(r.status in (Status.FAIL, Status.SKIP) for r in rows), describe(rows)
+    assert len(rows) == 1, describe(rows)
+    if rows[0].status == Status.SKIP:
+        pytest.skip(f"large_index could not run here: {rows[0].message}")
+    assert rows[0].status == Status.FAIL and "Index with int64_t" in rows[0].message, describe(rows)
     assert "stream" not in failures_by_check(report)
 
 
@@ -346,6 +435,41 @@ def test_large_index_child_that_faults_is_the_ops_failure_and_the_run_goes_on():
 
     failure = run_in_child(_small_index_job("faults"))
     assert failure is not None and "SIGSEGV" in failure.message and "child process" in failure.message
+
+
+def test_large_index_child_fails_an_output_shorter_than_the_inputs():
+    from opforge.checks.large_index import run_in_child
+
+    failure = run_in_child(_small_index_job("short"))
+    assert failure is not None and failure.message.startswith("result: expected shape (10000,)")
+    assert f"got ({_small_index_limit()},)" in failure.message
+
+
+def test_large_index_child_that_runs_out_of_memory_in_the_op_is_skipped():
+    from opforge.checks.large_index import run_in_child
+    from opforge.compare import CheckSkipped
+
+    with pytest.raises(CheckSkipped, match="out of memory on cpu while the op ran"):
+        run_in_child(_small_index_job("oom"))
+
+
+def test_large_index_child_that_breaks_outside_the_op_is_an_error_with_where():
+    from dataclasses import replace
+
+    from opforge.checks.large_index import run_in_child
+    from opforge.compare import ReferenceFailure
+
+    with pytest.raises(ReferenceFailure, match=r"child process failed: StopIteration.*\(at large_index.py:\d+"):
+        run_in_child(replace(_small_index_job("good"), target="no_such_implementation"))
+
+
+def test_large_index_child_time_limit_fits_in_the_rows():
+    from opforge.checks.large_index import CHILD_TIMEOUT_S, ROW_MARGIN_S, child_time_limit
+
+    assert child_time_limit(None) == CHILD_TIMEOUT_S
+    assert child_time_limit(600) == CHILD_TIMEOUT_S
+    assert child_time_limit(60) == 60 - ROW_MARGIN_S
+    assert child_time_limit(8) == 4
 
 
 def test_large_index_child_skips_when_memory_is_short():

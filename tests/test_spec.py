@@ -68,6 +68,8 @@ BAD = [
     ("dtypes: [float32]", "dtypes: [float32]\nchecks: [large_index]", 9, "checks", "a `large_index:` entry"),
     ("dtypes: [float32]", "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {x: {dtype: int32}},"
      " error: RuntimeErr, match: m}", 10, "error_inputs[0].error", "built-in exception"),
+    ("dtypes: [float32]", "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {x: {dtype: int32}},"
+     " error: SystemExit, match: m}", 10, "error_inputs[0].error", "an Exception subclass"),
     ("dtypes: [float32]", "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {y: {dtype: int32}},"
      " error: RuntimeError, match: m}", 10, "error_inputs[0].inputs.y", "one of the spec's inputs"),
     ("dtypes: [float32]", "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {x: {shape: 7}},"

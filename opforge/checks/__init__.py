@@ -21,6 +21,9 @@ from opforge.spec import FLOATING_DTYPES, OPCHECK_SUBTESTS
 class CheckContext:
     loaded: LoadedOp
     base_seed: int
+    # The row's time limit in seconds when a parent process enforces one (isolated runs), for a check that must
+    # end its own work first (large_index's child process); None in process.
+    time_limit: float | None = None
 
 
 Outcomes = dict[str, CheckFailure | PassNote | None]
@@ -125,6 +128,6 @@ def registry() -> dict[str, Check]:
         Check("memory", resources.memory_cases, resources.memory),
         Check("stream", streams.stream_cases, streams.stream),
         Check("large_index", large_index.large_index_cases, large_index.large_index, opted_out=large_index.opted_out),
-        Check("multi_gpu", placement.multi_gpu_cases, placement.multi_gpu),
+        Check("multi_gpu", cuda_cases, placement.multi_gpu),
     ]
     return {c.name: c for c in checks}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from opforge.cases import Case, CaseInputs, make_inputs
@@ -10,6 +11,8 @@ from opforge.loading import LoadedOp, Target
 
 # Lines of an exception message kept in a result; the rest is noise (C++ stack frames, dispatcher dumps).
 MESSAGE_LINES = 6
+# How a mutated argument is named among the compared values.
+MUTATED = " (mutated)"
 
 
 def short(exc: BaseException) -> str:
@@ -105,11 +108,54 @@ def with_arguments(loaded: LoadedOp, inputs: CaseInputs, replacements: dict[str,
     return args, kwargs
 
 
+def paired(loaded: LoadedOp, got: tuple[Any, ...], mutated_now: dict[str, Any], expected: tuple[Any, ...],
+           expected_mutated: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(name, got, expected) for each output, then each mutated argument ("x (mutated)"), after checking that the
+    op returned as many values as expected (zip would silently compare fewer)."""
+    if len(got) != len(expected):
+        raise CheckFailure(f"outputs: expected {len(expected)} value(s) (the schema's returns), got {len(got)}. "
+                           "Return exactly what the schema declares.")
+    return list(zip(output_names(loaded), got, expected)) + [
+        (f"{name}{MUTATED}", mutated_now[name], expected_mutated[name]) for name in loaded.mutated_arguments]
+
+
+def against_reference(loaded: LoadedOp, got: tuple[Any, ...], mutated_now: dict[str, Any],
+                      reference_result: tuple[Any, ...]) -> list[tuple[str, Any, Any]]:
+    """The op's outputs and the mutated arguments' values now, paired with what the reference returned."""
+    outputs, new_values = split_reference(loaded, reference_result)
+    return paired(loaded, got, mutated_now, outputs, new_values)
+
+
+def mutated_values(loaded: LoadedOp, inputs: CaseInputs) -> dict[str, Any]:
+    """The current value of each argument the op mutates, as the op received it."""
+    return {name: argument(inputs, loaded, name) for name in loaded.mutated_arguments}
+
+
+def on_device(inputs: CaseInputs, device: Any) -> CaseInputs:
+    """The op's arguments copied to `device`, each tensor with its exact strides (a strided slice keeps its gaps);
+    the reference's arguments stay as they are."""
+    import torch
+
+    def move(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        moved = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=device)
+        return moved.copy_(value.detach())
+
+    return replace(inputs, args=tuple(move(a) for a in inputs.args),
+                   kwargs={k: move(v) for k, v in inputs.kwargs.items()})
+
+
 def output_names(loaded: LoadedOp) -> list[str]:
     """The outputs' names as failure messages and `bench.bytes` expressions both show them."""
     from opforge.bench.expr import return_names
 
     return list(return_names(str(loaded.overload._schema)))
+
+
+def compared_dtype(case_dtype: str, name: str, got: Any, expected: Any):
+    """The dtype `got` must have: an output the case's (expected_dtype); a mutated argument keeps its own."""
+    return got.dtype if name.endswith(MUTATED) else expected_dtype(case_dtype, expected)
 
 
 def expected_dtype(case_dtype: str, reference_value: Any):

@@ -8,13 +8,14 @@ return silently wrong values. error_inputs makes each invalid call the spec list
 from __future__ import annotations
 
 import builtins
+from dataclasses import replace
 from typing import Any
 
 from opforge.cases import Case, CaseInputs, sample
 from opforge.checks import CheckContext, Outcomes
-from opforge.checks.calls import (argument, call_reference, expected_dtype, inputs_for, output_names, outputs_of,
-                                  short, split_reference)
-from opforge.compare import CheckFailure, PassNote, ReferenceFailure, check_result, tolerance_for
+from opforge.checks.calls import (against_reference, call_reference, compared_dtype, inputs_for, mutated_values,
+                                  outputs_of, short)
+from opforge.compare import CheckFailure, CheckSkipped, PassNote, ReferenceFailure, check_result, tolerance_for
 from opforge.loading import LoadedOp, Target
 from opforge.spec import ErrorInput, OpSpec, ScalarInput, Tolerance
 
@@ -43,8 +44,6 @@ def representative_shape_index(spec: OpSpec) -> int:
 
 def every_dtype_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
     """Per device, the representative contiguous case (first argument values) in each claimed and tried dtype."""
-    from dataclasses import replace
-
     spec = loaded.spec
     wanted = representative_shape_index(spec)
     dtypes = tuple(dict.fromkeys(spec.dtypes + TRIED_DTYPES))
@@ -85,17 +84,14 @@ def _compare_with_reference(loaded: LoadedOp, case: Case, got: tuple, inputs: Ca
     to within one unit, a bool exactly, a floating one within its dtype's tolerance."""
     import torch
 
-    outputs, new_values = split_reference(loaded, call_reference(loaded, _real_valued_reference(loaded, inputs)))
-    if len(got) != len(outputs):
-        raise CheckFailure(f"returned {len(got)} value(s), expected {len(outputs)}.")
     what = "" if claimed else f"{case.dtype} is not claimed, and instead of rejecting it the op returns wrong values: "
-    compared = list(zip(output_names(loaded), got, outputs)) + [
-        (f"{name} (mutated)", argument(inputs, loaded, name), e) for name, e in new_values.items()]
+    compared = against_reference(loaded, got, mutated_values(loaded, inputs),
+                                 call_reference(loaded, _real_valued_reference(loaded, inputs)))
     for name, g, e in compared:
         if not isinstance(g, torch.Tensor) or not isinstance(e, torch.Tensor):
             check_result(name, g, e, tolerance_for(loaded.spec, case.dtype), None, case.device)
             continue
-        dtype = expected_dtype(case.dtype, e) if claimed else g.dtype
+        dtype = compared_dtype(case.dtype, name, g, e) if claimed else g.dtype
         try:
             check_result(name, g, _as_the_op_would(e, g.dtype), _tolerance(loaded, g.dtype), dtype, case.device)
         except CheckFailure as failure:
@@ -103,17 +99,20 @@ def _compare_with_reference(loaded: LoadedOp, case: Case, got: tuple, inputs: Ca
 
 
 def _real_valued_reference(loaded: LoadedOp, inputs: CaseInputs) -> CaseInputs:
-    """The reference is written for float64: integer and bool inputs reach it as float64 holding the same values."""
-    from dataclasses import replace
+    """The reference is written for float64: an input in the dtype under test reaches it as float64 holding the same
+    values when that dtype is an integer or bool. An input whose dtype the spec pins (an int64 index, a bool mask)
+    reaches it as always."""
+    import torch
 
-    def real(v: Any) -> Any:
-        import torch
+    follows_case = {t.name for t in loaded.spec.tensor_inputs() if t.dtype is None}
+    names = [a.name for a in loaded.arguments]
 
+    def real(name: str, v: Any) -> Any:
         is_integral = isinstance(v, torch.Tensor) and not (v.is_floating_point() or v.is_complex())
-        return v.to(torch.float64) if is_integral else v
+        return v.to(torch.float64) if is_integral and name in follows_case else v
 
-    return replace(inputs, reference_args=tuple(real(a) for a in inputs.reference_args),
-                   reference_kwargs={k: real(v) for k, v in inputs.reference_kwargs.items()})
+    return replace(inputs, reference_args=tuple(real(names[i], a) for i, a in enumerate(inputs.reference_args)),
+                   reference_kwargs={k: real(k, v) for k, v in inputs.reference_kwargs.items()})
 
 
 def _as_the_op_would(expected, dtype):
@@ -138,25 +137,29 @@ def _tolerance(loaded: LoadedOp, dtype) -> Tolerance:
 
 
 def error_input_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
-    """One case per invalid call the spec lists, on a device the run covers (a call that needs a missing GPU is
-    among the run's skipped CUDA rows)."""
-    devices = {c.device for c in cases}
-    calls = [_error_case(loaded.spec, entry) for entry in loaded.spec.error_inputs]
-    return [c for c in calls if c.device in devices]
+    """Each invalid call the spec lists, once per device of the run, its unpinned tensors on that device. A device
+    that every pinned tensor is on already is left out: the pin would change nothing there (`{y: {device: cuda}}` is
+    the mixed-device call on the CPU case, and a valid call on the CUDA one)."""
+    run = list(dict.fromkeys(c.device for c in cases))
+    return [_error_case(loaded.spec, entry, device) for entry in loaded.spec.error_inputs for device in run
+            if _pinned_devices(entry) != {device}]
 
 
-def _error_case(spec: OpSpec, entry: ErrorInput) -> Case:
-    tensors = _error_tensors(spec, entry)
-    devices = {device for _, _, _, device in tensors}
+def _pinned_devices(entry: ErrorInput) -> set[str]:
+    return {t.device for t in entry.tensors if t.device}
+
+
+def _error_case(spec: OpSpec, entry: ErrorInput, device: str) -> Case:
+    tensors = _error_tensors(spec, entry, device)
     scalars = _error_scalars(spec, entry)
-    return Case(dtype=tensors[0][2] if tensors else spec.dtypes[0], device="cuda" if "cuda" in devices else "cpu",
-                layout="contiguous", shapes=tuple((name, shape) for name, shape, _, _ in tensors),
-                values=tuple(scalars.items()), values_index=0, shape_index=representative_shape_index(spec),
-                label=entry.label)
+    return Case(dtype=tensors[0][2] if tensors else spec.dtypes[0], device=device, layout="contiguous",
+                shapes=tuple((name, shape) for name, shape, _, _ in tensors), values=tuple(scalars.items()),
+                values_index=0, shape_index=representative_shape_index(spec), label=entry.label)
 
 
-def _error_tensors(spec: OpSpec, entry: ErrorInput) -> list[tuple[str, tuple[int, ...], str, str]]:
-    """(name, shape, dtype, device) of each tensor argument: the entry's, else the representative valid case's."""
+def _error_tensors(spec: OpSpec, entry: ErrorInput, device: str) -> list[tuple[str, tuple[int, ...], str, str]]:
+    """(name, shape, dtype, device) of each tensor argument: the entry's, else the representative valid case's on
+    the case's device."""
     index = representative_shape_index(spec)
     given = {t.name: t for t in entry.tensors}
     resolved = []
@@ -164,9 +167,22 @@ def _error_tensors(spec: OpSpec, entry: ErrorInput) -> list[tuple[str, tuple[int
         override = given.get(t.name)
         shape = override.shape if override and override.shape is not None else t.shapes[index]
         dtype = (override.dtype if override else None) or t.dtype or spec.dtypes[0]
-        device = (override.device if override else None) or "cpu"
-        resolved.append((t.name, shape, dtype, device))
+        resolved.append((t.name, shape, dtype, (override.device if override else None) or device))
     return resolved
+
+
+def _unreachable_pin(spec: OpSpec, entry: ErrorInput) -> str | None:
+    """Why the entry cannot run here: it pins a tensor to a device the spec does not list, or one that is missing."""
+    from opforge.runner import device_unavailable  # here: the runner imports the checks
+
+    for t in entry.tensors:
+        if t.device and t.device not in spec.devices:
+            return (f"{entry.description}: puts {t.name} on {t.device}, which the spec's devices "
+                    f"({', '.join(spec.devices)}) do not include. Add {t.device} to devices to run this call.")
+        reason = t.device and device_unavailable(t.device)
+        if reason:
+            return f"{entry.description}: puts {t.name} on {t.device}: {reason}"
+    return None
 
 
 def _error_scalars(spec: OpSpec, entry: ErrorInput) -> dict[str, Any]:
@@ -178,7 +194,10 @@ def _error_scalars(spec: OpSpec, entry: ErrorInput) -> dict[str, Any]:
 def error_inputs(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     spec = ctx.loaded.spec
     entry = next(e for e in spec.error_inputs if e.label == case.label)
-    kwargs = _error_call(spec, entry, case.seed(ctx.base_seed))
+    unreachable = _unreachable_pin(spec, entry)
+    if unreachable:
+        raise CheckSkipped(unreachable)
+    kwargs = _error_call(spec, entry, case, ctx.base_seed)
     expected = getattr(builtins, entry.error)
     wanted = f"{entry.error} with {entry.match!r} in its message"
     try:
@@ -194,14 +213,14 @@ def error_inputs(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
                        f"expected {wanted}. Check the arguments (TORCH_CHECK) before computing.")
 
 
-def _error_call(spec: OpSpec, entry: ErrorInput, seed: int) -> dict[str, Any]:
+def _error_call(spec: OpSpec, entry: ErrorInput, case: Case, base_seed: int) -> dict[str, Any]:
     import torch
 
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(case.seed(base_seed))
     inputs = {t.name: t for t in spec.tensor_inputs()}
     call: dict[str, Any] = dict(_error_scalars(spec, entry))
     try:
-        for name, shape, dtype, device in _error_tensors(spec, entry):
+        for name, shape, dtype, device in _error_tensors(spec, entry, case.device):
             values = sample(inputs[name], shape, dtype, generator)
             call[name] = values.to(getattr(torch, dtype)).to(device)
     except Exception as exc:

@@ -13,6 +13,7 @@ assumed elementwise: output element i depends on element i of each input, so the
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -31,10 +32,15 @@ from opforge.spec import INT32_INDEX_LIMIT, ScalarInput
 
 # Elements compared on each side of 2^31, and at the end of the tensor: enough to cover many thread blocks.
 WINDOW = 2**20
-# The child loads torch and the op (a few seconds), fills GBs and runs the op (milliseconds at H200 bandwidth):
-# well under a minute when healthy (an estimate: not yet timed on a GPU). Past this, the op is taken to hang (an int
-# index that wraps around keeps a grid-stride loop going forever).
+# The child loads torch and the op (a few seconds), fills GBs and runs the op (milliseconds at H200 bandwidth). On
+# an H200 (2026-12-02, torch 2.11+cu130, docs/measurements/h200-ci-gpu-checks-2026-12-02.txt) the whole failing
+# run (its 18 correctness rows and the faulting large_index child) took 9.0 s. Past this, the op is taken to hang
+# (an int index that wraps around keeps a grid-stride loop going forever); far above 9 s for slower GPUs and a
+# cold start.
 CHILD_TIMEOUT_S = 240
+# Of the row's own time limit, what the parent keeps for itself after the child's: writing the job, reading the
+# verdict, and the worker's report, so the child is killed (a verdict) before the worker is (a TIMEOUT row).
+ROW_MARGIN_S = 10
 # Memory headroom over the inputs and outputs: the allocator's rounding and the windows' copies.
 MEMORY_HEADROOM = 1.05
 # Lines of the child's stderr kept in a failure message (the CUDA error is near the end).
@@ -62,8 +68,8 @@ def opted_out(loaded: LoadedOp, large: bool) -> str | None:
     spec = loaded.spec
     if large or (spec.large_index and spec.large_index.enabled):
         return None
-    gib = _required_bytes(loaded, spec.large_index.dtype, dict(spec.large_index.shapes)) / 2**30 \
-        if spec.large_index else 0
+    # Only asked of a spec whose checks include large_index, which the spec loader allows only with the section.
+    gib = _required_bytes(loaded, spec.large_index.dtype, dict(spec.large_index.shapes)) / 2**30
     return (f"opt-in: large_index needs ~{gib:.0f} GiB of GPU memory; run `opforge check --large` or set "
             "large_index.enabled: true in the spec")
 
@@ -82,7 +88,15 @@ def large_index(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     build = loaded.build.plan.toolchain.cuda_archs if loaded.build else ()
     job = Job(spec=str(loaded.spec.path), target=target.name, seed=case.seed(ctx.base_seed), dtype=case.dtype,
               device=case.device, shapes=case.shapes, values=case.values, cuda_arch=";".join(build) or None)
-    return {"large_index": run_in_child(job)}
+    return {"large_index": run_in_child(job, child_time_limit(ctx.time_limit))}
+
+
+def child_time_limit(row_limit: float | None) -> float:
+    """CHILD_TIMEOUT_S, shortened to fit in the row's time limit (the spec's `timeout:` or --timeout) when that is
+    lower; never below half the row's limit."""
+    if row_limit is None:
+        return CHILD_TIMEOUT_S
+    return min(CHILD_TIMEOUT_S, max(row_limit - ROW_MARGIN_S, row_limit / 2))
 
 
 # ------------------------------------------------------------------------------------------------ the parent
@@ -135,7 +149,7 @@ def verdict(records: list[dict[str, Any]], returncode: int | None, stderr: str, 
     if not any(r.get("stage") == "running" for r in records):
         raise ReferenceFailure(f"the large_index child process {how} before it ran the op:\n" + "\n".join(tail))
     return CheckFailure(f"the op {how} on a tensor past 2^31 elements (in a child process of its own, so the run "
-                        "goes on). An int32 index or size overflows there: index with int64_t.\n" + "\n".join(tail))
+                        "goes on). An int32 index or size overflows there. Index with int64_t.\n" + "\n".join(tail))
 
 
 def _death(returncode: int) -> str:
@@ -151,23 +165,18 @@ def _required_bytes(loaded: LoadedOp, dtype: str, shapes: dict[str, tuple[int, .
     """Inputs, plus one output per returned tensor, each the size of an input (the elementwise assumption)."""
     import torch
 
-    n = _numel(next(iter(shapes.values())))
+    n = math.prod(next(iter(shapes.values())))
     element = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     outputs = len(loaded.overload._schema.returns)
     return int((len(shapes) + outputs) * n * element * MEMORY_HEADROOM)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for size in shape:
-        n *= size
-    return n
 
 
 # ------------------------------------------------------------------------------------------------- the child
 
 
 def child_main(job_path: str) -> int:
+    import torch
+
     job = Job(**json.loads(Path(job_path).read_text()))
     job = replace(job, shapes=tuple((n, tuple(s)) for n, s in job.shapes), values=tuple(map(tuple, job.values)))
     result = Path(job.result_path)
@@ -187,8 +196,24 @@ def child_main(job_path: str) -> int:
                   "mismatch": asdict(failure.mismatch) if failure.mismatch else None}
     except ReferenceFailure as exc:
         record = {"verdict": "error", "message": str(exc)}
+    except torch.OutOfMemoryError as exc:
+        record = {"verdict": "skip", "message": f"out of memory on {job.device} outside the op (its inputs past 2^31 "
+                                                f"elements, their windows): {_summary(exc)}"}
+    except Exception as exc:  # a bug outside the op (loading, the windows, the reference): not the op's failure
+        record = {"verdict": "error", "message": f"the large_index child process failed: {_summary(exc)}"}
     write(record)
     return 0
+
+
+def _summary(exc: Exception) -> str:
+    """The exception and where it was raised, for a verdict without a traceback."""
+    import traceback
+
+    from opforge.checks.calls import short
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
+    return short(exc) + where
 
 
 def _child_run(job: Job, write) -> dict[str, Any]:
@@ -212,8 +237,13 @@ def _child_run(job: Job, write) -> dict[str, Any]:
         returned = target.fn(**kwargs)
         if job.device == "cuda":
             torch.cuda.synchronize()
+    except torch.OutOfMemoryError as exc:
+        raise CheckSkipped(f"out of memory on {job.device} while the op ran on a tensor past 2^31 elements (it "
+                           f"needs more than the inputs and outputs): {short(exc)}") from exc
     except Exception as exc:
-        raise CheckFailure(f"{target.name} raised {short(exc)} on a tensor past 2^31 elements") from exc
+        raise CheckFailure(f"{target.name} raised {short(exc)} on a tensor past 2^31 elements, where an int32 index "
+                           "or size overflows (an illegal memory access is the usual sign). Index with int64_t.") \
+            from exc
     _compare_windows(loaded, job, returned, kwargs, before)
     return {"verdict": "pass"}
 
@@ -276,10 +306,11 @@ def _windows(job: Job, kwargs: dict[str, Any]) -> dict[tuple[int, int], dict[str
 def _compare_windows(loaded: LoadedOp, job: Job, returned: Any, kwargs: dict[str, Any], before) -> None:
     import torch
 
-    from opforge.checks.calls import expected_dtype, output_names, split_reference
-    from opforge.compare import as_tuple, tolerance_for, worst_mismatch
+    from opforge.checks.calls import against_reference, compared_dtype
+    from opforge.compare import as_tuple, tolerance_for
 
     got = as_tuple(returned) if loaded.overload._schema.returns else ()
+    mutated = {name: kwargs[name] for name in loaded.mutated_arguments}
     tol = tolerance_for(loaded.spec, job.dtype)
     shape = tuple(next(iter(dict(job.shapes).values())))
     for (lo, hi), window in before.items():
@@ -288,21 +319,39 @@ def _compare_windows(loaded: LoadedOp, job: Job, returned: Any, kwargs: dict[str
             result = loaded.reference(**{**dict(kwargs), **reference_args})
         except Exception as exc:
             raise ReferenceFailure(f"the reference raised {exc} on elements {lo}..{hi}") from exc
-        outputs, new_values = split_reference(loaded, as_tuple(result) if result is not None else ())
-        compared = [(name, g, e) for name, g, e in zip(output_names(loaded), got, outputs)] + [
-            (f"{name} (mutated)", kwargs[name], e) for name, e in new_values.items()]
-        for name, g, e in compared:
-            part = g.reshape(-1)[lo:hi]
-            if part.dtype != expected_dtype(job.dtype, e):
-                raise CheckFailure(f"{name}: expected dtype {expected_dtype(job.dtype, e)}, got {part.dtype}.")
-            mismatch = worst_mismatch(name, part, e.reshape(-1), tol)
-            if mismatch is not None:
-                at = int(mismatch.index[0]) + lo if mismatch.index else lo
-                index = tuple(int(i) for i in torch.unravel_index(torch.tensor(at), shape))
-                raise CheckFailure(
-                    f"{name}: {mismatch.mismatched} of {mismatch.total} elements in {lo}..{hi - 1} (around index "
-                    f"{job.boundary} and at the end) differ from the reference: an int32 index or size overflows. "
-                    "Index with int64_t.", replace(mismatch, index=index))
+        for name, g, e in against_reference(loaded, got, mutated, as_tuple(result) if result is not None else ()):
+            _require_large(name, g, shape, compared_dtype(job.dtype, name, g, e))
+            _compare_window(name, g.reshape(-1)[lo:hi], e.reshape(-1), job, lo, shape, tol)
+
+
+def _require_large(name: str, value: Any, shape: tuple[int, ...], dtype: Any) -> None:
+    """The whole output must be there before a window of it is compared: a short one would give empty windows."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise CheckFailure(f"{name}: expected a Tensor, got {type(value).__name__}. Return a tensor.")
+    if tuple(value.shape) != shape:
+        raise CheckFailure(f"{name}: expected shape {shape} (the inputs' shape; large_index assumes an elementwise "
+                           f"op), got {tuple(value.shape)}. Size outputs from the inputs with int64 sizes.")
+    if value.dtype != dtype:
+        raise CheckFailure(f"{name}: expected dtype {dtype}, got {value.dtype} on a tensor past 2^31 elements. "
+                           "Allocate the output with the input's options.")
+
+
+def _compare_window(name: str, part: Any, expected: Any, job: Job, lo: int, shape: tuple[int, ...], tol) -> None:
+    import torch
+
+    from opforge.compare import worst_mismatch
+
+    mismatch = worst_mismatch(name, part, expected, tol)
+    if mismatch is None:
+        return
+    at = int(mismatch.index[0]) + lo if mismatch.index else lo
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(at), shape))
+    raise CheckFailure(
+        f"{name}: {mismatch.mismatched} of {mismatch.total} elements in {lo}..{lo + part.numel() - 1} (around index "
+        f"{job.boundary} and at the end) differ from the reference: an int32 index or size overflows. "
+        "Index with int64_t.", replace(mismatch, index=index))
 
 
 if __name__ == "__main__":

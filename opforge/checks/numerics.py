@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from opforge.cases import Case
 from opforge.checks import CheckContext, Outcomes
-from opforge.checks.calls import (argument, call_reference, differentiated, expected_dtype, inputs_for, output_names,
-                                  outputs_of, split_reference, vector_jacobian_products)
+from opforge.checks.calls import (against_reference, argument, call_reference, compared_dtype, differentiated,
+                                  inputs_for, mutated_values, on_device, output_names, outputs_of, paired,
+                                  vector_jacobian_products)
 from opforge.compare import EXACT, CheckFailure, check_result, tolerance_for
 from opforge.loading import Target
 
@@ -17,15 +18,10 @@ def correctness(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     mutated = set(loaded.mutated_arguments)
     before = {name: argument(inputs, loaded, name).clone() for name in inputs.tensor_names if name not in mutated}
     got = outputs_of(loaded, target, inputs)
-    outputs, new_values = split_reference(loaded, call_reference(loaded, inputs))
     tol = tolerance_for(loaded.spec, case.dtype)
-    if len(got) != len(outputs):
-        raise CheckFailure(f"{target.name} returned {len(got)} value(s), expected {len(outputs)}.")
-    for name, g, e in zip(output_names(loaded), got, outputs):
-        check_result(name, g, e, tol, expected_dtype(case.dtype, e), case.device)
-    for name, e in new_values.items():
-        value = argument(inputs, loaded, name)
-        check_result(f"{name} (mutated)", value, e, tol, value.dtype, case.device)
+    compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))
+    for name, g, e in compared:
+        check_result(name, g, e, tol, compared_dtype(case.dtype, name, g, e), case.device)
     for name, original in before.items():
         value = argument(inputs, loaded, name)
         if not value.equal(original) and not (value.isnan() & original.isnan()).any():
@@ -42,14 +38,12 @@ def devices_agree(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     """
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed)
-    on_cpu = _moved(inputs, "cpu")
+    on_cpu = on_device(inputs, "cpu")
     got, want = outputs_of(loaded, target, inputs), outputs_of(loaded, target, on_cpu)
     tol = tolerance_for(loaded.spec, case.dtype)
-    for name, g, w in zip(output_names(loaded), got, want):
-        check_result(f"{name} (cuda vs cpu)", g, w, tol, w.dtype, case.device)
-    for name in loaded.mutated_arguments:
-        value, expected = argument(inputs, loaded, name), argument(on_cpu, loaded, name)
-        check_result(f"{name} (mutated, cuda vs cpu)", value, expected, tol, expected.dtype, case.device)
+    compared = paired(loaded, got, mutated_values(loaded, inputs), want, mutated_values(loaded, on_cpu))
+    for name, g, w in compared:
+        check_result(f"{name} (cuda vs cpu)", g, w, tol, w.dtype, case.device, against="the CPU result")
     return {"devices": None}
 
 
@@ -69,7 +63,7 @@ def determinism(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
         torch.set_num_threads(threads)
     for (name, a), (_, b) in zip(first, second):
         if isinstance(a, torch.Tensor) and not _bitwise_equal(a, b):
-            check_result(f"{name} (second run)", b, a, EXACT, a.dtype, case.device)
+            check_result(f"{name} (second run)", b, a, EXACT, a.dtype, case.device, against="the first run")
             raise CheckFailure(f"{name}: a second run differs in its bits (only in NaN payloads or signed zeros).")
     return {"determinism": None}
 
@@ -87,10 +81,9 @@ def special_values(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
             value.view(-1)[: len(specials)] = specials.to(value.dtype)
             ref.view(-1)[: len(specials)] = specials.to(value.dtype).to(ref.dtype)
     got = outputs_of(loaded, target, inputs)
-    outputs, _ = split_reference(loaded, call_reference(loaded, inputs))
     tol = tolerance_for(loaded.spec, case.dtype)
-    for name, g, e in zip(output_names(loaded), got, outputs):
-        dtype = expected_dtype(case.dtype, e)
+    for name, g, e in against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs)):
+        dtype = compared_dtype(case.dtype, name, g, e)
         # What the dtype can hold: 1.1 * max is inf in it.
         check_result(f"{name} (special values)", g, e.to(dtype).to(e.dtype), tol, dtype, case.device)
     return {"special_values": None}
@@ -122,17 +115,6 @@ def _bitwise_equal(a, b) -> bool:
             width = {4: torch.int32, 8: torch.int64}[a.element_size()]
         return torch.equal(a.contiguous().view(width), b.contiguous().view(width))
     return torch.equal(a, b)
-
-
-def _moved(inputs, device: str):
-    import torch
-    from dataclasses import replace
-
-    def move(v):
-        return v.detach().to(device) if isinstance(v, torch.Tensor) else v
-
-    return replace(inputs, args=tuple(move(a) for a in inputs.args),
-                   kwargs={k: move(v) for k, v in inputs.kwargs.items()})
 
 
 def grad_lowp(ctx: CheckContext, target: Target, case: Case) -> Outcomes:

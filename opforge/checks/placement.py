@@ -10,18 +10,14 @@ from __future__ import annotations
 
 from opforge.cases import Case
 from opforge.checks import CheckContext, Outcomes
-from opforge.checks.calls import (argument, call_reference, expected_dtype, inputs_for, output_names, outputs_of,
-                                  split_reference)
+from opforge.checks.calls import (against_reference, call_reference, compared_dtype, inputs_for, mutated_values,
+                                  on_device, outputs_of, short)
 from opforge.compare import CheckFailure, CheckSkipped, check_result, tolerance_for
 from opforge.loading import Target
 
 # The current device while the op runs: the inputs live elsewhere.
 HOME_DEVICE = 0
 MIN_GPUS = 2
-
-
-def multi_gpu_cases(loaded, target: Target, cases: list[Case]) -> list[Case]:
-    return [c for c in cases if c.device == "cuda"]
 
 
 def multi_gpu(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
@@ -34,17 +30,15 @@ def multi_gpu(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     inputs = on_device(inputs_for(loaded, case, ctx.base_seed), other)
     with torch.cuda.device(HOME_DEVICE):
         got = outputs_of(loaded, target, inputs)
-        # A kernel that faulted on the wrong GPU reports it here, as this case's failure.
-        _synchronize(target, other)
-    outputs, new_values = split_reference(loaded, call_reference(loaded, inputs))
+    # Both GPUs: an unguarded kernel runs on cuda:0's stream while the comparison below reads the inputs' GPU, so
+    # waiting for that GPU alone would race the kernel and leave its fault to a later row.
+    for device in (torch.device("cuda", HOME_DEVICE), other):
+        _synchronize(target, device)
     tol = tolerance_for(loaded.spec, case.dtype)
-    for name, g, e in zip(output_names(loaded), got, outputs):
+    for name, g, e in against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs)):
         label = f"{name} (inputs on {other}, current device cuda:{HOME_DEVICE})"
         require_device(label, g, other)
-        check_result(label, g, e, tol, expected_dtype(case.dtype, e), "cuda")
-    for name, e in new_values.items():
-        value = argument(inputs, loaded, name)
-        check_result(f"{name} (mutated, on {other})", value, e, tol, value.dtype, "cuda")
+        check_result(label, g, e, tol, compared_dtype(case.dtype, name, g, e), "cuda")
     return {"multi_gpu": None}
 
 
@@ -67,25 +61,13 @@ def require_device(name: str, value, device) -> None:
                            "and allocate outputs with the input's options.")
 
 
-def on_device(inputs, device):
-    """The same case inputs on `device`, each tensor with its exact strides (a strided slice keeps its gaps)."""
-    import torch
-    from dataclasses import replace
-
-    def move(value):
-        if not isinstance(value, torch.Tensor):
-            return value
-        moved = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=device)
-        return moved.copy_(value.detach())
-
-    return replace(inputs, args=tuple(move(a) for a in inputs.args),
-                   kwargs={k: move(v) for k, v in inputs.kwargs.items()})
-
-
 def _synchronize(target: Target, device) -> None:
     import torch
 
     try:
         torch.cuda.synchronize(device)
     except Exception as exc:
-        raise CheckFailure(f"{target.name} faulted on {device} while cuda:{HOME_DEVICE} was current: {exc}") from exc
+        raise CheckFailure(f"{target.name} with its inputs on another GPU than the current cuda:{HOME_DEVICE}: "
+                           f"expected it to run on the inputs' GPU, got a fault on {device}: {short(exc)}. Put "
+                           "`const c10::cuda::CUDAGuard guard(x.device());` first in the kernel's host function.") \
+            from exc

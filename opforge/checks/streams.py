@@ -17,10 +17,12 @@ Both results are compared with the float64 reference.
 
 from __future__ import annotations
 
+import math
+
 from opforge.cases import Case
 from opforge.checks import CheckContext, Outcomes, first_values
-from opforge.checks.calls import (argument, call_reference, expected_dtype, inputs_for, output_names, outputs_of,
-                                  short, split_reference, with_arguments)
+from opforge.checks.calls import (against_reference, argument, call_reference, compared_dtype, inputs_for,
+                                  mutated_values, outputs_of, short, with_arguments)
 from opforge.compare import CheckFailure, check_result, tolerance_for
 from opforge.cuda_spin import spin
 from opforge.loading import LoadedOp, Target
@@ -35,14 +37,7 @@ def stream_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Ca
     """CUDA, contiguous, non-empty, first argument values: stream order does not depend on layout or values, and
     an empty tensor launches no kernel."""
     return [c for c in first_values(loaded, target, cases)
-            if c.device == "cuda" and c.layout == "contiguous" and all(_numel(s) for _, s in c.shapes)]
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for size in shape:
-        n *= size
-    return n
+            if c.device == "cuda" and c.layout == "contiguous" and all(math.prod(s) for _, s in c.shapes)]
 
 
 def stream(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
@@ -56,7 +51,7 @@ def _on_side_streams(ctx: CheckContext, target: Target, case: Case) -> None:
 
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed)
-    expected = _expected(loaded, inputs)
+    expected = call_reference(loaded, inputs)
     ready = {name: argument(inputs, loaded, name) for name in inputs.tensor_names}
     pending = {name: _sentinel_like(t) for name, t in ready.items()}
     torch.cuda.synchronize()
@@ -71,9 +66,11 @@ def _on_side_streams(ctx: CheckContext, target: Target, case: Case) -> None:
         got = outputs_of(loaded, target, _replaced(inputs, args, kwargs))
         # Read on the consumer, as the caller's next op would. Every tensor stays referenced until the synchronize
         # below, so none needs record_stream.
-        seen = [o.clone() for o in got] + [pending[name].clone() for name in loaded.mutated_arguments]
+        seen = tuple(o.clone() for o in got)
+        seen_mutated = {name: pending[name].clone() for name in loaded.mutated_arguments}
     torch.cuda.synchronize()
-    _compare(loaded, case, seen, expected, "on a side stream, inputs written by another stream just before it ran",
+    _compare(loaded, case, seen, seen_mutated, expected,
+             "on a side stream, inputs written by another stream just before it ran",
              "The op does not run in the caller's stream order: launch every kernel on "
              "at::cuda::getCurrentCUDAStream() (a <<<grid, block>>> launch without a stream uses the legacy "
              "default stream).")
@@ -86,7 +83,7 @@ def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
     loaded = ctx.loaded
     captured_inputs = inputs_for(loaded, case, ctx.base_seed)
     replay_inputs = inputs_for(loaded, case, ctx.base_seed + 1)
-    expected = _expected(loaded, replay_inputs)
+    expected = call_reference(loaded, replay_inputs)
     fresh = {name: argument(replay_inputs, loaded, name).clone() for name in replay_inputs.tensor_names}
     # Lazy initialization (handles, workspaces) must not happen during capture: one call first, on a side stream
     # as torch.cuda.graphs asks.
@@ -110,25 +107,16 @@ def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
         argument(captured_inputs, loaded, name).copy_(value)
     graph.replay()
     torch.cuda.synchronize()
-    seen = list(got) + [argument(captured_inputs, loaded, name) for name in loaded.mutated_arguments]
-    _compare(loaded, case, seen, expected, "CUDA-graph replay on new inputs",
+    _compare(loaded, case, got, mutated_values(loaded, captured_inputs), expected, "CUDA-graph replay on new inputs",
              "A kernel that is not on the current stream is not captured, and its outputs are stale on replay.")
 
 
-def _expected(loaded: LoadedOp, inputs) -> list:
-    outputs, new_values = split_reference(loaded, call_reference(loaded, inputs))
-    return list(outputs) + [new_values[name] for name in loaded.mutated_arguments]
-
-
-def _compare(loaded: LoadedOp, case: Case, seen: list, expected: list, how: str, hint: str) -> None:
-    names = output_names(loaded)[: len(seen) - len(loaded.mutated_arguments)] + [
-        f"{name} (mutated)" for name in loaded.mutated_arguments]
-    if len(seen) != len(expected):
-        raise CheckFailure(f"{how}: {len(seen)} value(s) returned or mutated, expected {len(expected)}.")
+def _compare(loaded: LoadedOp, case: Case, got: tuple, mutated_now: dict, reference_result: tuple, how: str,
+             hint: str) -> None:
     tol = tolerance_for(loaded.spec, case.dtype)
-    for name, got, want in zip(names, seen, expected):
+    for name, g, e in against_reference(loaded, got, mutated_now, reference_result):
         try:
-            check_result(f"{name} ({how})", got, want, tol, expected_dtype(case.dtype, want), case.device)
+            check_result(f"{name} ({how})", g, e, tol, compared_dtype(case.dtype, name, g, e), case.device)
         except CheckFailure as failure:
             raise CheckFailure(f"{failure.message} {hint}", failure.mismatch) from None
 

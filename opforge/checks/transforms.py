@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from opforge.cases import Case, in_layout
 from opforge.checks import CheckContext, Outcomes, first_values
-from opforge.checks.calls import argument, inputs_for, output_names, outputs_of, short, with_arguments
+from opforge.checks.calls import argument, inputs_for, outputs_of, paired, short, with_arguments
 from opforge.compare import CheckFailure, as_tuple, check_result, tolerance_for
 from opforge.loading import LoadedOp, Target
 
@@ -15,9 +15,9 @@ BATCHABLE_LAYOUTS = ("contiguous", "transposed", "strided")
 
 
 def vmap_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
-    """Every case with the first argument values, when the spec claims vmap; not for ops that mutate arguments
-    (vmap of an in-place op is a different contract)."""
-    if not loaded.spec.vmap or loaded.mutated_arguments:
+    """Every case with the first argument values, when the spec claims vmap (loading refuses the claim for an op
+    that mutates arguments: vmap of an in-place op is a different contract)."""
+    if not loaded.spec.vmap:
         return []
     return [c for c in first_values(loaded, target, cases) if c.layout in BATCHABLE_LAYOUTS]
 
@@ -39,12 +39,14 @@ def vmap(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     try:
         batched = as_tuple(torch.vmap(call)(*batched_inputs))
     except Exception as exc:
-        raise CheckFailure(f"torch.vmap of {target.name} raised {short(exc)}") from exc
+        raise CheckFailure(f"torch.vmap of {target.name}: expected it to run batched, got {short(exc)}. Register a "
+                           "batching rule (torch.library.register_vmap) that returns out_dims for every output.") \
+            from exc
     tol = tolerance_for(loaded.spec, case.dtype)
-    for i, name in enumerate(output_names(loaded)):
-        expected = torch.stack([outputs[i] for outputs in looped])
-        check_result(f"{name} (vmap vs loop over {BATCH} slices)", batched[i], expected, tol, expected.dtype,
-                     case.device)
+    stacked = tuple(torch.stack(per_slice) for per_slice in zip(*looped))
+    for name, got, expected in paired(loaded, batched, {}, stacked, {}):
+        check_result(f"{name} (vmap vs loop over {BATCH} slices)", got, expected, tol, expected.dtype, case.device,
+                     against=f"the op called on each of the {BATCH} slices")
     return {"vmap": None}
 
 
