@@ -66,28 +66,8 @@ def spinner(message: str) -> Iterator[None]:
         yield
 
 
-@contextmanager
-def progress(description: str, total: int) -> Iterator[Callable[[CaseResult], None]]:
-    """A progress bar on a terminal; nothing in a log (the summary follows)."""
-    if not console.is_terminal:
-        yield lambda result: None
-        return
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[failed]}", style="red"))
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task(description, total=total, failed="")
-        failures = 0
-
-        def advance(result: CaseResult) -> None:
-            nonlocal failures
-            failures += result.status.failed
-            bar.update(task, advance=1, failed=f"{failures} failed" if failures else "")
-
-        yield advance
-
-
 class RunProgress:
-    """One progress bar per op on a terminal, for runs where ops go on in worker processes; silent in a log."""
+    """One progress bar per op on a terminal (ops may run side by side in worker processes); silent in a log."""
 
     def __init__(self, bar: Progress | None):
         self._bar = bar
@@ -219,6 +199,8 @@ def render_totals(report: RunReport) -> None:
     style = "bold red" if report.failed else "bold green"
     verdict = "FAILED" if report.failed else "OK"
     suffix = " (incomplete)" if report.incomplete else ""
+    for note in report.notes:
+        console.print(Text("note: ", style="bold yellow") + Text(note))
     console.print(Text(f"{verdict}{suffix}: ", style=style) + Text(", ".join(parts) or "nothing ran")
                   + Text(f" in {report.seconds:.1f} s", style="dim"))
 

@@ -22,6 +22,7 @@ def render_markdown(run: RunReport) -> str:
     totals = ", ".join(f"{counts[s.value]} {s.value}" for s in Status if counts[s.value]) or "nothing ran"
     lines = [f"## opforge: {verdict}", "",
              f"{totals} in {run.seconds:.1f} s (torch {torch}, seed {run.seed})", "",
+             *(f"> note: {note}\n" for note in run.notes),
              "| op | " + " | ".join(s.value for s in _COLUMNS) + " | seconds |",
              "|---|" + "---:|" * (len(_COLUMNS) + 1)]
     for op in run.ops:
