@@ -185,7 +185,7 @@ def test_a_bug_in_a_worker_is_an_internal_error_with_its_traceback_only_under_de
     monkeypatch.setattr(Filters, "to_json", lambda self: {**asdict(self), "from_the_future": 1})
     result = invoke("check", str(FIXTURES / "good.yaml"), "--check", "correctness")
     assert result.exit_code == 4, result.output
-    assert "internal error: TypeError" in result.output and "from_the_future" in result.output
+    assert "internal error: WorkerInternalError: TypeError" in result.output and "from_the_future" in result.output
     assert "Traceback" not in result.output and "rerun with --debug" in result.output.lower()
     debug = runner.invoke(app, ["--debug", "check", str(FIXTURES / "good.yaml"), "--check", "correctness"],
                           env={"NO_COLOR": "1", "COLUMNS": "200"})
