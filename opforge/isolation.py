@@ -27,7 +27,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from opforge.errors import WorkerInternalError
 from opforge.results import CaseResult, OpReport, RunReport, Status, result_from_json

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from opforge.results import CaseResult, OpReport, RunReport, Status, describe_mismatch
+from opforge.results import CaseResult, OpReport, RunReport, Status, describe_mismatch, failure_details
 from opforge.spec import KNOWN_DEVICES, KNOWN_DTYPES
 
 # Width used when stdout is not a terminal, so CI logs do not wrap the tables at rich's default 80 columns.
@@ -172,20 +172,20 @@ def _cell(results: list[CaseResult]) -> Text:
     return Text(f"{_LABEL[worst]} {count}/{len(results)}", style=_STYLE[worst])
 
 
+_FAILURE_STYLE: dict[str, Callable[[str], Text]] = {
+    "message": Text,
+    "mismatch": lambda text: Text(text, style="bold"),
+    "seed": lambda text: Text(text, style="dim"),
+    "repro": lambda text: Text("repro: ", style="dim") + Text(text),
+    "warning": lambda text: Text(f"warning: {text}", style="yellow"),
+}
+
+
 def render_failures(report: RunReport) -> None:
     failures = [r for r in report.results() if r.status.failed]
     for r in failures[:MAX_FAILURE_PANELS]:
-        body = Text()
-        body.append(r.message or r.status.value)
-        if r.mismatch:
-            body.append("\n" + describe_mismatch(r.mismatch), style="bold")
-        if r.seed is not None:
-            body.append(f"\nseed: {r.seed}", style="dim")
-        if r.repro:
-            body.append("\nrepro: ", style="dim")
-            body.append(r.repro)
-        for warning in r.warnings:
-            body.append(f"\nwarning: {warning}", style="yellow")
+        details = failure_details(r) or [("message", r.status.value)]
+        body = Text("\n").join(_FAILURE_STYLE[kind](text) for kind, text in details)
         console.print(Panel(body, title=f"[bold red]{_LABEL[r.status]}[/] {r.full_id}", title_align="left",
                             border_style="red"))
     if len(failures) > MAX_FAILURE_PANELS:

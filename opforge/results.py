@@ -260,17 +260,24 @@ def write_junit(report: RunReport, path: Path) -> None:
     write_atomically(path, ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n")
 
 
+def failure_details(r: CaseResult) -> list[tuple[str, str]]:
+    """What to show of a failed result, in order, as (kind, text) with kind one of message, mismatch, seed, repro,
+    warning. The one account of a failure: the terminal, JUnit/pytest and the Markdown summary each render it."""
+    details = [("message", r.message)] if r.message else []
+    if r.mismatch:
+        details.append(("mismatch", describe_mismatch(r.mismatch)))
+    if r.seed is not None:
+        details.append(("seed", f"seed: {r.seed}"))
+    if r.repro:
+        details.append(("repro", r.repro))
+    details += [("warning", w) for w in r.warnings]
+    return details
+
+
 def failure_text(r: CaseResult) -> str:
     """Plain-text account of a result: message, worst mismatch, seed and repro. Shared by JUnit and pytest."""
-    lines = [r.message] if r.message else []
-    if r.mismatch:
-        lines.append(describe_mismatch(r.mismatch))
-    if r.seed is not None:
-        lines.append(f"seed: {r.seed}")
-    if r.repro:
-        lines.append(f"repro: {r.repro}")
-    lines += [f"warning: {w}" for w in r.warnings]
-    return "\n".join(lines)
+    prefix = {"repro": "repro: ", "warning": "warning: "}
+    return "\n".join(prefix.get(kind, "") + text for kind, text in failure_details(r))
 
 
 def describe_mismatch(m: Mismatch) -> str:

@@ -15,7 +15,6 @@ from opforge.cli import app
 from opforge.lastfailed import STORE, record, recorded
 from opforge.results import (CaseResult, Mismatch, OpReport, RunReport, Status, dumps_json, result_from_json,
                              result_json, write_atomically)
-from opforge.runner import Filters
 from opforge.summary import MAX_FAILURES, render_markdown
 
 runner = CliRunner()
