@@ -46,8 +46,11 @@ def misbehaving_run(tmp_path_factory):
     """One run, two at a time, over ops that segfault, abort and hang on their 7-element case, then a correct op."""
     out = tmp_path_factory.mktemp("reports")
     specs = [str(FIXTURES / f"{name}.yaml") for name in ("segfaults", "aborts", "hangs", "good")]
-    result = invoke("check", *specs, "--check", "correctness", "-j", "2", "--json", str(out / "r.json"),
-                    "--junit", str(out / "r.xml"), "--markdown", str(out / "summary.md"))
+    # Module-scoped, so conftest's per-test temporary directory does not apply: the failures it records go here.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(out)
+        result = invoke("check", *specs, "--check", "correctness", "-j", "2", "--json", str(out / "r.json"),
+                        "--junit", str(out / "r.xml"), "--markdown", str(out / "summary.md"))
     return result, json.loads((out / "r.json").read_text()), out
 
 
