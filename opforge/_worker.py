@@ -1,13 +1,13 @@
 """The child process of an isolated run (see opforge.isolation): load one op, run its planned rows from a given
 index on, and stream what happens to the parent as JSON lines.
 
-Started as `python -m opforge._worker` with the job as one JSON line on stdin. The protocol goes to a duplicate of
-the original stdout; fd 1 is then pointed at stderr, so whatever the op's own code prints (Python or C++) lands in
-the stderr the parent keeps the tail of, never in the protocol.
+Started by opforge.isolation (see _WORKER_BOOTSTRAP there) with the job as one JSON line on stdin. The protocol goes
+to a duplicate of the original stdout; fd 1 is then pointed at stderr, so whatever the op's own code prints (Python
+or C++) lands in the stderr the parent keeps the tail of, never in the protocol.
 
 Events: environment, step (build messages), loaded (row count; the planned rows and the skipped results when
 starting from row 0), start / result... / end (one planned row), restart (the device is unusable: go on in a fresh
-process), done, error (an OpforgeError to re-raise in the parent), internal (anything else).
+process), done, error (an OpforgeError: the op's spec or build is wrong), internal (anything else: a bug).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import json
 import os
 import sys
 import traceback
-from dataclasses import asdict
 from typing import Any, Callable
 
 Send = Callable[..., None]
@@ -38,7 +37,7 @@ def main() -> None:
     try:
         run(job, send)
     except OpforgeError as exc:
-        send("error", type=type(exc).__name__, fields=asdict(exc))
+        send("error", message=str(exc), exit_code=exc.exit_code)
     except Exception as exc:  # reported to the parent, which turns it into opforge's internal-error exit
         send("internal", message=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
     channel.flush()
@@ -48,7 +47,7 @@ def run(job: dict, send: Send) -> None:
     from opforge.checks import CheckContext
     from opforge.loading import load_op
     from opforge.results import result_json
-    from opforge.runner import Filters, build_info, environment, plan_op, reported_rows, run_row
+    from opforge.runner import Filters, build_info, environment, plan_op, reported_rows, run_rows
     from opforge.spec import load_spec
 
     send("environment", environment=environment())
@@ -65,20 +64,27 @@ def run(job: dict, send: Send) -> None:
              skipped=[result_json(r) for r in plan.skipped])
     else:
         send("loaded", count=len(plan.rows))
-    context = CheckContext(loaded, filters.seed, job["time_limit"])
-    for index in range(start, len(plan.rows)):
-        send("start", index=index)
-        results = run_row(context, plan.rows[index], filters)
+    unusable: list[str] = []
+
+    def finish_row(index: int, results) -> None:
+        # The device check belongs to the row: its kernels may still be running, and a hang or a crash in the
+        # synchronize must be charged to it (the parent holds the row in flight until `end`), not to loading.
+        reason = device_error()
         for result in results:
             send("result", result=result_json(result))
         send("end", index=index)
-        if filters.fail_fast and any(r.status.failed for r in results):
-            break
-        reason = device_error()
         if reason:
-            send("restart", reason=reason)
-            return
-    send("done")
+            unusable.append(reason)
+
+    def device_usable(index: int) -> bool:
+        if unusable:
+            send("restart", reason=unusable[0])
+        return not unusable
+
+    context = CheckContext(loaded, filters.seed, job["time_limit"])
+    if run_rows(context, plan, filters, start, on_start=lambda i: send("start", index=i),
+                on_results=finish_row, after_row=device_usable) or not unusable:
+        send("done")
 
 
 def device_error() -> str | None:

@@ -1,27 +1,27 @@
 """The command line. Commands are thin: parse, call the library, render, map errors to exit codes.
 
-Exit codes: 0 all passed (skip and xfail allowed), 1 a check failed, 2 bad usage or a bad spec, 3 a build failed,
-4 an internal error (a bug in opforge: rerun with --debug and report it), 130 interrupted (Ctrl-C; the reports
-written are marked incomplete).
+Exit codes (defined in opforge.errors): 0 all passed (skip and xfail allowed), 1 a check failed, 2 bad usage or a bad
+spec, 3 a build failed, 4 an internal error (a bug in opforge: rerun with --debug and report it), 130 interrupted
+(Ctrl-C or SIGTERM; the reports written are marked incomplete). When several ops run, the highest code that applies.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 import typer
 
 from opforge import report
-from opforge.errors import BuildError, OpforgeError, UsageError
+from opforge.errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, BuildError, \
+    OpforgeError, UsageError
 from opforge.spec import (KNOWN_CHECKS, KNOWN_DEVICES, KNOWN_DTYPES, OPCHECK_SUBTESTS, OpSpec, find_spec, list_specs,
                           load_spec)
 from opforge.spec import BENCH_MODES
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUILD, EXIT_INTERNAL = 0, 1, 2, 3, 4
-# 128 + SIGINT, as a shell reports a process stopped by Ctrl-C.
-EXIT_INTERRUPTED = 130
 
 app = typer.Typer(
     name="opforge",
@@ -52,6 +52,9 @@ def _guarded(command: Callable[[], int]) -> None:
         code = EXIT_INTERRUPTED
     except Exception as exc:  # a bug in opforge: say so briefly, keep the traceback for --debug
         if _state["debug"]:
+            worker_traceback = getattr(exc, "worker_traceback", "")
+            if worker_traceback:
+                report.error(f"the worker's traceback:\n{worker_traceback.rstrip()}")
             raise
         report.error(f"internal error: {type(exc).__name__}: {exc}. Rerun with --debug and report the traceback.")
         code = EXIT_INTERNAL
@@ -93,8 +96,8 @@ def check(
                                                  help="Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds one check on one case may take before "
                                             "it is killed (TIMEOUT); overrides the specs' `timeout:`. Default 300."),
-    jobs: int = typer.Option(1, "--jobs", "-j", help="Check this many ops at once, each in its own process (one "
-                             "GPU per process where there are several)."),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Check this many ops at once, each in its own process (each "
+                             "with its own share of the GPUs where there are several)."),
     no_isolation: bool = typer.Option(False, "--no-isolation", help="Run the checks in this process (for a "
                                       "debugger); a crash then ends the run and --timeout does not apply."),
     cuda_arch: Optional[str] = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
@@ -111,35 +114,53 @@ def check(
         dtypes = _validate(dtype, KNOWN_DTYPES, "--dtype")
         devices = _validate(device, KNOWN_DEVICES, "--device")
         checks = _validate(check_, KNOWN_CHECKS + tuple(f"opcheck:{t}" for t in OPCHECK_SUBTESTS), "--check")
-        only_ids, paths = _last_failed_selection(last_failed, targets or [], all_specs)
+        outputs = {"--json": json_path, "--junit": junit_path, "--markdown": markdown_path}
+        _check_outputs(outputs)
+        only_ids, paths = _selection(last_failed, targets or [], all_specs)
         filters = Filters(dtypes=dtypes, devices=devices, checks=checks, keyword=keyword, seed=seed,
                           fail_fast=fail_fast, ids=only_ids, large=large)
         specs = [load_spec(p) for p in paths]
         run = RunReport(environment={}, seed=seed)
-        code = EXIT_OK
-        start = time.perf_counter()
-        try:
-            if no_isolation:
-                _run_in_process(specs, filters, cuda_arch, run)
-            else:
-                _run_isolated(specs, filters, cuda_arch, timeout, jobs, run)
-        except KeyboardInterrupt:
-            run.incomplete = True
-            code = EXIT_INTERRUPTED
-        run.seconds = time.perf_counter() - start
-        if not run.environment:
-            from opforge.runner import environment
+        with _sigterm_interrupts():
+            start = time.perf_counter()
+            try:
+                _run(specs, filters, cuda_arch, timeout, jobs, no_isolation, run)
+            except KeyboardInterrupt:
+                run.incomplete = True
+            run.seconds = time.perf_counter() - start
+            if not run.environment:
+                from opforge.runner import environment
 
-            run.environment = environment()
-        report.render_run(run, verbose)
-        _write_reports(run, json_path, junit_path, markdown_path)
-        _record_failures(run)
-        if code == EXIT_INTERRUPTED:
+                run.environment = environment()
+            report.render_run(run, verbose)
+            code = _exit_code(run)
+            if not _write_reports(run, outputs):
+                code = max(code, EXIT_USAGE)
+            _record_failures(run, filters)
+        if run.incomplete:
             report.error("interrupted: the results above and the reports written are incomplete")
-            return code
-        return EXIT_FAILED if run.failed else EXIT_OK
+            return EXIT_INTERRUPTED
+        return code
 
     _guarded(body)
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """A cancelled CI job gets SIGTERM: stop like Ctrl-C (workers killed, reports written, marked incomplete) rather
+    than die with no reports and workers left running. Covers the run and the report writing, in either mode."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python installs signal handlers on the main thread only (a test runner's worker thread)
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _validate_run_options(timeout: float | None, jobs: int, no_isolation: bool) -> None:
@@ -153,74 +174,92 @@ def _validate_run_options(timeout: float | None, jobs: int, no_isolation: bool) 
                          f"Drop {option} or --no-isolation: only worker processes can run in parallel or be killed.")
 
 
-def _last_failed_selection(last_failed: bool, targets: list[str], all_specs: bool) -> tuple[tuple[str, ...], list]:
-    """(result ids to keep, spec paths to run). Without targets, --last-failed runs the specs that failed."""
+def _check_outputs(outputs: dict[str, Path | None]) -> None:
+    """Refuse a report path that cannot be written before the run, not after it (and before the other reports)."""
+    from opforge.results import check_writable
+
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        try:
+            check_writable(path)
+        except OSError as exc:
+            raise UsageError(option, "a path a report can be written to", f"{path} ({exc.strerror or exc})",
+                             f"Point {option} at a file in a directory you can write to.") from None
+
+
+def _selection(last_failed: bool, targets: list[str], all_specs: bool) -> tuple[tuple[str, ...], list[Path]]:
+    """(result ids to keep, spec paths to run)."""
     if not last_failed:
         return (), _specs(targets, all_specs)
-    from opforge.lastfailed import recorded
+    from opforge.lastfailed import select
 
-    failed = recorded(Path.cwd())
-    if not failed:
-        report.info("--last-failed: no failures recorded, running everything selected")
-        return (), _specs(targets, all_specs)
-    if targets or all_specs:
-        return tuple(failed), _specs(targets, all_specs)
-    report.info(f"--last-failed: rerunning {len(failed)} failed results")
-    return tuple(failed), [Path(p) for p in dict.fromkeys(failed.values())]
+    chosen = _specs(targets, all_specs) if targets or all_specs else None
+    selection = select(Path.cwd(), chosen)
+    for note in selection.notes:
+        report.info(note)
+    if selection.paths is not None:
+        return selection.ids, selection.paths
+    return selection.ids, chosen if chosen is not None else _specs([], False)
 
 
-def _run_isolated(specs: list[OpSpec], filters, cuda_arch: str | None, timeout: float | None, jobs: int,
-                  run) -> None:
-    from opforge.isolation import Events, Isolation, run_isolated
+def _run(specs: list[OpSpec], filters, cuda_arch: str | None, timeout: float | None, jobs: int, no_isolation: bool,
+         run) -> None:
+    from opforge.runner import Events
 
     with report.run_progress() as bar:
         events = Events(step=report.info, planned=bar.planned, result=bar.result)
-        run_isolated(specs, filters, Isolation(jobs=jobs, timeout=timeout, cuda_arch=cuda_arch), run, events)
+        if no_isolation:
+            from opforge.runner import run_in_process
+
+            run_in_process(specs, filters, cuda_arch, run, events)
+        else:
+            from opforge.isolation import Isolation, run_isolated
+
+            run_isolated(specs, filters, Isolation(jobs=jobs, timeout=timeout, cuda_arch=cuda_arch), run, events)
 
 
-def _run_in_process(specs: list[OpSpec], filters, cuda_arch: str | None, run) -> None:
-    from opforge.loading import load_op
-    from opforge.results import OpReport
-    from opforge.runner import environment, plan_op, run_op
-
-    run.environment = environment()
-    for spec in specs:
-        with report.spinner(f"loading {spec.name}"):
-            loaded = load_op(spec, cuda_arch, on_step=report.info)
-        plan = plan_op(loaded, filters)
-        # Results land here as they come, so that an interrupted run keeps the op's finished rows.
-        partial = OpReport(op=spec.name, spec_path=str(spec.path))
-        run.ops.append(partial)
-        with report.progress(spec.name, len(plan.rows) + len(plan.skipped)) as advance:
-            def on_result(result):
-                partial.results.append(result)
-                advance(result)
-
-            run.ops[-1] = run_op(loaded, filters, plan, on_result=on_result)
-        if filters.fail_fast and run.ops[-1].failed:
-            break
+def _exit_code(run) -> int:
+    """1 when a check failed; an op that could not load (a bad spec: 2, a failed build: 3) raises it, each op's
+    error shown as its own line."""
+    codes = [EXIT_FAILED if run.failed else EXIT_OK]
+    for op in run.ops:
+        if op.load_exit_code is not None:
+            report.error(op.results[-1].message)
+            codes.append(op.load_exit_code)
+    return max(codes)
 
 
-def _write_reports(run, json_path: Path | None, junit_path: Path | None, markdown_path: Path | None) -> None:
+def _write_reports(run, outputs: dict[str, Path | None]) -> bool:
+    """Write every report asked for; False if one could not be written (the others still are)."""
     from opforge.results import write_atomically, write_json, write_junit
     from opforge.summary import render_markdown
 
-    if json_path:
-        write_json(run, json_path)
-        report.info(f"JSON report: {json_path}")
-    if junit_path:
-        write_junit(run, junit_path)
-        report.info(f"JUnit report: {junit_path}")
-    if markdown_path:
-        write_atomically(markdown_path, render_markdown(run))
-        report.info(f"Markdown summary: {markdown_path}")
+    writers = {"--json": lambda path: write_json(run, path),
+               "--junit": lambda path: write_junit(run, path),
+               "--markdown": lambda path: write_atomically(path, render_markdown(run))}
+    written = True
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        try:
+            writers[option](path)
+        except OSError as exc:
+            report.error(f"{option}: expected to write {path}, got {exc}. Point {option} at a writable path.")
+            written = False
+            continue
+        report.info(f"{_REPORT_NAMES[option]}: {path}")
+    return written
 
 
-def _record_failures(run) -> None:
+_REPORT_NAMES = {"--json": "JSON report", "--junit": "JUnit report", "--markdown": "Markdown summary"}
+
+
+def _record_failures(run, filters) -> None:
     from opforge.lastfailed import record
 
     try:
-        record(Path.cwd(), run)
+        record(Path.cwd(), run, filters)
     except OSError as exc:  # a read-only checkout must not fail the run; --last-failed then reruns everything
         report.info(f"could not record the failures for --last-failed: {exc}")
 

@@ -5,11 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+# The exit codes of every command: this is their one definition (README.md and docs/ci.md list them).
+EXIT_OK = 0
+EXIT_FAILED = 1  # a check failed, errored, crashed, timed out, or an xfail passed
+EXIT_USAGE = 2  # bad usage or a bad spec
+EXIT_BUILD = 3  # a C++/CUDA build failed
+EXIT_INTERNAL = 4  # a bug in opforge
+# 128 + SIGINT, as a shell reports a process stopped by Ctrl-C (SIGTERM is turned into the same stop).
+EXIT_INTERRUPTED = 130
+
 
 class OpforgeError(Exception):
     """Base of every error opforge reports to a user without a traceback."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 @dataclass
@@ -48,7 +57,7 @@ class BuildError(OpforgeError):
     log_path: Path
     first_errors: list[str]
 
-    exit_code = 3
+    exit_code = EXIT_BUILD
 
     def __str__(self) -> str:
         lines = "\n".join(self.first_errors)
@@ -56,3 +65,12 @@ class BuildError(OpforgeError):
             f"building {self.name}: expected the sources to compile, got:\n{lines}\n"
             f"Fix the first error above; the full log is {self.log_path}."
         )
+
+
+class WorkerInternalError(Exception):
+    """A bug in opforge surfaced inside a worker process. The message is one line; the worker's traceback is kept
+    apart, for --debug only."""
+
+    def __init__(self, message: str, worker_traceback: str = ""):
+        super().__init__(message)
+        self.worker_traceback = worker_traceback

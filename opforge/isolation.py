@@ -2,10 +2,14 @@
 
 One worker per op (importing torch and loading the op cost seconds: once per op, not per row). The worker streams
 results as it goes (opforge._worker); the parent knows which (check, case) row is in flight, so when the worker dies
-(SIGSEGV, abort, a CUDA fault) that row becomes a CRASH row naming the signal and the tail of the worker's stderr,
-and when it runs past its time limit the worker's whole process group is killed and the row becomes TIMEOUT. Either
-way the op's remaining rows go on in a fresh worker, then the next op: a fresh process per op also means a CUDA error
-in one op cannot poison the next. With `jobs` > 1, several ops run at once, one GPU per worker slot.
+(SIGSEGV, abort, a fatal signal from a native library) that row becomes a CRASH row naming the signal and the tail of
+the worker's stderr, and when it runs past its time limit the worker's whole process group is killed and the row
+becomes TIMEOUT. Either way the op's remaining rows go on in a fresh worker, then the next op. A CUDA fault (a
+device-side assert, an illegal memory access) does not kill the worker: it raises, so its row is FAIL or ERROR, and
+because it leaves the CUDA context unusable the worker asks for a fresh process for the rows after it. A fresh
+process per op also means a CUDA error in one op cannot poison the next. A spec or build error is the op's ERROR
+load row; the other ops still run. With `jobs` > 1, several ops run at once, each worker slot with its own share
+of the GPUs.
 
 POSIX only (process groups, select on pipes); `opforge check --no-isolation` runs everything in-process.
 """
@@ -19,33 +23,43 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from opforge.errors import BuildError, OpforgeError, SpecError, UsageError
+from opforge.errors import WorkerInternalError
 from opforge.results import CaseResult, OpReport, RunReport, Status, result_from_json
-from opforge.runner import LOAD_CASE, LOAD_CHECK, Filters, repro_command
-from opforge.loading import NATIVE
+from opforge.runner import Events, Filters, load_row, repro_command, stops_run
 from opforge.spec import OpSpec
 
 # Per-check time limit when neither the spec (`timeout:`) nor --timeout sets one. Generous: the slowest row measured
 # on the 2-core CI VM (`compile`, every leaky_swish shape through inductor, cold inductor cache) takes ~30 s.
 DEFAULT_CHECK_TIMEOUT = 300.0
-# Loading is not a check: a cold build of CUDA sources for several architectures takes minutes. This only catches a
-# load (or a pause between rows) that hangs.
+# Loading is not a check and has no per-spec limit: a cold build of CUDA sources for several architectures takes
+# minutes (~40 s per .cu file and architecture on the 2-core VM, 2-3 archs per file, several files), so an hour
+# only catches a load (or a pause between rows) that hangs, long before a CI job's own limit (45-60 min) would.
 LOAD_TIME_LIMIT = 3600.0
+# Lines of a worker's stderr quoted in a CRASH/TIMEOUT row: faulthandler's account of a fatal signal (the error line,
+# a blank, the thread header and the innermost frames) fits in 20, and a longer quote buries the row in a CI log.
 STDERR_TAIL_LINES = 20
+# Bytes of stderr read back to find those lines: a chatty op (inductor's logs) can write megabytes, and 64 KiB holds
+# the last 20 lines of any log whose lines are under ~3 KiB.
 STDERR_KEPT_BYTES = 64 * 1024
-# How long a worker that closed its end of the protocol may take to exit before it is killed.
+# Bytes read from a worker's protocol pipe at once: Linux's default pipe capacity, so one read drains a full pipe.
+READ_CHUNK = 64 * 1024
+# How long a worker that closed its protocol pipe without saying `done` (it is dying) may take to exit before it is
+# killed. Exiting takes milliseconds; CUDA teardown after a fault was the slowest seen (~1-2 s), and a process stuck
+# in it must not hold its op's result for long.
 EXIT_GRACE = 10.0
-
-
-class WorkerInternalError(Exception):
-    """A bug in opforge surfaced inside a worker; carries the worker's traceback."""
+# How often the supervisor looks whether such a dying worker has exited, while it goes on serving the others.
+EXIT_POLL = 0.05
+# The worker's entry point, run with -c so that sys.path[0] is the '' Python adds (the current directory) and can be
+# dropped: a checkout's or a spec directory's `opforge/` or `torch.py` in the cwd must not shadow the installed ones
+# (PYTHONPATH still comes first). `python -P` does the same, but only from Python 3.11 on.
+_WORKER_BOOTSTRAP = ("import sys\nif sys.path and sys.path[0] == '':\n    del sys.path[0]\n"
+                     "from opforge._worker import main\nmain()\n")
 
 
 @dataclass(frozen=True)
@@ -53,15 +67,6 @@ class Isolation:
     jobs: int = 1
     timeout: float | None = None  # --timeout: overrides every spec's `timeout:`
     cuda_arch: str | None = None
-
-
-@dataclass
-class Events:
-    """What the parent reports while ops run; the CLI wires these to opforge.report."""
-
-    step: Callable[[str], None] = lambda message: None
-    planned: Callable[[str, int], None] = lambda op, total: None
-    result: Callable[[str, CaseResult], None] = lambda op, result: None
 
 
 def time_limit(spec: OpSpec, override: float | None) -> float:
@@ -79,11 +84,28 @@ def visible_gpus(environ: Mapping[str, str]) -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
-def gpu_per_slot(jobs: int, gpus: list[str]) -> list[str | None]:
-    """CUDA_VISIBLE_DEVICES for each worker slot: the visible GPUs round-robin, None where there are none."""
+def gpus_per_slot(jobs: int, gpus: list[str]) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES for each worker slot: disjoint shares of the visible GPUs (slot i gets every jobs-th one
+    from the i-th), so that a worker may hold several (multi_gpu needs two). With more slots than GPUs each slot
+    gets one, round-robin, shared. None where there are no GPUs."""
     if not gpus:
         return [None] * jobs
+    if jobs <= len(gpus):
+        return [",".join(gpus[slot::jobs]) for slot in range(jobs)]
     return [gpus[slot % len(gpus)] for slot in range(jobs)]
+
+
+def multi_gpu_note(specs: list[OpSpec], filters: Filters, slots: list[str | None]) -> str | None:
+    """A warning when -j leaves a worker fewer than two GPUs of a machine that has them and multi_gpu is to run:
+    the check would skip on every op, silently losing its coverage."""
+    visible = {gpu for slot in slots if slot for gpu in slot.split(",")}
+    fewest = min((len(slot.split(",")) for slot in slots if slot), default=0)
+    wanted = any("multi_gpu" in spec.checks and "cuda" in spec.devices for spec in specs) and \
+        filters.wants_check("multi_gpu") and (not filters.devices or "cuda" in filters.devices)
+    if not wanted or len(visible) < 2 or fewest >= 2:
+        return None
+    return (f"-j {len(slots)} leaves a worker {fewest} of the {len(visible)} visible GPUs, so multi_gpu (which needs "
+            f"2) skips: run with -j {max(1, len(visible) // 2)} or fewer for it to run.")
 
 
 def threads_per_worker(jobs: int, cpus: int | None) -> int:
@@ -108,7 +130,7 @@ class _Worker:
         self.stderr = tempfile.TemporaryFile()
         # Its own session: Ctrl-C at a terminal reaches the parent only, and a timeout kills the worker's whole
         # process group (inductor's compile workers included).
-        self.proc = subprocess.Popen([sys.executable, "-m", "opforge._worker"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_BOOTSTRAP], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.stderr, env=env, start_new_session=True)
         self.proc.stdin.write((json.dumps(job) + "\n").encode())
         self.proc.stdin.close()
@@ -119,19 +141,12 @@ class _Worker:
 
     def read_events(self) -> list[dict] | None:
         """The complete events available now; None at end of stream."""
-        chunk = os.read(self.fileno(), 1 << 16)
+        chunk = os.read(self.fileno(), READ_CHUNK)
         if not chunk:
             return None
         self._buffer += chunk
         *lines, self._buffer = self._buffer.split(b"\n")
         return [json.loads(line) for line in lines if line.strip()]
-
-    def wait(self) -> int:
-        try:
-            return self.proc.wait(timeout=EXIT_GRACE)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return self.proc.wait()
 
     def kill(self) -> None:
         try:
@@ -140,7 +155,9 @@ class _Worker:
             pass
 
     def close(self) -> None:
-        # Whatever the worker left running in its group (compile workers) goes with it.
+        if self.proc.stdout.closed:
+            return
+        # Whatever the worker left running in its group (compile workers, a stray thread) goes with it.
         self.kill()
         self.proc.wait()
         self.proc.stdout.close()
@@ -169,12 +186,16 @@ class _OpRun:
     worker: _Worker | None = None
     progressed: bool = False
     done: bool = False
+    # When the worker closed its protocol pipe without `done`: it is dying, and its exit status says how.
+    dying_since: float | None = None
     started: float = field(default_factory=time.monotonic)
 
     def remaining(self) -> bool:
         return self.rows is not None and self.next_index < len(self.rows)
 
     def deadline(self) -> float:
+        if self.dying_since is not None:
+            return min(time.monotonic() + EXIT_POLL, self.dying_since + EXIT_GRACE)
         return self.since + (self.limit if self.in_flight is not None else LOAD_TIME_LIMIT)
 
 
@@ -194,22 +215,25 @@ class Supervisor:
         environ = dict(os.environ if environ is None else environ)
         self.env = _worker_env(environ, isolation.jobs)
         gpus = visible_gpus(environ) if isolation.jobs > 1 else []
-        self.gpus = gpu_per_slot(isolation.jobs, gpus)
+        self.gpus = gpus_per_slot(isolation.jobs, gpus)
+        note = multi_gpu_note(specs, filters, self.gpus)
+        if note:
+            run.notes.append(note)
 
     def execute(self) -> None:
-        previous = _stop_on_sigterm()
         try:
             while True:
                 self._fill_slots()
                 if not self.active:
                     return
                 self._step()
+                if self.stopped:
+                    # -x: the ops still running stop too (what they finished is kept).
+                    for op in list(self.active.values()):
+                        self._finish(op)
         finally:
             for op in self.active.values():
-                if op.worker:
-                    op.worker.close()
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+                op.worker.close()
 
     def _fill_slots(self) -> None:
         while self.pending and not self.stopped and len(self.active) < self.isolation.jobs:
@@ -228,23 +252,27 @@ class Supervisor:
         job = {"spec": str(op.spec.path), "cuda_arch": self.isolation.cuda_arch, "filters": self.filters.to_json(),
                "start": op.next_index, "time_limit": op.limit}
         op.worker = _Worker(job, env)
-        op.in_flight, op.since, op.progressed = None, time.monotonic(), False
+        op.in_flight, op.since, op.progressed, op.dying_since = None, time.monotonic(), False, None
 
     def _step(self) -> None:
-        by_fd = {op.worker.fileno(): op for op in self.active.values()}
+        by_fd = {op.worker.fileno(): op for op in self.active.values() if op.dying_since is None}
         wait = max(0.0, min(op.deadline() for op in self.active.values()) - time.monotonic())
         readable, _, _ = select.select(list(by_fd), [], [], wait)
         for fd in readable:
             op = by_fd[fd]
             events = op.worker.read_events()
             if events is None:
-                self._worker_exited(op)
+                self._pipe_closed(op)
                 continue
             for event in events:
+                if self.active.get(op.slot) is not op:
+                    break  # the op ended on an earlier event of this batch
                 self._handle(op, event)
         now = time.monotonic()
         for op in list(self.active.values()):
-            if self.active.get(op.slot) is op and not op.done and op.deadline() <= now:
+            if op.dying_since is not None:
+                self._reap(op, now)
+            elif not op.done and op.deadline() <= now:
                 self._timed_out(op)
 
     # ------------------------------------------------------------------------------------------ events from a worker
@@ -256,15 +284,7 @@ class Supervisor:
         elif kind == "step":
             self.events.step(event["message"])
         elif kind == "loaded":
-            if "rows" in event:
-                op.rows = event["rows"]
-                op.report.build = event["build"]
-                self.events.planned(op.spec.name, len(event["skipped"]) + sum(len(r["rows"]) for r in op.rows))
-                for data in event["skipped"]:
-                    self._add(op, result_from_json(data))
-            elif op.rows is None or event["count"] != len(op.rows):
-                raise WorkerInternalError(f"{op.spec.name}: a fresh worker planned {event['count']} rows, the first "
-                                          f"one {len(op.rows or [])}: planning is not deterministic")
+            self._loaded(op, event)
         elif kind == "start":
             op.in_flight, op.since = event["index"], time.monotonic()
         elif kind == "result":
@@ -277,72 +297,94 @@ class Supervisor:
         elif kind == "done":
             op.done = True
         elif kind == "error":
-            raise _decode_error(event["type"], event["fields"])
+            # A spec or build error of this op: its load row says why, the other ops go on.
+            op.report.load_exit_code = event["exit_code"]
+            self._add(op, load_row(op.spec, Status.ERROR, event["message"], time.monotonic() - op.since))
+            self._finish(op)
         elif kind == "internal":
-            raise WorkerInternalError(f"{event['message']} (in the worker for {op.spec.name})\n{event['traceback']}")
+            raise WorkerInternalError(f"{event['message']} (in the worker for {op.spec.name})", event["traceback"])
+
+    def _loaded(self, op: _OpRun, event: dict[str, Any]) -> None:
+        if "rows" in event:
+            op.rows = event["rows"]
+            op.report.build = event["build"]
+            self.events.planned(op.spec.name, len(event["skipped"]) + sum(len(r["rows"]) for r in op.rows))
+            for data in event["skipped"]:
+                self._add(op, result_from_json(data))
+        elif op.rows is None or event["count"] != len(op.rows):
+            how = (f"a fresh worker planned {event['count']} rows where the first one planned "
+                   f"{len(op.rows or [])}: what it can run changed (a GPU lost after a fault?), so this row and the "
+                   "op's other remaining rows did not run")
+            for index in range(op.next_index, len(op.rows or [])):
+                self._lost_row(op, index, Status.CRASH, how, seconds=0.0)
+            self._finish(op)
 
     def _add(self, op: _OpRun, result: CaseResult) -> None:
         op.report.results.append(result)
         self.events.result(op.spec.name, result)
 
-    def _worker_exited(self, op: _OpRun) -> None:
-        returncode = op.worker.wait()
+    def _pipe_closed(self, op: _OpRun) -> None:
         if op.done:
+            # Its results are all in; whatever it still runs (a stray thread) must not hold up the run.
             self._finish(op)
-            return
+        else:
+            op.dying_since = time.monotonic()
+
+    def _reap(self, op: _OpRun, now: float) -> None:
+        returncode = op.worker.proc.poll()
+        if returncode is None:
+            if now < op.dying_since + EXIT_GRACE:
+                return
+            op.worker.kill()
+            returncode = op.worker.proc.wait()
         how = f"the worker process died: {describe_exit(returncode)}"
         if op.in_flight is None and not op.progressed:
             self._lost_load(op, Status.CRASH, f"{how} while loading the op")
             return
         if op.in_flight is not None:
-            self._lost_row(op, Status.CRASH, f"{how} while running this check")
+            self._lost_row(op, op.in_flight, Status.CRASH, _with_stderr(f"{how} while running this check", op.worker))
         self._continue(op)
 
     def _timed_out(self, op: _OpRun) -> None:
         op.worker.kill()
-        op.worker.wait()
+        op.worker.proc.wait()
         if op.in_flight is None:
             self._lost_load(op, Status.TIMEOUT, f"loading the op took over {LOAD_TIME_LIMIT:g} s; it was killed")
             return
-        self._lost_row(op, Status.TIMEOUT,
-                       f"the check ran past its time limit of {op.limit:g} s and was killed (raise it with "
-                       "`timeout:` in the spec or --timeout)")
+        self._lost_row(op, op.in_flight, Status.TIMEOUT, _with_stderr(
+            f"the check ran past its time limit of {op.limit:g} s and was killed (raise it with `timeout:` in the "
+            "spec or --timeout)", op.worker))
         self._continue(op)
 
-    def _lost_row(self, op: _OpRun, status: Status, how: str) -> None:
-        """A row that never reported: one result per row name it would have reported."""
-        row = op.rows[op.in_flight]
-        seconds = time.monotonic() - op.since
-        message = _with_stderr(how, op.worker)
+    def _lost_row(self, op: _OpRun, index: int, status: Status, message: str, seconds: float | None = None) -> None:
+        """A planned row that never reported: one result per row name it would have reported."""
+        row = op.rows[index]
+        seconds = time.monotonic() - op.since if seconds is None else seconds
         for name in row["rows"]:
             self._add(op, CaseResult(
                 op=op.spec.name, target=row["target"], check=name, case_id=row["case_id"], dtype=row["dtype"],
                 device=row["device"], status=status, seconds=seconds, message=message, seed=row["seed"],
                 repro=repro_command(op.spec, row["target"], name, row["case_id"], self.filters.seed)))
-        op.next_index = op.in_flight + 1
+        op.next_index = index + 1
         op.in_flight = None
 
     def _lost_load(self, op: _OpRun, status: Status, how: str) -> None:
-        self._add(op, CaseResult(op=op.spec.name, target=NATIVE, check=LOAD_CHECK, case_id=LOAD_CASE, dtype="-",
-                                 device="-", status=status, seconds=time.monotonic() - op.since,
-                                 message=_with_stderr(how, op.worker),
-                                 repro=f"opforge check {op.spec.path} --no-isolation"))
+        self._add(op, load_row(op.spec, status, _with_stderr(how, op.worker), time.monotonic() - op.since))
         self._finish(op)
 
     def _continue(self, op: _OpRun) -> None:
         """After a lost row or a restart: the op's remaining rows in a fresh worker, unless -x stops here."""
         op.worker.close()
-        if op.remaining() and not (self.filters.fail_fast and op.report.failed):
+        if op.remaining() and not stops_run(self.filters, op.report.results):
             self._spawn(op)
         else:
-            self._finish(op, closed=True)
+            self._finish(op)
 
-    def _finish(self, op: _OpRun, closed: bool = False) -> None:
-        if not closed:
-            op.worker.close()
+    def _finish(self, op: _OpRun) -> None:
+        op.worker.close()
         op.report.seconds = time.monotonic() - op.started
         del self.active[op.slot]
-        if self.filters.fail_fast and op.report.failed:
+        if stops_run(self.filters, op.report.results):
             self.stopped = True
 
 
@@ -357,19 +399,6 @@ def stderr_excerpt(text: str, lines: int = STDERR_TAIL_LINES) -> str:
     report = [line for line in all_lines[fatal:] if line.strip()]
     report = [line for line in report if not line.startswith(("Extension modules:", "(total:"))]
     return "\n".join(report[:lines])
-
-
-def _stop_on_sigterm():
-    """A cancelled CI job gets SIGTERM: stop like Ctrl-C (workers killed, reports written, marked incomplete) rather
-    than die and leave workers running. Returns the handler to restore (None off the main thread, where Python
-    cannot install one)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def _with_stderr(how: str, worker: _Worker) -> str:
@@ -387,20 +416,7 @@ def _worker_env(environ: dict[str, str], jobs: int) -> dict[str, str]:
     return env
 
 
-_ERRORS: dict[str, type[OpforgeError]] = {c.__name__: c for c in (SpecError, BuildError, UsageError)}
-
-
-def _decode_error(name: str, fields: dict[str, Any]) -> Exception:
-    cls = _ERRORS.get(name)
-    if cls is None:
-        return WorkerInternalError(f"the worker raised {name}: {fields}")
-    if cls is SpecError:
-        fields = {**fields, "path": Path(fields["path"])}
-    if cls is BuildError:
-        fields = {**fields, "log_path": Path(fields["log_path"])}
-    return cls(**fields)
-
-
 def run_isolated(specs: list[OpSpec], filters: Filters, isolation: Isolation, run: RunReport,
                  events: Events | None = None) -> None:
+    """Every spec's checks in worker processes (the isolated counterpart of runner.run_in_process)."""
     Supervisor(specs, filters, isolation, run, events or Events()).execute()

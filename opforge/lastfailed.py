@@ -1,14 +1,33 @@
 """What failed last time, for `opforge check --last-failed`: full result ids and the spec each came from, kept in
-`.opforge/lastfailed.json` under the directory opforge runs in (like pytest's cache)."""
+`.opforge/lastfailed.json` under the directory opforge runs in (like pytest's cache).
+
+The selection policy is pytest's: rerun the recorded failures of the selected specs; when none of them has any
+recorded, run everything selected (saying so) rather than nothing.
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from opforge.results import RunReport, write_atomically
+from opforge.results import OpReport, RunReport, write_atomically
+
+if TYPE_CHECKING:
+    from opforge.runner import Filters
 
 STORE = Path(".opforge") / "lastfailed.json"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What --last-failed runs: `ids` narrows the results (empty: all of them) of the specs in `paths` (None: the
+    specs the caller selected). `notes` say what was decided and why."""
+
+    ids: tuple[str, ...] = ()
+    paths: list[Path] | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 def recorded(root: Path) -> dict[str, str]:
@@ -21,12 +40,39 @@ def recorded(root: Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in failed.items()} if isinstance(failed, dict) else {}
 
 
-def record(root: Path, run: RunReport) -> dict[str, str]:
-    """Forget the ids that ran and did not fail, remember those that failed; returns what is now recorded."""
+def select(root: Path, selected: list[Path] | None) -> Selection:
+    """The --last-failed selection, given the spec paths named on the command line (None when none were)."""
+    failed = recorded(root)
+    gone = sorted({spec for spec in failed.values() if not _exists(root, spec)})
+    notes = [f"--last-failed: {spec} no longer exists; its recorded failures are skipped (and forgotten after this "
+             f"run; delete {STORE} to forget them now)" for spec in gone]
+    failed = {ident: spec for ident, spec in failed.items() if spec not in gone}
+    what = ""
+    if selected is not None and failed:
+        wanted = {_key(root, p) for p in selected}
+        failed = {ident: spec for ident, spec in failed.items() if _key(root, Path(spec)) in wanted}
+        what = " for the selected specs"
+    if not failed:
+        return Selection(notes=notes + [f"--last-failed: no failures recorded{what}, running everything selected"])
+    paths = None if selected is not None else [Path(p) for p in dict.fromkeys(failed.values())]
+    return Selection(ids=tuple(failed), paths=paths,
+                     notes=notes + [f"--last-failed: rerunning {len(failed)} failed results"])
+
+
+def record(root: Path, run: RunReport, filters: Filters | None = None) -> dict[str, str]:
+    """Forget the ids that ran and did not fail, remember those that failed; returns what is now recorded.
+
+    A recorded id that an op ran in full (see _ran_in_full) did not produce belongs to a renamed or removed op,
+    case or check: it is forgotten, else --last-failed would "rerun" it forever, running nothing. So are the
+    failures of specs that no longer exist."""
     from opforge.runner import LOAD_CHECK, load_row_id
 
-    failed = recorded(root)
+    failed = {ident: spec for ident, spec in recorded(root).items() if _exists(root, spec)}
     for op in run.ops:
+        if _ran_in_full(run, op, filters):
+            produced = {r.full_id for r in op.results}
+            failed = {ident: spec for ident, spec in failed.items()
+                      if ident in produced or _key(root, Path(spec)) != _key(root, Path(op.spec_path))}
         if op.results and not any(r.check == LOAD_CHECK for r in op.results):
             failed.pop(load_row_id(op.op), None)
         for r in op.results:
@@ -36,3 +82,23 @@ def record(root: Path, run: RunReport) -> dict[str, str]:
                 failed.pop(r.full_id, None)
     write_atomically(root / STORE, json.dumps({"failed": dict(sorted(failed.items()))}, indent=1) + "\n")
     return failed
+
+
+def _ran_in_full(run: RunReport, op: OpReport, filters: Filters | None) -> bool:
+    """Whether the op ran every row a recorded id of it could name: it loaded, nothing stopped it early, and no
+    filter but --last-failed's own ids narrowed it."""
+    from opforge.runner import LOAD_CHECK
+
+    if filters is None or run.incomplete or (filters.fail_fast and run.failed):
+        return False
+    if filters.dtypes or filters.devices or filters.checks or filters.keyword:
+        return False
+    return not any(r.check == LOAD_CHECK for r in op.results)
+
+
+def _key(root: Path, path: Path) -> Path:
+    return (root / path).resolve()
+
+
+def _exists(root: Path, spec: str) -> bool:
+    return (root / spec).is_file()

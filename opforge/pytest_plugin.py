@@ -79,8 +79,8 @@ class _Session:
 
 
 class SpecFile(pytest.File):
-    def collect(self) -> Iterator[pytest.Item]:
-        from opforge.runner import full_id, plan_op, reported_rows
+    def collect(self) -> Iterator[pytest.Collector]:
+        from opforge.runner import plan_op, reported_rows
 
         session = self.config.stash[_SESSION]
         try:
@@ -89,12 +89,30 @@ class SpecFile(pytest.File):
             raise self.CollectError(f"opforge: {exc}") from None
         spec = loaded.spec
         plan = plan_op(loaded, session.filters)
+        # One collector per implementation, so that an item's node id is its opforge id after the file
+        # (`good.yaml::good/native::correctness[...]`) and selects it: a `::` inside an item's name would not.
+        by_target: dict[str, list[dict[str, Any]]] = {}
         for result in plan.skipped:
-            yield OpforgeItem.from_parent(self, name=result.full_id, fixed=result)
+            by_target.setdefault(result.target, []).append(
+                {"name": f"{result.check}[{result.case_id}]", "fixed": result})
         for index, row in enumerate(plan.rows):
             for name in reported_rows(session.filters, spec, row):
-                yield OpforgeItem.from_parent(self, name=full_id(spec, row.target.name, name, row.case.id),
-                                              index=index, row=row, row_name=name)
+                by_target.setdefault(row.target.name, []).append(
+                    {"name": f"{name}[{row.case.id}]", "index": index, "row": row, "row_name": name})
+        for target, items in by_target.items():
+            yield TargetCollector.from_parent(self, name=f"{spec.name}/{target}", items=items)
+
+
+class TargetCollector(pytest.Collector):
+    """The items of one implementation of a spec's op."""
+
+    def __init__(self, *, items: list[dict[str, Any]], **kwargs: Any):
+        super().__init__(**kwargs)
+        self._items = items
+
+    def collect(self) -> Iterator[pytest.Item]:
+        for item in self._items:
+            yield OpforgeItem.from_parent(self, **item)
 
 
 class OpforgeCheckFailed(Exception):
@@ -128,4 +146,4 @@ class OpforgeItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, None, self.name
+        return self.path, None, f"{self.parent.name}::{self.name}"

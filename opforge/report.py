@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from opforge.results import CaseResult, OpReport, RunReport, Status, describe_mismatch
+from opforge.results import CaseResult, OpReport, RunReport, Status, describe_mismatch, failure_details
 from opforge.spec import KNOWN_DEVICES, KNOWN_DTYPES
 
 # Width used when stdout is not a terminal, so CI logs do not wrap the tables at rich's default 80 columns.
@@ -70,28 +70,8 @@ def spinner(message: str) -> Iterator[None]:
         yield
 
 
-@contextmanager
-def progress(description: str, total: int) -> Iterator[Callable[[CaseResult], None]]:
-    """A progress bar on a terminal; nothing in a log (the summary follows)."""
-    if not console.is_terminal:
-        yield lambda result: None
-        return
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[failed]}", style="red"))
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task(description, total=total, failed="")
-        failures = 0
-
-        def advance(result: CaseResult) -> None:
-            nonlocal failures
-            failures += result.status.failed
-            bar.update(task, advance=1, failed=f"{failures} failed" if failures else "")
-
-        yield advance
-
-
 class RunProgress:
-    """One progress bar per op on a terminal, for runs where ops go on in worker processes; silent in a log."""
+    """One progress bar per op on a terminal (ops may run side by side in worker processes); silent in a log."""
 
     def __init__(self, bar: Progress | None):
         self._bar = bar
@@ -196,20 +176,20 @@ def _cell(results: list[CaseResult]) -> Text:
     return Text(f"{_LABEL[worst]} {count}/{len(results)}", style=_STYLE[worst])
 
 
+_FAILURE_STYLE: dict[str, Callable[[str], Text]] = {
+    "message": Text,
+    "mismatch": lambda text: Text(text, style="bold"),
+    "seed": lambda text: Text(text, style="dim"),
+    "repro": lambda text: Text("repro: ", style="dim") + Text(text),
+    "warning": lambda text: Text(f"warning: {text}", style="yellow"),
+}
+
+
 def render_failures(report: RunReport) -> None:
     failures = [r for r in report.results() if r.status.failed]
     for r in failures[:MAX_FAILURE_PANELS]:
-        body = Text()
-        body.append(r.message or r.status.value)
-        if r.mismatch:
-            body.append("\n" + describe_mismatch(r.mismatch), style="bold")
-        if r.seed is not None:
-            body.append(f"\nseed: {r.seed}", style="dim")
-        if r.repro:
-            body.append("\nrepro: ", style="dim")
-            body.append(r.repro)
-        for warning in r.warnings:
-            body.append(f"\nwarning: {warning}", style="yellow")
+        details = failure_details(r) or [("message", r.status.value)]
+        body = Text("\n").join(_FAILURE_STYLE[kind](text) for kind, text in details)
         console.print(Panel(body, title=f"[bold red]{_LABEL[r.status]}[/] {r.full_id}", title_align="left",
                             border_style="red"))
     if len(failures) > MAX_FAILURE_PANELS:
@@ -223,6 +203,8 @@ def render_totals(report: RunReport) -> None:
     style = "bold red" if report.failed else "bold green"
     verdict = "FAILED" if report.failed else "OK"
     suffix = " (incomplete)" if report.incomplete else ""
+    for note in report.notes:
+        console.print(Text("note: ", style="bold yellow") + Text(note))
     console.print(Text(f"{verdict}{suffix}: ", style=style) + Text(", ".join(parts) or "nothing ran")
                   + Text(f" in {report.seconds:.1f} s", style="dim"))
 

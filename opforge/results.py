@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -81,8 +82,35 @@ def result_from_json(data: dict[str, Any]) -> CaseResult:
     fields["status"] = Status(data["status"])
     fields["warnings"] = tuple(data.get("warnings", ()))
     if data.get("mismatch"):
-        fields["mismatch"] = Mismatch(**{**data["mismatch"], "index": tuple(data["mismatch"]["index"])})
+        mismatch = {k: _float(v) if k in _MISMATCH_FLOATS else v for k, v in data["mismatch"].items()}
+        fields["mismatch"] = Mismatch(**{**mismatch, "index": tuple(mismatch["index"])})
     return CaseResult(**fields)
+
+
+_MISMATCH_FLOATS = ("got", "expected", "abs_error", "rel_error", "atol", "rtol")
+# Strict JSON has no NaN or infinity; reports spell them as these strings (what float() reads back).
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _float(value: Any) -> Any:
+    return _NON_FINITE.get(value, value) if isinstance(value, str) else value
+
+
+def strict_json(data: Any) -> Any:
+    """`data` with every non-finite float as a string ("nan", "inf", "-inf"): a NaN in a mismatch (an op that
+    swallows NaN) must not make a report that strict JSON readers (jq, JavaScript, Go) reject."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return "nan" if math.isnan(data) else ("inf" if data > 0 else "-inf")
+    if isinstance(data, dict):
+        return {k: strict_json(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [strict_json(v) for v in data]
+    return data
+
+
+def dumps_json(data: Any, indent: int = 2) -> str:
+    """Strict JSON text of a report (non-finite floats as strings, other objects such as paths as str)."""
+    return json.dumps(strict_json(data), indent=indent, allow_nan=False, default=str) + "\n"
 
 
 def result_id(op: str, target: str, check: str, case_id: str) -> str:
@@ -97,6 +125,8 @@ class OpReport:
     results: list[CaseResult] = field(default_factory=list)
     build: dict[str, Any] | None = None
     seconds: float = 0.0
+    # The exit code of the spec or build error that kept the op from loading (its load row says why), if any.
+    load_exit_code: int | None = None
 
     @property
     def failed(self) -> bool:
@@ -116,6 +146,8 @@ class RunReport:
     seed: int = 0
     seconds: float = 0.0
     incomplete: bool = False
+    # What a reader of the results must know about the run itself (e.g. a check that cannot run as configured).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -138,6 +170,7 @@ class RunReport:
             "seed": self.seed,
             "seconds": self.seconds,
             "incomplete": self.incomplete,
+            "notes": self.notes,
             "counts": self.counts(),
             "ops": [
                 {
@@ -145,6 +178,7 @@ class RunReport:
                     "spec": op.spec_path,
                     "seconds": op.seconds,
                     "build": op.build,
+                    "load_exit_code": op.load_exit_code,
                     "counts": op.counts(),
                     "results": [result_json(r) for r in op.results],
                 }
@@ -165,6 +199,9 @@ def write_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        # mkstemp creates the file 0600 whatever the umask: a report is for others (a CI upload, a team) to read,
+        # so it gets the mode a plain open() would have given it.
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -173,8 +210,26 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
+def _umask() -> int:
+    # The only way to read it is to set it; set it straight back.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def check_writable(path: Path) -> None:
+    """Create `path`'s directory and prove a file can be written there, before a run whose report would otherwise
+    be lost at its end. Raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise IsADirectoryError(21, "is a directory", str(path))
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    os.unlink(tmp)
+
+
 def write_json(report: RunReport, path: Path) -> None:
-    write_atomically(path, json.dumps(report.to_json(), indent=2, default=str) + "\n")
+    write_atomically(path, dumps_json(report.to_json()))
 
 
 def write_junit(report: RunReport, path: Path) -> None:
@@ -205,17 +260,24 @@ def write_junit(report: RunReport, path: Path) -> None:
     write_atomically(path, ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n")
 
 
+def failure_details(r: CaseResult) -> list[tuple[str, str]]:
+    """What to show of a failed result, in order, as (kind, text) with kind one of message, mismatch, seed, repro,
+    warning. The one account of a failure: the terminal, JUnit/pytest and the Markdown summary each render it."""
+    details = [("message", r.message)] if r.message else []
+    if r.mismatch:
+        details.append(("mismatch", describe_mismatch(r.mismatch)))
+    if r.seed is not None:
+        details.append(("seed", f"seed: {r.seed}"))
+    if r.repro:
+        details.append(("repro", r.repro))
+    details += [("warning", w) for w in r.warnings]
+    return details
+
+
 def failure_text(r: CaseResult) -> str:
     """Plain-text account of a result: message, worst mismatch, seed and repro. Shared by JUnit and pytest."""
-    lines = [r.message] if r.message else []
-    if r.mismatch:
-        lines.append(describe_mismatch(r.mismatch))
-    if r.seed is not None:
-        lines.append(f"seed: {r.seed}")
-    if r.repro:
-        lines.append(f"repro: {r.repro}")
-    lines += [f"warning: {w}" for w in r.warnings]
-    return "\n".join(lines)
+    prefix = {"repro": "repro: ", "warning": "warning: "}
+    return "\n".join(prefix.get(kind, "") + text for kind, text in failure_details(r))
 
 
 def describe_mismatch(m: Mismatch) -> str:

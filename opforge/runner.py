@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from opforge.cases import Case, build_matrix
+from opforge.errors import OpforgeError
 from opforge.checks import Check, CheckContext, registry
 from opforge.compare import CheckFailure, CheckSkipped, PassNote, ReferenceFailure
 from opforge.checks.calls import short
@@ -73,6 +74,60 @@ class Plan:
 
 
 ProgressCallback = Callable[[CaseResult], None]
+
+
+@dataclass
+class Events:
+    """What a run reports while ops run, in a worker process or in this one; the CLI wires these to opforge.report."""
+
+    step: Callable[[str], None] = lambda message: None
+    planned: Callable[[str, int], None] = lambda op, total: None
+    result: Callable[[str, CaseResult], None] = lambda op, result: None
+
+
+def stops_run(filters: Filters, results: list[CaseResult]) -> bool:
+    """-x: the first failed result ends the run (what every runner asks after each row)."""
+    return filters.fail_fast and any(r.status.failed for r in results)
+
+
+def load_row(spec: OpSpec, status: Status, message: str, seconds: float = 0.0) -> CaseResult:
+    """The row that stands for an op that never got to run its checks: its loading failed, crashed or hung."""
+    return CaseResult(op=spec.name, target=NATIVE, check=LOAD_CHECK, case_id=LOAD_CASE, dtype="-", device="-",
+                      status=status, seconds=seconds, message=message,
+                      repro=f"opforge check {shlex.quote(str(spec.path))} --no-isolation")
+
+
+def run_in_process(specs: list[OpSpec], filters: Filters, cuda_arch: str | None, run: RunReport,
+                   events: Events | None = None) -> None:
+    """Every spec's checks in this process, appending each op's report to `run` as soon as it starts (so that an
+    interrupted run keeps what finished). An op that fails to load is an ERROR load row and the next op goes on."""
+    from opforge.loading import load_op
+
+    events = events or Events()
+    run.environment = run.environment or environment()
+    for spec in specs:
+        report = OpReport(op=spec.name, spec_path=str(spec.path))
+        run.ops.append(report)
+        start = time.perf_counter()
+        try:
+            loaded = load_op(spec, cuda_arch, on_step=events.step)
+        except OpforgeError as exc:
+            report.load_exit_code = exc.exit_code
+            report.results.append(load_row(spec, Status.ERROR, str(exc), time.perf_counter() - start))
+            events.result(spec.name, report.results[-1])
+            continue
+        report.build = build_info(loaded)
+        plan = plan_op(loaded, filters)
+        events.planned(spec.name, len(plan.rows) + len(plan.skipped))
+
+        def on_result(result: CaseResult) -> None:
+            report.results.append(result)
+            events.result(spec.name, result)
+
+        run_op(loaded, filters, plan, on_result=on_result)
+        report.seconds = time.perf_counter() - start
+        if stops_run(filters, report.results):
+            return
 
 
 def device_unavailable(device: str) -> str | None:
@@ -148,21 +203,37 @@ def run_op(loaded: LoadedOp, filters: Filters, plan: Plan | None = None,
     plan = plan or plan_op(loaded, filters)
     start = time.perf_counter()
     report = OpReport(op=loaded.spec.name, spec_path=str(loaded.spec.path), build=build_info(loaded))
-    context = CheckContext(loaded, filters.seed)
-    for result in plan.skipped:
+
+    def add(result: CaseResult) -> None:
         report.results.append(result)
         if on_result:
             on_result(result)
-    for row in plan.rows:
-        for result in run_row(context, row, filters):
-            report.results.append(result)
-            if on_result:
-                on_result(result)
-            if filters.fail_fast and result.status.failed:
-                report.seconds = time.perf_counter() - start
-                return report
+
+    def add_row(index: int, results: list[CaseResult]) -> None:
+        for result in results:
+            add(result)
+
+    for result in plan.skipped:
+        add(result)
+    run_rows(CheckContext(loaded, filters.seed), plan, filters, on_results=add_row)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def run_rows(context: CheckContext, plan: Plan, filters: Filters, start: int = 0,
+             on_start: Callable[[int], None] = lambda index: None,
+             on_results: Callable[[int, list[CaseResult]], None] = lambda index, results: None,
+             after_row: Callable[[int], bool] = lambda index: True) -> bool:
+    """Run the planned rows from `start` on: the one loop of every runner (this process, a worker, pytest does one
+    row at a time). `after_row` returns False to stop (a worker whose device became unusable). Returns whether
+    the rows ran to the end, i.e. neither -x nor `after_row` stopped them."""
+    for index in range(start, len(plan.rows)):
+        on_start(index)
+        results = run_row(context, plan.rows[index], filters)
+        on_results(index, results)
+        if stops_run(filters, results) or not after_row(index):
+            return False
+    return True
 
 
 def run_row(ctx: CheckContext, row: PlannedRow, filters: Filters) -> list[CaseResult]:
@@ -260,7 +331,3 @@ def environment() -> dict:
     if torch.cuda.is_available():
         env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return env
-
-
-def new_report(seed: int) -> RunReport:
-    return RunReport(environment=environment(), seed=seed)

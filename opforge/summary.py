@@ -3,7 +3,7 @@ prints; the CLI writes it with --markdown."""
 
 from __future__ import annotations
 
-from opforge.results import RunReport, Status, describe_mismatch
+from opforge.results import RunReport, Status, failure_details
 
 # Failures listed in full; a CI summary should stay readable, the JSON/JUnit reports hold the rest.
 MAX_FAILURES = 30
@@ -22,6 +22,7 @@ def render_markdown(run: RunReport) -> str:
     totals = ", ".join(f"{counts[s.value]} {s.value}" for s in Status if counts[s.value]) or "nothing ran"
     lines = [f"## opforge: {verdict}", "",
              f"{totals} in {run.seconds:.1f} s (torch {torch}, seed {run.seed})", "",
+             *(f"> note: {note}\n" for note in run.notes),
              "| op | " + " | ".join(s.value for s in _COLUMNS) + " | seconds |",
              "|---|" + "---:|" * (len(_COLUMNS) + 1)]
     for op in run.ops:
@@ -35,16 +36,17 @@ def render_markdown(run: RunReport) -> str:
     for r in failures[:MAX_FAILURES]:
         lines.append(f"**{r.status.value.upper()}** `{r.full_id}`")
         lines.append("")
-        detail = r.message.splitlines()[:MAX_MESSAGE_LINES] if r.message else []
-        if r.mismatch:
-            detail.append(describe_mismatch(r.mismatch))
-        if r.seed is not None:
-            detail.append(f"seed: {r.seed}")
+        detail, repro = [], []
+        for kind, text in failure_details(r):
+            if kind == "message":
+                detail += text.splitlines()[:MAX_MESSAGE_LINES]
+            elif kind == "repro":
+                repro = [f"repro: `{text}`"]
+            else:
+                detail.append(f"warning: {text}" if kind == "warning" else text)
         if detail:
             lines += ["```text", *(line.replace("```", "'''") for line in detail), "```"]
-        if r.repro:
-            lines += [f"repro: `{r.repro}`"]
-        lines.append("")
+        lines += [*repro, ""]
     if len(failures) > MAX_FAILURES:
         lines.append(f"... and {len(failures) - MAX_FAILURES} more failures: see the JSON or JUnit report.")
     return "\n".join(lines).rstrip() + "\n"

@@ -10,8 +10,9 @@ from opforge.results import OpReport, Status
 from opforge.runner import Filters, run_op
 from opforge.spec import load_spec
 
-FIXTURES = Path(__file__).parent / "fixtures"
-REPO = Path(__file__).parent.parent
+# Absolute: every test runs in its own temporary directory (below).
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REPO = Path(__file__).resolve().parent.parent
 SPECS = REPO / "specs"
 
 requires_cuda = pytest.mark.skipif(
@@ -47,6 +48,13 @@ def spec_variant(tmp_path: Path, fixture: str, extra_yaml: str) -> Path:
     path = tmp_path / f"{fixture}.yaml"
     path.write_text((FIXTURES / f"{fixture}.yaml").read_text() + extra_yaml)
     return path
+
+
+@pytest.fixture(autouse=True)
+def _in_a_temporary_directory(tmp_path, monkeypatch):
+    """`opforge check` records failures under the directory it runs in (.opforge/lastfailed.json): a test run must
+    not write the checkout's record, nor read what an earlier test left there."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture(scope="session")

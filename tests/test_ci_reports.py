@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
+import os
+import stat
 
+import pytest
 from typer.testing import CliRunner
 
 from conftest import FIXTURES
 from opforge.cli import app
 from opforge.lastfailed import STORE, record, recorded
-from opforge.results import CaseResult, Mismatch, OpReport, RunReport, Status, result_from_json, result_json
+from opforge.results import (CaseResult, Mismatch, OpReport, RunReport, Status, dumps_json, result_from_json,
+                             result_json, write_atomically)
 from opforge.summary import MAX_FAILURES, render_markdown
 
 runner = CliRunner()
@@ -23,8 +28,7 @@ def ids_in(path) -> list[str]:
     return [r["id"] for op in json.loads(path.read_text())["ops"] for r in op["results"]]
 
 
-def test_last_failed_reruns_exactly_what_failed_then_forgets_what_passed(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_last_failed_reruns_exactly_what_failed_then_forgets_what_passed(tmp_path):
     spec = str(FIXTURES / "ignores_strides.yaml")
     first = invoke("check", spec, "--check", "correctness", "--dtype", "float32", "--json", "all.json")
     assert first.exit_code == 1, first.output
@@ -39,14 +43,63 @@ def test_last_failed_reruns_exactly_what_failed_then_forgets_what_passed(tmp_pat
     assert f"rerunning {len(failed)} failed results" in again.output
 
 
-def test_last_failed_with_nothing_recorded_runs_everything_with_a_note(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_last_failed_with_nothing_recorded_runs_everything_with_a_note(tmp_path):
     result = invoke("check", str(FIXTURES / "good.yaml"), "--check", "correctness", "--dtype", "float64",
                     "--lf", "--json", "r.json")
     assert result.exit_code == 0, result.output
     assert "no failures recorded, running everything selected" in result.output
     assert len(ids_in(tmp_path / "r.json")) == 7
     assert recorded(tmp_path) == {}
+
+
+def _store(tmp_path, failed: dict[str, str]) -> None:
+    (tmp_path / STORE).parent.mkdir(exist_ok=True)
+    (tmp_path / STORE).write_text(json.dumps({"failed": failed}))
+
+
+def test_last_failed_with_targets_whose_failures_are_not_recorded_runs_them_whole(tmp_path):
+    _store(tmp_path, {"other/native::correctness[x]": str(FIXTURES / "ignores_strides.yaml")})
+    result = invoke("check", str(FIXTURES / "good.yaml"), "--check", "correctness", "--dtype", "float64", "--lf",
+                    "--json", "r.json")
+    assert result.exit_code == 0, result.output
+    assert "no failures recorded for the selected specs, running everything selected" in result.output
+    assert len(ids_in(tmp_path / "r.json")) == 7
+
+
+def test_last_failed_with_targets_reruns_only_their_recorded_failures(tmp_path):
+    spec = str(FIXTURES / "ignores_strides.yaml")
+    invoke("check", spec, str(FIXTURES / "good.yaml"), "--check", "correctness", "--dtype", "float32")
+    failed = set(recorded(tmp_path))
+    assert failed and all(i.startswith("ignores_strides/") for i in failed)
+    result = invoke("check", spec, "--lf", "--json", "r.json")
+    assert result.exit_code == 1, result.output
+    assert set(ids_in(tmp_path / "r.json")) == failed
+
+
+def test_last_failed_forgets_ids_a_whole_run_of_their_op_no_longer_produces(tmp_path):
+    # A case renamed since it failed: rerunning it runs nothing, and then it is forgotten instead of "rerun" forever.
+    stale = "good/native::correctness[float32-cpu-contiguous-x=999]"
+    _store(tmp_path, {stale: str(FIXTURES / "good.yaml")})
+    first = invoke("check", "--lf", "--json", "r.json")
+    assert first.exit_code == 0, first.output
+    assert ids_in(tmp_path / "r.json") == [] and recorded(tmp_path) == {}
+    # A filtered run proves nothing about the ids it did not select: they stay.
+    _store(tmp_path, {stale: str(FIXTURES / "good.yaml")})
+    invoke("check", str(FIXTURES / "good.yaml"), "--check", "correctness", "--dtype", "float64")
+    assert list(recorded(tmp_path)) == [stale]
+
+
+def test_last_failed_skips_and_forgets_a_spec_that_no_longer_exists(tmp_path):
+    spec = FIXTURES / "ignores_strides.yaml"
+    invoke("check", str(spec), "--check", "correctness", "--dtype", "float32")
+    failed = recorded(tmp_path)
+    gone = str(tmp_path / "deleted.yaml")
+    _store(tmp_path, {**failed, "deleted/native::correctness[x]": gone})
+    result = invoke("check", "--lf", "--json", "r.json")
+    assert result.exit_code == 1, result.output
+    assert f"{gone} no longer exists; its recorded failures are skipped" in " ".join(result.output.split())
+    assert set(ids_in(tmp_path / "r.json")) == set(failed)
+    assert recorded(tmp_path) == failed
 
 
 def _result(check: str, case: str, status: Status, **extra) -> CaseResult:
@@ -57,6 +110,7 @@ def _result(check: str, case: str, status: Status, **extra) -> CaseResult:
 def test_record_keeps_failures_that_did_not_rerun_and_drops_a_load_failure_once_the_op_loads(tmp_path):
     crash = CaseResult(op="op", target="native", check="load", case_id="-", dtype="-", device="-",
                        status=Status.CRASH)
+    (tmp_path / "op.yaml").write_text("")
     record(tmp_path, RunReport({}, ops=[OpReport("op", "op.yaml", [crash])]))
     assert list(recorded(tmp_path)) == ["op/native::load[-]"]
     run = RunReport({}, ops=[OpReport("op", "op.yaml", [_result("correctness", "a", Status.FAIL),
@@ -98,3 +152,47 @@ def test_results_round_trip_through_json():
                         atol=0.0, rtol=0.0, mismatched=1, total=4)
     original = _result("gradcheck", "c", Status.TIMEOUT, mismatch=mismatch, warnings=("w",), seed=1, repro="r")
     assert result_from_json(json.loads(json.dumps(result_json(original)))) == original
+
+
+def test_a_nan_in_a_mismatch_still_makes_a_strict_json_report(tmp_path):
+    result = invoke("check", str(FIXTURES / "swallows_nan.yaml"), "--check", "special_values", "--json", "r.json")
+    assert result.exit_code == 1, result.output
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} is not JSON")
+
+    report = json.loads((tmp_path / "r.json").read_text(), parse_constant=refuse)
+    mismatches = [r["mismatch"] for op in report["ops"] for r in op["results"] if r["mismatch"]]
+    assert any("nan" in (m["got"], m["expected"]) for m in mismatches), mismatches
+
+
+def test_non_finite_floats_round_trip_as_strings():
+    mismatch = Mismatch(output="result", index=(0,), got=0.0, expected=math.nan, abs_error=math.inf,
+                        rel_error=-math.inf, atol=0.0, rtol=0.0, mismatched=1, total=1)
+    original = _result("special_values", "c", Status.FAIL, mismatch=mismatch)
+    data = json.loads(dumps_json(result_json(original)))
+    assert (data["mismatch"]["expected"], data["mismatch"]["abs_error"], data["mismatch"]["rel_error"]) == \
+        ("nan", "inf", "-inf")
+    back = result_from_json(data).mismatch
+    assert math.isnan(back.expected) and back.abs_error == math.inf and back.rel_error == -math.inf
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_reports_get_the_mode_the_umask_gives(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        write_atomically(tmp_path / "r.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "r.json").stat().st_mode) == mode
+
+
+@pytest.mark.parametrize("option", ["--json", "--junit", "--markdown"])
+def test_an_unwritable_report_path_is_refused_before_the_run(tmp_path, option):
+    (tmp_path / "a_file").write_text("")
+    result = invoke("check", str(FIXTURES / "good.yaml"), "--check", "correctness", "--junit", "ok.xml",
+                    option, str(tmp_path / "a_file" / "r.out"))
+    assert result.exit_code == 2, result.output
+    assert f"{option}: expected a path a report can be written to" in result.output
+    assert "Traceback" not in result.output and "OK:" not in result.output
+    assert not (tmp_path / "ok.xml").exists()

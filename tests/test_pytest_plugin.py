@@ -91,3 +91,10 @@ def test_xdist_spreads_the_items_over_workers(specs):
     result.stdout.fnmatch_lines(["created: 2/2 workers"])
     # 7 cases; opcheck: 7 cases x 4 sub-tests.
     assert result.parseoutcomes()["passed"] == 7 + 7 * 4
+
+
+def test_one_item_is_selected_by_its_node_id(specs):
+    node = "good.yaml::good/native::correctness[float64-cpu-contiguous-x=7]"
+    result = run(specs, "--opforge", node, "-v")
+    result.stdout.fnmatch_lines(["good.yaml::good/native::correctness?float64-cpu-contiguous-x=7? PASSED*"])
+    assert result.parseoutcomes()["passed"] == 1, result.stdout.str()

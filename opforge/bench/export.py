@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections import defaultdict
 from pathlib import Path
 
 from opforge.bench.model import BASELINE, BenchRun, BenchResult, speedups
-from opforge.results import write_atomically
+from opforge.results import dumps_json, write_atomically
 
 CSV_COLUMNS = ("id", "op", "impl", "role", "device", "dtype", "mode", "case", "elements", "status", "bytes",
                "median_s", "iqr_s", "gbps", "pct_of_peak", "peak_gbps", "reps", "method", "threads", "message")
 
 
 def write_json(run: BenchRun, path: Path) -> None:
-    write_atomically(path, json.dumps(run.to_json(), indent=1, default=str) + "\n")
+    write_atomically(path, dumps_json(run.to_json(), indent=1))
 
 
 def write_csv(run: BenchRun, path: Path) -> None:
