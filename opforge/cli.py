@@ -133,6 +133,7 @@ def check(
 
                 run.environment = environment()
             report.render_run(run, verbose)
+            _report_load_errors(run)
             code = _exit_code(run)
             if not _write_reports(run, outputs):
                 code = max(code, EXIT_USAGE)
@@ -220,14 +221,16 @@ def _run(specs: list[OpSpec], filters, cuda_arch: str | None, timeout: float | N
 
 
 def _exit_code(run) -> int:
-    """1 when a check failed; an op that could not load (a bad spec: 2, a failed build: 3) raises it, each op's
-    error shown as its own line."""
-    codes = [EXIT_FAILED if run.failed else EXIT_OK]
+    """1 when a check failed; an op that could not load (a bad spec: 2, a failed build: 3) raises it."""
+    return max([EXIT_FAILED if run.failed else EXIT_OK] +
+               [op.load_exit_code for op in run.ops if op.load_exit_code is not None])
+
+
+def _report_load_errors(run) -> None:
+    """Each op that could not load gets its error as a line of its own, as a single op's error would be shown."""
     for op in run.ops:
         if op.load_exit_code is not None:
             report.error(op.results[-1].message)
-            codes.append(op.load_exit_code)
-    return max(codes)
 
 
 def _write_reports(run, outputs: dict[str, Path | None]) -> bool:
