@@ -83,6 +83,7 @@ def test_compile_baseline_and_speedup_columns(tmp_path):
 
 
 def test_json_csv_and_plot(tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib (the test extra installs it)")
     paths = {name: tmp_path / name for name in ("run.json", "run.csv", "run.png")}
     result = invoke("bench", BENCH_GOOD, "--impl", "native", "--impl", "eager", "--mode", "fwd",
                     "--json", str(paths["run.json"]), "--csv", str(paths["run.csv"]), "--plot", str(paths["run.png"]),
