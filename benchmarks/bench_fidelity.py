@@ -142,7 +142,9 @@ def do_bench_medians(op: str, sizes: str, dtypes: tuple[str, ...], impls: tuple[
     from opforge.bench.timing import Timing, TimingOptions
     from opforge.spec import find_spec, load_spec
 
-    def timer(call, device, options) -> Timing:
+    def timer(call, device, options, reset) -> Timing:
+        if reset is not None:  # do_bench has no hook between reps to restore the arguments
+            raise ValueError(f"{op} mutates its arguments, which do_bench cannot restore between reps")
         return Timing((do_bench(call, return_mode="median") / 1e3,), "triton.testing.do_bench", 1, "do_bench")
 
     filters = BenchFilters(devices=("cuda",), dtypes=dtypes, impls=impls, sizes=parse_sizes([sizes]))

@@ -37,7 +37,7 @@ def fake_timer(monkeypatch):
     """Replaces the timers: each contender gets 40 samples with the median and spread set in `state`."""
     state = {"median_s": 1e-3, "spread": 0.02, "seed": 0}
 
-    def fake(call, device, options):
+    def fake(call, device, options, reset=None):
         call()
         state["seed"] += 1
         return Timing(tuple(noisy(state["median_s"], state["spread"], n=40, seed=state["seed"])), "fake", 1, "noise")
@@ -421,6 +421,27 @@ def test_a_mutating_op_gets_fresh_inputs_per_contender():
     assert source() is source()
 
 
+def test_a_mutating_op_gets_its_arguments_restored_between_reps():
+    import torch
+
+    from opforge.bench.runner import argument_restorer, input_source, mode_callable
+
+    loaded, point = loaded_point(FIXTURES / "scale_.yaml")
+    inputs = input_source(loaded, point, 0)()
+    before = inputs.args[0].clone()
+    call = mode_callable(loaded, loaded.overload, inputs, "fwd", 0)
+    restore = argument_restorer(loaded, inputs, "fwd")
+    call()
+    call()
+    assert not torch.equal(inputs.args[0], before)
+    restore()
+    assert torch.equal(inputs.args[0], before)
+    # Nothing to restore for an op that mutates nothing, nor for a backward alone (it does not call the op).
+    assert argument_restorer(loaded, inputs, "bwd") is None
+    loaded, point = loaded_point(FIXTURES / "bench_sort.yaml")
+    assert argument_restorer(loaded, input_source(loaded, point, 0)(), "fwd") is None
+
+
 def test_bench_of_a_mutating_op_times_every_contender(tmp_path):
     out = tmp_path / "run.json"
     result = invoke("bench", str(FIXTURES / "scale_.yaml"), "--sizes", "1024", "--dtype", "float32", "--impl", "native",
@@ -450,11 +471,11 @@ def test_a_contender_raising_while_verified_or_timed_costs_its_row(tmp_path, mon
             raise CheckSkipped("not enough memory for this case (simulated)")
         return real_check(context, target, case)
 
-    def timer(call, device, options):  # the second contender timed, the eager baseline, runs out of memory
+    def timer(call, device, options, reset=None):  # the second contender timed, the eager baseline, runs out of memory
         timer.calls += 1
         if timer.calls == 2:
             raise RuntimeError("CUDA out of memory (simulated)")
-        return real_timer(call, device, options)
+        return real_timer(call, device, options, reset)
 
     timer.calls = 0
     monkeypatch.setattr(numerics, "correctness", correctness)

@@ -254,6 +254,48 @@ def test_cuda_timer_flushes_before_every_rep_outside_the_events(monkeypatch):
     assert timed == expected + ["sync"]
 
 
+def test_cuda_timer_restores_mutated_arguments_before_the_flush_of_every_rep(monkeypatch):
+    import torch
+
+    from opforge.bench import timing
+
+    fake = FakeCuda()
+    monkeypatch.setattr(torch.cuda, "Event", fake.Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", fake.synchronize)
+    monkeypatch.setattr(timing, "L2Flush", fake.Flush)
+    monkeypatch.setattr(timing, "spin", lambda seconds: fake.log.append("spin"))
+    monkeypatch.setattr(timing, "host_launch_seconds", lambda fn, sync: timing.LAUNCH_COVER_MIN_S)
+    timing.time_cuda(lambda: fake.log.append("fn"), TimingOptions(warmup_s=0.0, budget_s=0.0, min_reps=4),
+                     reset=lambda: fake.log.append("reset"))
+    assert fake.log[:12] == ["reset", "flush", "fn", "sync"] * 3
+    reps = [step for step in fake.log[12:] if not step.startswith("record")]
+    assert reps == ["reset", "flush", "spin", "fn"] * FIRST_BATCH + ["sync"]
+
+
+def test_cuda_graph_timing_refuses_an_op_whose_arguments_must_be_restored():
+    from opforge.bench import timing
+
+    with pytest.raises(ValueError, match="cannot be restored between them"):
+        timing.time_cuda(lambda: None, TimingOptions(cuda_graph=True), reset=lambda: None)
+
+
+def test_cpu_timer_restores_mutated_arguments_before_every_call():
+    import torch
+
+    from opforge.bench import timing
+
+    x, seen = torch.ones(1), []
+
+    def scale_in_place():
+        seen.append(float(x))
+        x.mul_(2)
+
+    result = timing.time_cpu(scale_in_place, TimingOptions(warmup_s=0.01, budget_s=0.05, min_reps=5),
+                             reset=lambda: x.fill_(1))
+    assert len(result.samples) >= 5 and result.calls_per_sample == 1
+    assert set(seen) == {1.0}  # without the reset: 1, 2, 4, ... up to inf
+
+
 def test_launch_cost_is_the_median_host_time_of_calls_on_an_idle_gpu():
     from opforge.bench import timing
 

@@ -25,7 +25,9 @@ from opforge.spec import POWER_OF_TWO, FLOATING_DTYPES, BenchSpec, OpSpec, Scala
 
 EAGER, COMPILE = "eager", "compile"
 
-Timer = Callable[[Callable[[], Any], str, TimingOptions], Timing]
+# timer(call, device, options, reset): `reset` (None for ops that mutate nothing) restores the mutated arguments and
+# must run before each timed call, outside the timed region.
+Timer = Callable[[Callable[[], Any], str, TimingOptions, "Callable[[], None] | None"], Timing]
 
 
 @dataclass(frozen=True)
@@ -182,7 +184,7 @@ def run_bench(specs: list[OpSpec], filters: BenchFilters, timing: TimingOptions,
               cuda_arch: str | None = None, hooks: BenchHooks = BenchHooks(), timer: Timer | None = None) -> BenchRun:
     """Load each op, measure (or read) each device's peak bandwidth, then time every point of every op.
 
-    `timer(call, device, options)` replaces the timers (benchmarks/bench_fidelity.py times with do_bench)."""
+    `timer` replaces the timers (benchmarks/bench_fidelity.py times with do_bench)."""
     from opforge.bench.environment import fingerprint
     from opforge.bench.peak import peak_bandwidth
     from opforge.loading import load_op
@@ -246,8 +248,8 @@ def run_point(loaded: LoadedOp, point: BenchPoint, chosen: list[Contender], timi
 
 def input_source(loaded: LoadedOp, point: BenchPoint, seed: int) -> Callable[[], CaseInputs]:
     """What gives each contender its inputs. An op that mutates an argument gets a fresh set (same seed, same
-    values) per contender, so no contender is timed on values an earlier one changed; any other op shares one
-    set. Within one contender's timing the reps of a mutating op each see the previous rep's result."""
+    values) per contender, so that neither verification nor an earlier contender leaves it changed values; any
+    other op shares one set. Between the reps of one contender, argument_restorer puts the values back."""
 
     def make() -> CaseInputs:
         return make_inputs(loaded.spec, loaded.arguments, point.case, seed, requires_grad=point.mode != "fwd")
@@ -272,8 +274,10 @@ def _run_contender(loaded: LoadedOp, point: BenchPoint, contender: Contender, in
             return status, fields
     try:
         fn = contender.fn if contender.fn is not None else compiled_reference(loaded)
-        call = mode_callable(loaded, fn, inputs(), point.mode, seed)
-        return OK, {**fields, "timing": timer(call, point.device, timing)}
+        case_inputs = inputs()
+        call = mode_callable(loaded, fn, case_inputs, point.mode, seed)
+        reset = argument_restorer(loaded, case_inputs, point.mode)
+        return OK, {**fields, "timing": timer(call, point.device, timing, reset)}
     except Exception as exc:
         return ERROR, {"message": f"{contender.name} raised {_short(exc)} while being timed"}
 
@@ -336,6 +340,27 @@ def mode_callable(loaded: LoadedOp, fn: Callable[..., Any], inputs: CaseInputs, 
     if mode == "bwd":
         return lambda: torch.autograd.grad(outputs, wrt, grad_outputs, retain_graph=True)
     return lambda: torch.autograd.grad(_differentiable(call()), wrt, grad_outputs)
+
+
+def argument_restorer(loaded: LoadedOp, inputs: CaseInputs, mode: str) -> Callable[[], None] | None:
+    """What puts back the arguments a mutating op changes, for the timers to run before every rep: each rep then
+    computes on the inputs' values, not on the previous rep's result (which compounds: x.mul_(2) reaches inf, and
+    subnormals slow a CPU down). None when the op mutates nothing, and for `bwd`, which does not call the op."""
+    import torch
+
+    from opforge.checks.calls import argument
+
+    if not loaded.mutated_arguments or mode == "bwd":
+        return None
+    mutated = [argument(inputs, loaded, name) for name in loaded.mutated_arguments]
+    saved = [(t, t.detach().clone()) for t in mutated if isinstance(t, torch.Tensor)]
+
+    def restore() -> None:
+        with torch.no_grad():
+            for tensor, original in saved:
+                tensor.copy_(original)
+
+    return restore
 
 
 def _differentiable(returned: Any) -> list[Any]:

@@ -146,14 +146,22 @@ def host_launch_seconds(fn: Callable[[], object], sync: Callable[[], None],
     return statistics.median(times)
 
 
-def time_cuda(fn: Callable[[], object], options: TimingOptions, device="cuda") -> Timing:
+def time_cuda(fn: Callable[[], object], options: TimingOptions, device="cuda",
+              reset: Callable[[], None] | None = None) -> Timing:
+    """CUDA-event samples of `fn`. `reset`, when given, runs before every rep outside the timed region (and before
+    the L2 flush, so what it writes is not left in L2): it restores the arguments a mutating op changes."""
     import torch
 
     if options.cuda_graph:
+        if reset is not None:
+            raise ValueError("a CUDA graph replays many calls per sample, so the arguments the op mutates cannot be "
+                             "restored between them; time this op without --cuda-graph")
         return _time_cuda_graph(fn, options)
     flush = L2Flush(device)
+    restore = reset or _nothing
 
     def flushed_call():
+        restore()
         flush()
         fn()
 
@@ -164,6 +172,7 @@ def time_cuda(fn: Callable[[], object], options: TimingOptions, device="cuda") -
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         for start, end in zip(starts, ends):
+            restore()
             flush()
             spin(cover_s)
             start.record()
@@ -223,12 +232,17 @@ def _time_cuda_graph(fn: Callable[[], object], options: TimingOptions) -> Timing
 # ---------------------------------------------------------------------------------------------------- CPU
 
 
-def time_cpu(fn: Callable[[], object], options: TimingOptions) -> Timing:
+def time_cpu(fn: Callable[[], object], options: TimingOptions, reset: Callable[[], None] | None = None) -> Timing:
+    """Samples of blocks of calls timed by Timer.timeit. With `reset` (restoring what a mutating op changes) each
+    sample is one call timed by the clock after a reset: Timer.timeit runs warm-up calls of its own inside a
+    block, which would see the previous call's result."""
     import torch
     from torch.utils import benchmark
 
     threads = torch.get_num_threads()
-    warm_up(fn, options.warmup_s, lambda: None)
+    if reset is not None:
+        return _time_cpu_restored(fn, reset, options, threads)
+    warm_up(fn, options.warmup_s, _nothing)
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
     calls = cpu_block_calls(lambda number: timer.timeit(number).raw_times[0])
 
@@ -239,6 +253,28 @@ def time_cpu(fn: Callable[[], object], options: TimingOptions) -> Timing:
     return Timing(tuple(samples), "torch.utils.benchmark.Timer.timeit", calls, stopped, threads=threads)
 
 
+def _time_cpu_restored(fn: Callable[[], object], reset: Callable[[], None], options: TimingOptions,
+                       threads: int) -> Timing:
+    def restored_call():
+        reset()
+        fn()
+
+    warm_up(restored_call, options.warmup_s, _nothing)
+
+    def run_batch(n: int) -> list[float]:
+        samples = []
+        for _ in range(n):
+            reset()
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+        return samples
+
+    samples, stopped = measure_until_stable(run_batch, options)
+    return Timing(tuple(samples), "time.perf_counter, arguments restored before each call", 1, stopped,
+                  threads=threads)
+
+
 def cpu_block_calls(block_seconds: Callable[[int], float]) -> int:
     """Calls per CPU sample: tenfold steps until `block_seconds(calls)` reaches CPU_BLOCK_S."""
     calls = 1
@@ -247,5 +283,10 @@ def cpu_block_calls(block_seconds: Callable[[int], float]) -> int:
     return calls
 
 
-def time_callable(fn: Callable[[], object], device: str, options: TimingOptions) -> Timing:
-    return time_cuda(fn, options) if device == "cuda" else time_cpu(fn, options)
+def time_callable(fn: Callable[[], object], device: str, options: TimingOptions,
+                  reset: Callable[[], None] | None = None) -> Timing:
+    return time_cuda(fn, options, reset=reset) if device == "cuda" else time_cpu(fn, options, reset=reset)
+
+
+def _nothing() -> None:
+    return None
