@@ -342,23 +342,21 @@ def test_a_bytes_expression_a_point_cannot_evaluate_is_an_error_row_not_an_abort
            "name 'grad_indices': use one of grad_values, grad_x, indices, values, x." in bwd["message"]
 
 
-def test_a_bytes_mapping_error_names_its_mode_key(tmp_path):
-    path = copy_fixture(tmp_path, "bench_sort.yaml", lambda text: text + "  bytes: {fwd: 'x.nbytes / 0'}\n")
+@pytest.mark.parametrize("bytes_line, fragments", [
+    # A mapping's error names the mode's key.
+    ("  bytes: {fwd: 'x.nbytes / 0'}", ("bench_sort.yaml:13: bench.bytes.fwd: expected", "division by zero")),
+    # A tensor used as a number is an ERROR row, not an internal error.
+    ("  bytes: '2 * x'", ("bench.bytes: expected an expression this point can evaluate, got x is a tensor: use "
+                          "x.nbytes or x.numel()",)),
+])
+def test_a_bytes_expression_failing_on_a_point_is_an_error_row(tmp_path, bytes_line, fragments):
+    path = copy_fixture(tmp_path, "bench_sort.yaml", lambda text: text + bytes_line + "\n")
     out = tmp_path / "run.json"
     result = invoke("bench", str(path), "--mode", "fwd", "--impl", "native", "--json", str(out), *QUICK)
     assert result.exit_code == 1, result.output
     message = results_by_id(out)["sort_values/native[fwd-float32-cpu-n=2^10]"]["message"]
-    assert "bench_sort.yaml:13: bench.bytes.fwd: expected" in message and "division by zero" in message
-
-
-def test_a_tensor_used_as_a_number_is_an_error_row_not_an_internal_error(tmp_path):
-    path = copy_fixture(tmp_path, "bench_sort.yaml", lambda text: text + "  bytes: '2 * x'\n")
-    out = tmp_path / "run.json"
-    result = invoke("bench", str(path), "--mode", "fwd", "--impl", "native", "--json", str(out), *QUICK)
-    assert result.exit_code == 1, result.output
-    message = results_by_id(out)["sort_values/native[fwd-float32-cpu-n=2^10]"]["message"]
-    assert "bench.bytes: expected an expression this point can evaluate, got x is a tensor: use x.nbytes or " \
-           "x.numel()" in message
+    for fragment in fragments:
+        assert fragment in message
 
 
 def loaded_point(spec_path, mode: str = "fwd", sizes=(1024,)):
