@@ -7,16 +7,20 @@ Run on a GPU machine from the repository root:
 Bandwidth counts each input read once and the output written once: forward 1 read + 1 write, leaky_swish backward
 2 reads + 1 write, custom_loss forward 2 + 1 and backward 3 + 1. Times are triton.testing.do_bench medians (it
 flushes L2 before each rep). The copy bound is a device-to-device copy of the same number of bytes moved.
+Sizes up to 2^22 are also timed as CUDA-graph throughput (see graph_ms), without launch cost or event resolution.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -57,6 +61,68 @@ def interleaved_medians(contenders: dict, rounds: int) -> dict[str, tuple[float,
     return out
 
 
+# do_bench times one call between two events: at 2^20 elements a call lasts 3-8 us, so the launch and the events'
+# resolution weigh as much as the kernel (medians sat on the same few values: 749.0 GB/s for two different cases).
+# Up to SMALL elements each contender is therefore also timed as the throughput of a CUDA graph that calls it once
+# on each of several distinct sets of inputs, the sets together GRAPH_L2_MULTIPLE times the L2, so that every
+# call reads cold inputs as under do_bench's flush; a sample is one replay's time over the calls in it.
+GRAPH_L2_MULTIPLE = 4
+GRAPH_MIN_SETS = 4
+GRAPH_REPLAYS = 50
+GRAPH_ROUNDS = 3
+
+
+def graph_sets(nbytes: int) -> int:
+    """Input sets one graph rotates through: enough that the sets together outsize the L2 GRAPH_L2_MULTIPLE times."""
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return max(GRAPH_MIN_SETS, -(-GRAPH_L2_MULTIPLE * l2 // nbytes))
+
+
+def graph_ms(fn, input_sets: list[tuple]) -> float:
+    """Median time per call of `fn` replayed in a CUDA graph over `input_sets`, one call per set."""
+    import statistics
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compiles (torch.compile) and warms up before capture, as CUDA graphs require
+        for inputs in input_sets[:3]:
+            fn(*inputs)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for inputs in input_sets:
+            fn(*inputs)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(GRAPH_REPLAYS):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / len(input_sets))
+    del graph
+    return statistics.median(times)
+
+
+def interleaved_graph_ms(contenders: dict, make_inputs, nbytes: int) -> dict[str, tuple[float, float]]:
+    """graph_ms of each contender over the same input sets in GRAPH_ROUNDS alternating rounds: the median and the
+    spread, (max - min) / median, of the round results."""
+    import statistics
+
+    input_sets = [make_inputs() for _ in range(graph_sets(nbytes))]
+    samples: dict[str, list[float]] = {who: [] for who in contenders}
+    for _ in range(GRAPH_ROUNDS):
+        for who, fn in contenders.items():
+            samples[who].append(graph_ms(fn, input_sets))
+    out = {}
+    for who, values in samples.items():
+        middle = statistics.median(values)
+        out[who] = (middle, (max(values) - min(values)) / middle)
+    return out
+
+
 def gbps(nbytes: int, ms: float) -> float:
     return nbytes / ms / 1e6
 
@@ -73,46 +139,54 @@ BASELINES = {"opforge", "torch.compile(ref)", "eager"}
 SEED_KERNEL_LOADED = False
 
 
-def leaky_swish_cases(n: int, dtype):
-    from opforge.ops.leaky_swish import _backward, leaky_swish, reference
+@dataclass(frozen=True)
+class Case:
+    name: str
+    nbytes: int  # moved per call: every input read once, the output written once
+    make_inputs: Callable[[], tuple]  # a fresh set of the call's tensor arguments
+    contenders: dict  # who -> fn(*inputs)
 
-    x = torch.randn(n, device="cuda", dtype=dtype)
-    g = torch.randn(n, device="cuda", dtype=dtype)
+
+def leaky_swish_cases(n: int, dtype) -> list[Case]:
+    from opforge.ops.leaky_swish import _backward, leaky_swish, reference
 
     def ref_backward(g, x, alpha):
         s = torch.sigmoid(x)
         return g * (s + x * s * (1 - s) + alpha)
 
-    fwd = {"opforge": lambda: leaky_swish(x, 0.1), "eager": lambda: reference(x, 0.1)}
-    compiled = torch.compile(reference)
-    fwd["torch.compile(ref)"] = lambda: compiled(x, 0.1)
+    def x_only():
+        return (torch.randn(n, device="cuda", dtype=dtype),)
+
+    def grad_and_x():
+        return (torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype))
+
+    compiled, compiled_bwd = torch.compile(reference), torch.compile(ref_backward)
+    fwd = {"opforge": lambda x: leaky_swish(x, 0.1), "eager": lambda x: reference(x, 0.1),
+           "torch.compile(ref)": lambda x: compiled(x, 0.1)}
     if dtype == torch.float32 and n < 2**31 and SEED_KERNEL_LOADED:
-        fwd["seed kernel"] = lambda: torch.ops.seed.leaky_swish(x, 0.1)
-    compiled_bwd = torch.compile(ref_backward)
-    bwd = {"opforge": lambda: _backward(g, x, 0.1), "eager": lambda: ref_backward(g, x, 0.1),
-           "torch.compile(ref)": lambda: compiled_bwd(g, x, 0.1)}
-    size = x.element_size()
-    return [("leaky_swish fwd", 2 * n * size, fwd), ("leaky_swish bwd", 3 * n * size, bwd)]
+        fwd["seed kernel"] = lambda x: torch.ops.seed.leaky_swish(x, 0.1)
+    bwd = {"opforge": lambda g, x: _backward(g, x, 0.1), "eager": lambda g, x: ref_backward(g, x, 0.1),
+           "torch.compile(ref)": lambda g, x: compiled_bwd(g, x, 0.1)}
+    size = dtype.itemsize
+    return [Case("leaky_swish fwd", 2 * n * size, x_only, fwd), Case("leaky_swish bwd", 3 * n * size, grad_and_x, bwd)]
 
 
-def custom_loss_cases(n: int, dtype):
+def custom_loss_cases(n: int, dtype) -> list[Case]:
     from opforge.ops.custom_loss import _backward, custom_loss, reference
-
-    p = torch.randn(n, device="cuda", dtype=dtype)
-    t = torch.randn(n, device="cuda", dtype=dtype)
-    g = torch.randn(n, device="cuda", dtype=dtype)
 
     def ref_backward(g, p, t):
         d = p - t
         return g * torch.where(d < 0, 2 * d, torch.sign(d))
 
+    def tensors(count: int):
+        return lambda: tuple(torch.randn(n, device="cuda", dtype=dtype) for _ in range(count))
+
     compiled, compiled_bwd = torch.compile(reference), torch.compile(ref_backward)
-    fwd = {"opforge": lambda: custom_loss(p, t), "eager": lambda: reference(p, t),
-           "torch.compile(ref)": lambda: compiled(p, t)}
-    bwd = {"opforge": lambda: _backward(g, p, t), "eager": lambda: ref_backward(g, p, t),
-           "torch.compile(ref)": lambda: compiled_bwd(g, p, t)}
-    size = p.element_size()
-    return [("custom_loss fwd", 3 * n * size, fwd), ("custom_loss bwd", 4 * n * size, bwd)]
+    fwd = {"opforge": custom_loss, "eager": reference, "torch.compile(ref)": compiled}
+    bwd = {"opforge": _backward, "eager": ref_backward, "torch.compile(ref)": compiled_bwd}
+    size = dtype.itemsize
+    return [Case("custom_loss fwd", 3 * n * size, tensors(2), fwd),
+            Case("custom_loss bwd", 4 * n * size, tensors(3), bwd)]
 
 
 def load_seed_kernel() -> None:
@@ -126,23 +200,39 @@ def load_seed_kernel() -> None:
     SEED_KERNEL_LOADED = True
 
 
+def measure(case: Case, n: int, dtype) -> dict:
+    """One row: do_bench bandwidth of each contender against the copy bound and, up to SMALL elements, the same
+    contenders' CUDA-graph throughput ("graph" columns)."""
+    bound = copy_gbps(case.nbytes)
+    row = {"case": case.name, "dtype": str(dtype).removeprefix("torch."), "log2_n": n.bit_length() - 1,
+           "copy_GBps": round(bound, 1)}
+    timed = {who: fn for who, fn in case.contenders.items() if who in BASELINES or who == "seed kernel"}
+    inputs = case.make_inputs()
+    calls = {who: functools.partial(fn, *inputs) for who, fn in timed.items()}
+    for who, (ms, spread) in interleaved_medians(calls, rounds_for(n)).items():
+        row[who] = round(gbps(case.nbytes, ms), 1)
+        row[f"{who} spread %"] = round(100 * spread, 1)
+    row["opforge_pct_of_copy"] = round(100 * row["opforge"] / bound, 1)
+    if "torch.compile(ref)" in row:
+        row["opforge / compile"] = round(row["opforge"] / row["torch.compile(ref)"], 3)
+    if n <= SMALL:
+        graphed = {who: fn for who, fn in timed.items() if who in ("opforge", "torch.compile(ref)")}
+        for who, (ms, spread) in interleaved_graph_ms(graphed, case.make_inputs, case.nbytes).items():
+            row[f"{who} graph"] = round(gbps(case.nbytes, ms), 1)
+            row[f"{who} graph spread %"] = round(100 * spread, 1)
+        if "torch.compile(ref) graph" in row:
+            row["opforge / compile graph"] = round(row["opforge graph"] / row["torch.compile(ref) graph"], 3)
+    return row
+
+
 def run(sizes, dtypes, ops) -> list[dict]:
     rows = []
     for log2 in sizes:
         n = 2**log2
         for dtype in dtypes:
             for make in ops:
-                for name, nbytes, contenders in make(n, dtype):
-                    bound = copy_gbps(nbytes)
-                    row = {"case": name, "dtype": str(dtype).removeprefix("torch."), "log2_n": log2,
-                           "copy_GBps": round(bound, 1)}
-                    timed = {who: fn for who, fn in contenders.items() if who in BASELINES or who == "seed kernel"}
-                    for who, (ms, spread) in interleaved_medians(timed, rounds_for(n)).items():
-                        row[who] = round(gbps(nbytes, ms), 1)
-                        row[f"{who} spread %"] = round(100 * spread, 1)
-                    row["opforge_pct_of_copy"] = round(100 * row["opforge"] / bound, 1)
-                    if "torch.compile(ref)" in row:
-                        row["opforge / compile"] = round(row["opforge"] / row["torch.compile(ref)"], 3)
+                for case in make(n, dtype):
+                    row = measure(case, n, dtype)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                 torch.cuda.empty_cache()
@@ -151,7 +241,9 @@ def run(sizes, dtypes, ops) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     columns = ["case", "dtype", "log2_n", "copy_GBps", "opforge", "opforge_pct_of_copy", "torch.compile(ref)",
-               "opforge / compile", "opforge spread %", "torch.compile(ref) spread %", "eager", "seed kernel"]
+               "opforge / compile", "opforge spread %", "torch.compile(ref) spread %", "opforge graph",
+               "torch.compile(ref) graph", "opforge / compile graph", "opforge graph spread %",
+               "torch.compile(ref) graph spread %", "eager", "seed kernel"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         lines.append("| " + " | ".join(str(r.get(c, "–")) for c in columns) + " |")
@@ -167,22 +259,28 @@ SWEEP_VARIANTS = {
     "multi-input 128 threads x 2 vectors": "-DOPFORGE_CUDA_THREADS_MULTI=128 -DOPFORGE_CUDA_UNROLL_MULTI=2",
     "multi-input 256 threads x 2 vectors": "-DOPFORGE_CUDA_UNROLL_MULTI=2",
     "multi-input 512 threads": "-DOPFORGE_CUDA_THREADS_MULTI=512",
+    "small tensors 128 threads": "-DOPFORGE_CUDA_THREADS_SMALL=128",
+    "small tensors 512 threads": "-DOPFORGE_CUDA_THREADS_SMALL=512",
 }
 
 
-def sweep(sizes: str, dtypes: str, ops: str) -> None:
-    """Rebuild the kernels with each variant's constants (all builds in parallel), then time each variant in a child
-    process of its own against torch.compile of the reference, one variant after another."""
+def sweep(sizes: str, dtypes: str, ops: str, names: list[str]) -> None:
+    """Rebuild the kernels with each named variant's constants (all builds in parallel), then time each variant in a
+    child process of its own against torch.compile of the reference, one variant after another."""
+    unknown = sorted(set(names) - set(SWEEP_VARIANTS))
+    if unknown:
+        sys.exit(f"--variants: expected names from {sorted(SWEEP_VARIANTS)}, got {unknown}. Pick from that list.")
+    variants = {name: SWEEP_VARIANTS[name] for name in names}
     script = str(Path(__file__).resolve())
     builds = {name: subprocess.Popen([sys.executable, script, "--build-only", "--ops", ops], cwd=REPO,
                                      env=dict(os.environ, OPFORGE_EXTRA_CUDA_CFLAGS=flags),
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-              for name, flags in SWEEP_VARIANTS.items()}
+              for name, flags in variants.items()}
     for name, process in builds.items():
         output, _ = process.communicate()
         if process.returncode:
             print(f"sweep {name}: build failed\n{output[-2000:]}", flush=True)
-    for name, flags in SWEEP_VARIANTS.items():
+    for name, flags in variants.items():
         command = [sys.executable, script, "--sizes", sizes, "--dtypes", dtypes, "--ops", ops, "--no-seed",
                    "--no-eager"]
         out = subprocess.run(command, env=dict(os.environ, OPFORGE_EXTRA_CUDA_CFLAGS=flags), cwd=REPO,
@@ -191,8 +289,9 @@ def sweep(sizes: str, dtypes: str, ops: str) -> None:
             if line.startswith("{"):
                 r = json.loads(line)
                 vs_compile = r["opforge"] / r["torch.compile(ref)"]
+                graphed = f", graph {r['opforge / compile graph']:.3f}x" if "opforge / compile graph" in r else ""
                 print(f"sweep [{name}] {r['case']} {r['dtype']} 2^{r['log2_n']}: {r['opforge']} GB/s "
-                      f"({r['opforge_pct_of_copy']}% of copy, {vs_compile:.3f}x torch.compile)", flush=True)
+                      f"({r['opforge_pct_of_copy']}% of copy, {vs_compile:.3f}x torch.compile{graphed})", flush=True)
         if out.returncode:
             print(f"sweep {name}: failed\n{out.stderr[-2000:]}", flush=True)
 
@@ -206,12 +305,14 @@ def main() -> None:
     parser.add_argument("--markdown")
     parser.add_argument("--no-seed", action="store_true")
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--variants", default=",".join(SWEEP_VARIANTS),
+                        help="comma-separated names of the --sweep variants to time")
     parser.add_argument("--no-compile", action="store_true", help="leave out the eager and torch.compile baselines")
     parser.add_argument("--no-eager", action="store_true", help="leave out the eager baseline")
     parser.add_argument("--build-only", action="store_true", help="build (or find cached) kernels and stop")
     args = parser.parse_args()
     if args.sweep:
-        sweep(args.sizes, args.dtypes, args.ops)
+        sweep(args.sizes, args.dtypes, args.ops, args.variants.split(","))
         return
     if args.build_only:
         for op in args.ops.split(","):

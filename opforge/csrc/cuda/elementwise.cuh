@@ -40,6 +40,10 @@ namespace opforge::cuda {
 #ifndef OPFORGE_CUDA_UNROLL_MULTI
 #define OPFORGE_CUDA_UNROLL_MULTI OPFORGE_CUDA_UNROLL
 #endif
+// Threads per block for tensors too small to fill the GPU (one vector per thread); 0: the kernel's own shape.
+#ifndef OPFORGE_CUDA_THREADS_SMALL
+#define OPFORGE_CUDA_THREADS_SMALL 0
+#endif
 #ifndef OPFORGE_CUDA_BLOCKS_PER_SM
 #define OPFORGE_CUDA_BLOCKS_PER_SM 8
 #endif
@@ -172,6 +176,7 @@ void launch_elementwise(const c10::Device& device, scalar_t* out, int64_t n, con
   constexpr int kVec = kVectorBytes / sizeof(scalar_t);
   constexpr int kThreads = kShapeFor<sizeof...(In)>.threads;
   constexpr int kUnroll = kShapeFor<sizeof...(In)>.unroll;
+  constexpr int kSmallThreads = OPFORGE_CUDA_THREADS_SMALL > 0 ? OPFORGE_CUDA_THREADS_SMALL : kThreads;
   const int64_t resident = static_cast<int64_t>(sms) * kBlocksPerSm;
   const auto grid = [&](int64_t per_block) {
     const int64_t tiles = (n + per_block - 1) / per_block;
@@ -184,8 +189,8 @@ void launch_elementwise(const c10::Device& device, scalar_t* out, int64_t n, con
         <<<grid(int64_t{kThreads} * kVec * kUnroll), kThreads, 0, stream>>>(n, fn, out, in...);
   } else {
     // Too small to fill the GPU with `unroll` vectors per thread: one vector per thread, more blocks.
-    elementwise_kernel<scalar_t, kVec, 1, kThreads>
-        <<<grid(int64_t{kThreads} * kVec), kThreads, 0, stream>>>(n, fn, out, in...);
+    elementwise_kernel<scalar_t, kVec, 1, kSmallThreads>
+        <<<grid(int64_t{kSmallThreads} * kVec), kSmallThreads, 0, stream>>>(n, fn, out, in...);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
