@@ -339,8 +339,8 @@ def bench(
     warmup: float = typer.Option(0.2, "--warmup", help="Seconds of warm-up per contender and case."),
     noise: float = typer.Option(0.02, "--noise", help="Stop timing once IQR/median is below this."),
     min_reps: int = typer.Option(25, "--min-reps", help="Samples taken before the noise target may stop timing."),
-    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Time CUDA-graph replays (no L2 flush): for "
-                                                                "microsecond ops."),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Time CUDA-graph replays whose calls go round "
+                                                                "cold copies of the inputs: for microsecond ops."),
     refresh_peak: bool = typer.Option(False, "--refresh-peak", help="Measure the peak bandwidth again."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the benchmark inputs."),

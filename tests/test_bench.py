@@ -580,6 +580,42 @@ def test_cuda_timer(graph):
         assert L2Flush("cuda").buffer.numel() * 4 == timing.flush_bytes
 
 
+def test_graph_input_copies_add_up_to_a_flush_worth_of_bytes():
+    from opforge.bench.timing import GRAPH_MAX_CALLS, MIN_FLUSH_BYTES, graph_input_copies
+
+    l2 = 60 * 2**20  # H200: the flush is then MIN_FLUSH_BYTES (256 MiB)
+    assert graph_input_copies(2**20, l2) == MIN_FLUSH_BYTES // 2**20
+    assert graph_input_copies(3 * 2**20, l2) == -(-MIN_FLUSH_BYTES // (3 * 2**20))  # rounded up: never short
+    assert graph_input_copies(2**30, l2) == 1
+    assert graph_input_copies(4, l2) == GRAPH_MAX_CALLS
+    assert graph_input_copies(None, l2) == 1
+
+
+def test_graph_rotation_goes_round_every_copy_in_turn():
+    from opforge.bench.runner import graph_rotation
+
+    seen = []
+    call = graph_rotation(lambda: seen.append(0), [lambda: seen.append(1), lambda: seen.append(2)])
+    for _ in range(7):
+        call()
+    assert seen == [0, 1, 2, 0, 1, 2, 0]
+
+
+@requires_cuda
+def test_cuda_graph_bench_goes_round_cold_copies_of_the_inputs(tmp_path):
+    import torch
+
+    from opforge.bench.timing import graph_input_copies, l2_bytes
+
+    out = tmp_path / "run.json"
+    result = invoke("bench", "leaky_swish", "--device", "cuda", "--cuda-graph", "--sizes", "2**16", "--mode", "fwd",
+                    "--impl", "native", "--json", str(out), *QUICK)
+    assert result.exit_code == 0, result.output
+    row = results_by_id(out)["leaky_swish/native[fwd-float32-cuda-n=2^16]"]
+    copies = graph_input_copies(row["bytes"], l2_bytes(torch.cuda.current_device()))
+    assert copies > 1 and row["timing"]["method"] == f"cuda-graph, inputs rotated over {copies} copies", row
+
+
 def test_a_declared_xfail_is_timed_with_a_note(tmp_path):
     import shutil
 

@@ -8,15 +8,16 @@ reference run eagerly in the benchmark's dtype and `torch.compile` of it, are ti
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 from opforge.bench import expr
 from opforge.bench.model import BASELINE, ERROR, IMPLEMENTATION, OK, SKIP, WRONG, BenchResult, BenchRun
-from opforge.bench.timing import Timing, TimingOptions, time_callable
+from opforge.bench.timing import Timing, TimingOptions, graph_input_copies, l2_bytes, time_callable
 from opforge.cases import Case, CaseInputs, make_inputs
 from opforge.compare import CheckFailure, CheckSkipped, ReferenceFailure, as_tuple
 from opforge.errors import SpecError, UsageError
@@ -241,9 +242,14 @@ def run_point(loaded: LoadedOp, point: BenchPoint, chosen: list[Contender], timi
             emit(contender, ERROR, message=str(exc))
         return results
     for contender in chosen:
-        status, fields = _run_contender(loaded, point, contender, inputs, timing, seed, timer or time_callable)
+        status, fields = _run_contender(loaded, point, contender, inputs, nbytes, timing, seed,
+                                        timer or time_callable)
         emit(contender, status, bytes=nbytes, **fields)
     return results
+
+
+def _fresh_inputs(loaded: LoadedOp, point: BenchPoint, seed: int) -> CaseInputs:
+    return make_inputs(loaded.spec, loaded.arguments, point.case, seed, requires_grad=point.mode != "fwd")
 
 
 def input_source(loaded: LoadedOp, point: BenchPoint, seed: int) -> Callable[[], CaseInputs]:
@@ -252,7 +258,7 @@ def input_source(loaded: LoadedOp, point: BenchPoint, seed: int) -> Callable[[],
     other op shares one set. Between the reps of one contender, argument_restorer puts the values back."""
 
     def make() -> CaseInputs:
-        return make_inputs(loaded.spec, loaded.arguments, point.case, seed, requires_grad=point.mode != "fwd")
+        return _fresh_inputs(loaded, point, seed)
 
     if loaded.mutated_arguments:
         make()  # fail here, before any row, if the inputs cannot be made at all
@@ -262,7 +268,7 @@ def input_source(loaded: LoadedOp, point: BenchPoint, seed: int) -> Callable[[],
 
 
 def _run_contender(loaded: LoadedOp, point: BenchPoint, contender: Contender, inputs: Callable[[], CaseInputs],
-                   timing: TimingOptions, seed: int, timer: Timer) -> tuple[str, dict]:
+                   nbytes: int | None, timing: TimingOptions, seed: int, timer: Timer) -> tuple[str, dict]:
     """(status, the row's fields). Whatever a contender raises costs its row, never the benchmark."""
     fields: dict = {}
     if contender.role == IMPLEMENTATION:
@@ -277,9 +283,25 @@ def _run_contender(loaded: LoadedOp, point: BenchPoint, contender: Contender, in
         case_inputs = inputs()
         call = mode_callable(loaded, fn, case_inputs, point.mode, seed)
         reset = argument_restorer(loaded, case_inputs, point.mode)
-        return OK, {**fields, "timing": timer(call, point.device, timing, reset)}
+        copies = 1
+        if timing.cuda_graph and point.device == "cuda" and reset is None:
+            copies = graph_input_copies(nbytes, l2_bytes(point.device))
+            call = graph_rotation(call, [mode_callable(loaded, fn, _fresh_inputs(loaded, point, seed), point.mode,
+                                                       seed) for _ in range(copies - 1)])
+        measured = timer(call, point.device, timing, reset)
+        if copies > 1:
+            measured = replace(measured, method=f"{measured.method}, inputs rotated over {copies} copies")
+        return OK, {**fields, "timing": measured}
     except Exception as exc:
         return ERROR, {"message": f"{contender.name} raised {_short(exc)} while being timed"}
+
+
+def graph_rotation(first: Callable[[], Any], others: list[Callable[[], Any]]) -> Callable[[], Any]:
+    """A call that runs `first`, then each of `others`, then `first` again...: captured k times in a CUDA graph,
+    the graph's calls go round the copies of the inputs those calls hold, so a call never reads what the one
+    before it left in L2 (--cuda-graph has no flush between calls)."""
+    turns = itertools.cycle([first, *others])
+    return lambda: next(turns)()
 
 
 def verify(loaded: LoadedOp, target: Target, point: BenchPoint, seed: int) -> tuple[str | None, dict]:

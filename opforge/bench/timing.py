@@ -71,6 +71,20 @@ def flush_bytes_for(l2_bytes: int) -> int:
     return max(2 * l2_bytes, MIN_FLUSH_BYTES)
 
 
+def l2_bytes(device) -> int:
+    import torch
+
+    return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+
+
+def graph_input_copies(bytes_per_call: int | None, l2: int) -> int:
+    """Copies of the inputs a CUDA graph's calls go round so that, together, they are a flush's worth of bytes: each
+    call then finds its inputs out of L2, as a flushed rep does. One copy when the bytes are unknown."""
+    if not bytes_per_call:
+        return 1
+    return max(1, min(GRAPH_MAX_CALLS, -(-flush_bytes_for(l2) // bytes_per_call)))
+
+
 def warm_up(fn: Callable[[], object], seconds: float, sync: Callable[[], None],
             clock: Callable[[], float] = time.perf_counter) -> int:
     """Call fn until `seconds` have passed and at least MIN_WARMUP_CALLS were made; the number of calls."""
@@ -120,8 +134,7 @@ class L2Flush:
     def __init__(self, device) -> None:
         import torch
 
-        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
-        self.nbytes = flush_bytes_for(l2)
+        self.nbytes = flush_bytes_for(l2_bytes(device))
         self.buffer = torch.empty(self.nbytes // 4, dtype=torch.int32, device=device)
 
     def __call__(self) -> None:
@@ -193,9 +206,9 @@ def graph_calls_for(seconds_per_call: float) -> int:
 
 
 def _time_cuda_graph(fn: Callable[[], object], options: TimingOptions) -> Timing:
-    """Replays of a graph of k calls, one sample = replay time / k. No L2 flush between the calls: this mode is
-    for ops whose launch cost rivals their run time, whose inputs then sit in L2 anyway; it says so in the
-    results (flush_bytes None)."""
+    """Replays of a graph of k calls, one sample = replay time / k. No L2 flush between the calls (flush_bytes
+    None): this mode is for ops whose launch cost rivals their run time. The caller keeps inputs cold by passing
+    an `fn` that goes round copies of them (opforge.bench.runner.graph_rotation)."""
     import torch
 
     side = torch.cuda.Stream()
