@@ -567,7 +567,7 @@ def test_cpu_block_grows_tenfold_until_it_lasts_the_block_time():
 def test_cuda_timer(graph):
     import torch
 
-    from opforge.bench.timing import L2Flush, time_cuda
+    from opforge.bench.timing import LAUNCH_COVER_MIN_S, L2Flush, time_cuda
 
     x = torch.randn(2**20, device="cuda")
     timing = time_cuda(lambda: x * 2, TimingOptions(budget_s=0.2, warmup_s=0.05, cuda_graph=graph))
@@ -577,6 +577,7 @@ def test_cuda_timer(graph):
     else:
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
         assert timing.method == "cuda-events" and timing.flush_bytes >= 2 * l2
+        assert timing.launch_cover_s >= LAUNCH_COVER_MIN_S
         assert L2Flush("cuda").buffer.numel() * 4 == timing.flush_bytes
 
 

@@ -65,6 +65,7 @@ class Timing:
     stopped: str  # "noise" (IQR/median under the target), "budget" or "max_reps"
     threads: int | None = None  # CPU: torch's intra-op threads
     flush_bytes: int | None = None  # GPU: the L2 flush written before each rep; None when not flushed
+    launch_cover_s: float | None = None  # GPU: the spin before each rep's start event (LAUNCH_COVER)
 
 
 def flush_bytes_for(l2_bytes: int) -> int:
@@ -195,7 +196,7 @@ def time_cuda(fn: Callable[[], object], options: TimingOptions, device="cuda",
         return [start.elapsed_time(end) / 1e3 for start, end in zip(starts, ends)]
 
     samples, stopped = measure_until_stable(run_batch, options)
-    return Timing(tuple(samples), "cuda-events", 1, stopped, flush_bytes=flush.nbytes)
+    return Timing(tuple(samples), "cuda-events", 1, stopped, flush_bytes=flush.nbytes, launch_cover_s=cover_s)
 
 
 def graph_calls_for(seconds_per_call: float) -> int:
