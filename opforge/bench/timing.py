@@ -30,8 +30,11 @@ GRAPH_MAX_CALLS = 1000
 # least LAUNCH_COVER_MIN_S), so the whole call is queued before the timed region opens. Without it a call whose
 # launch costs more than the flush's GPU time (an autograd backward: Python, autograd engine, dispatcher) is timed
 # by its CPU overhead: H200, leaky_swish bwd 2^24, three runs gave 0.064-0.116 ms (bfloat16) where the kernel
-# takes 0.033 ms, while the forward and 2^26+ cases agreed within 1%.
-LAUNCH_COVER = 2.0
+# takes 0.03 ms, while the forward and 2^26+ cases agreed within 1%. With 2x (2026-12-03) that case gave 0.0414,
+# 0.0292, 0.0293 ms: the host-time probe read 71-195 us across runs, and the run whose spin came out at 162 us had
+# its samples split between 0.03 and 0.056 ms, while spins of 283 and 390 us gave clean runs. 4x puts the
+# lowest probe seen above those; a longer spin only costs wall time outside the timed region.
+LAUNCH_COVER = 4.0
 LAUNCH_COVER_MIN_S = 20e-6
 # Calls whose host-side time is measured (median) to size that spin.
 LAUNCH_PROBES = 5
