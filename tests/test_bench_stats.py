@@ -249,8 +249,8 @@ def test_cuda_timer_flushes_before_every_rep_outside_the_events(monkeypatch):
     # for the batch.
     starts = [f"e{i}" for i in range(1, FIRST_BATCH + 1)]
     ends = [f"e{i}" for i in range(FIRST_BATCH + 1, 2 * FIRST_BATCH + 1)]
-    expected = [step for s, e in zip(starts, ends) for step in ("flush", f"spin {2 * timing.LAUNCH_COVER_MIN_S:g}", f"record {s}", "fn",
-                                                                f"record {e}")]
+    spin = f"spin {timing.LAUNCH_COVER * timing.LAUNCH_COVER_MIN_S:g}"
+    expected = [step for s, e in zip(starts, ends) for step in ("flush", spin, f"record {s}", "fn", f"record {e}")]
     assert timed == expected + ["sync"]
 
 
