@@ -45,15 +45,15 @@ def rounds_for(n: int) -> int:
     return SMALL_ROUNDS if n <= SMALL else 1
 
 
-def interleaved_medians(contenders: dict, rounds: int) -> dict[str, tuple[float, float]]:
-    """Each contender's median time over `rounds` rounds that alternate the contenders (so clock and thermal drift
-    hit all alike), and the spread of its round medians, (max - min) / median."""
+def interleaved_medians(contenders: dict, rounds: int, time_ms=median_ms) -> dict[str, tuple[float, float]]:
+    """Each contender's median `time_ms(fn)` over `rounds` rounds that alternate the contenders (so clock and
+    thermal drift hit all alike), and the spread of its round results, (max - min) / median."""
     import statistics
 
     samples: dict[str, list[float]] = {who: [] for who in contenders}
     for _ in range(rounds):
         for who, fn in contenders.items():
-            samples[who].append(median_ms(fn))
+            samples[who].append(time_ms(fn))
     out = {}
     for who, values in samples.items():
         middle = statistics.median(values)
@@ -74,8 +74,9 @@ GRAPH_ROUNDS = 3
 
 def graph_sets(nbytes: int) -> int:
     """Input sets one graph rotates through: enough that the sets together outsize the L2 GRAPH_L2_MULTIPLE times."""
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    return max(GRAPH_MIN_SETS, -(-GRAPH_L2_MULTIPLE * l2 // nbytes))
+    from opforge.bench.timing import l2_bytes
+
+    return max(GRAPH_MIN_SETS, -(-GRAPH_L2_MULTIPLE * l2_bytes(torch.cuda.current_device()) // nbytes))
 
 
 def graph_ms(fn, input_sets: list[tuple]) -> float:
@@ -107,20 +108,9 @@ def graph_ms(fn, input_sets: list[tuple]) -> float:
 
 
 def interleaved_graph_ms(contenders: dict, make_inputs, nbytes: int) -> dict[str, tuple[float, float]]:
-    """graph_ms of each contender over the same input sets in GRAPH_ROUNDS alternating rounds: the median and the
-    spread, (max - min) / median, of the round results."""
-    import statistics
-
+    """interleaved_medians of graph_ms, every contender over the same input sets, in GRAPH_ROUNDS rounds."""
     input_sets = [make_inputs() for _ in range(graph_sets(nbytes))]
-    samples: dict[str, list[float]] = {who: [] for who in contenders}
-    for _ in range(GRAPH_ROUNDS):
-        for who, fn in contenders.items():
-            samples[who].append(graph_ms(fn, input_sets))
-    out = {}
-    for who, values in samples.items():
-        middle = statistics.median(values)
-        out[who] = (middle, (max(values) - min(values)) / middle)
-    return out
+    return interleaved_medians(contenders, GRAPH_ROUNDS, lambda fn: graph_ms(fn, input_sets))
 
 
 def gbps(nbytes: int, ms: float) -> float:
