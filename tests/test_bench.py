@@ -665,3 +665,32 @@ def test_fidelity_script_reports_a_missing_run_cleanly(tmp_path):
     result = fidelity("spread", fake_run(tmp_path / "run1.json", 1e-3), str(tmp_path / "missing.json"))
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "missing.json: expected the --json of an `opforge bench` run, got FileNotFoundError" in result.stderr
+
+
+def load_fidelity_script():
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("bench_fidelity", REPO / "benchmarks" / "bench_fidelity.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fidelity_do_bench_target_leaves_out_only_cases_do_bench_timed_on_the_cpu():
+    script = load_fidelity_script()
+    flush = 70e-6
+    ours = {"gpu-bound": 30e-6, "host-bound": 30e-6}
+    # host 90 us < flush + median (100 us): do_bench timed the GPU, and 30 us against 40 us misses the target.
+    lines, misses = script.do_bench_comparison(ours, {"gpu-bound": (40e-6, 90e-6), "host-bound": (90e-6, 110e-6)},
+                                               flush)
+    assert misses == ["do_bench: expected opforge's medians within 5% of do_bench's, got a ratio of 0.750"]
+    assert "| `host-bound` | 0.03 ms | 0.09 ms | 0.333 | 110 µs | host-bound, not counted |" in lines
+    assert "worst ratio: 0.750 over 1 cases (1 host-bound left out)" in "\n".join(lines)
+    # The same GPU-bound case within 5%: met, whatever the host-bound one reads.
+    _, misses = script.do_bench_comparison(ours, {"gpu-bound": (31e-6, 90e-6), "host-bound": (90e-6, 110e-6)}, flush)
+    assert misses == []
+    # Nothing left to compare is a miss, not a pass.
+    _, misses = script.do_bench_comparison(ours, {"host-bound": (90e-6, 110e-6)}, flush)
+    assert misses == ["do_bench: expected cases timed by both where do_bench times the GPU, got none (1 host-bound)"]

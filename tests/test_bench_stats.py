@@ -242,6 +242,8 @@ def test_cuda_timer_flushes_before_every_rep_outside_the_events(monkeypatch):
     result = timing.time_cuda(lambda: fake.log.append("fn"), TimingOptions(warmup_s=0.0, budget_s=0.0, min_reps=4))
     assert result.samples == (0.5e-3,) * FIRST_BATCH and result.method == "cuda-events"
     assert result.flush_bytes == MIN_FLUSH_BYTES
+    assert result.host_s == timing.LAUNCH_COVER_MIN_S
+    assert result.launch_cover_s == timing.LAUNCH_COVER * timing.LAUNCH_COVER_MIN_S
     # Warm-up: flushed calls, each synchronized.
     assert fake.log[:9] == ["flush", "fn", "sync"] * 3
     timed = fake.log[9:]

@@ -69,6 +69,9 @@ class Timing:
     threads: int | None = None  # CPU: torch's intra-op threads
     flush_bytes: int | None = None  # GPU: the L2 flush written before each rep; None when not flushed
     launch_cover_s: float | None = None  # GPU: the spin before each rep's start event (LAUNCH_COVER)
+    # GPU: the call's host-side time (host_launch_seconds). A median at or below it was set by the CPU, not the GPU,
+    # for any timer that does not cover the launch (triton's do_bench).
+    host_s: float | None = None
 
 
 def flush_bytes_for(l2_bytes: int) -> int:
@@ -183,7 +186,8 @@ def time_cuda(fn: Callable[[], object], options: TimingOptions, device="cuda",
         fn()
 
     warm_up(flushed_call, options.warmup_s, torch.cuda.synchronize)
-    cover_s = max(LAUNCH_COVER * host_launch_seconds(fn, torch.cuda.synchronize), LAUNCH_COVER_MIN_S)
+    host_s = host_launch_seconds(fn, torch.cuda.synchronize)
+    cover_s = max(LAUNCH_COVER * host_s, LAUNCH_COVER_MIN_S)
 
     def run_batch(n: int) -> list[float]:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
@@ -199,7 +203,8 @@ def time_cuda(fn: Callable[[], object], options: TimingOptions, device="cuda",
         return [start.elapsed_time(end) / 1e3 for start, end in zip(starts, ends)]
 
     samples, stopped = measure_until_stable(run_batch, options)
-    return Timing(tuple(samples), "cuda-events", 1, stopped, flush_bytes=flush.nbytes, launch_cover_s=cover_s)
+    return Timing(tuple(samples), "cuda-events", 1, stopped, flush_bytes=flush.nbytes, launch_cover_s=cover_s,
+                  host_s=host_s)
 
 
 def graph_calls_for(seconds_per_call: float) -> int:
