@@ -251,6 +251,8 @@ SWEEP_VARIANTS = {
     "multi-input 512 threads": "-DOPFORGE_CUDA_THREADS_MULTI=512",
     "small tensors 128 threads": "-DOPFORGE_CUDA_THREADS_SMALL=128",
     "small tensors 512 threads": "-DOPFORGE_CUDA_THREADS_SMALL=512",
+    # The shape torch.compile's Triton kernels take at 2^20 float32 (4 warps, 2 vectors per thread).
+    "small tensors 128 threads x 2 vectors": "-DOPFORGE_CUDA_THREADS_SMALL=128 -DOPFORGE_CUDA_UNROLL_SMALL=2",
 }
 
 

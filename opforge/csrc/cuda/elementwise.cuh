@@ -40,9 +40,12 @@ namespace opforge::cuda {
 #ifndef OPFORGE_CUDA_UNROLL_MULTI
 #define OPFORGE_CUDA_UNROLL_MULTI OPFORGE_CUDA_UNROLL
 #endif
-// Threads per block for tensors too small to fill the GPU (one vector per thread); 0: the kernel's own shape.
+// Threads per block and vectors per thread for tensors too small to fill the GPU; threads 0: the kernel's own.
 #ifndef OPFORGE_CUDA_THREADS_SMALL
 #define OPFORGE_CUDA_THREADS_SMALL 0
+#endif
+#ifndef OPFORGE_CUDA_UNROLL_SMALL
+#define OPFORGE_CUDA_UNROLL_SMALL 1
 #endif
 #ifndef OPFORGE_CUDA_BLOCKS_PER_SM
 #define OPFORGE_CUDA_BLOCKS_PER_SM 8
@@ -188,9 +191,10 @@ void launch_elementwise(const c10::Device& device, scalar_t* out, int64_t n, con
     elementwise_kernel<scalar_t, kVec, kUnroll, kThreads>
         <<<grid(int64_t{kThreads} * kVec * kUnroll), kThreads, 0, stream>>>(n, fn, out, in...);
   } else {
-    // Too small to fill the GPU with `unroll` vectors per thread: one vector per thread, more blocks.
-    elementwise_kernel<scalar_t, kVec, 1, kSmallThreads>
-        <<<grid(int64_t{kSmallThreads} * kVec), kSmallThreads, 0, stream>>>(n, fn, out, in...);
+    // Too small to fill the GPU with `unroll` vectors per thread: the small-tensor shape, more blocks.
+    constexpr int kSmallUnroll = OPFORGE_CUDA_UNROLL_SMALL;
+    elementwise_kernel<scalar_t, kVec, kSmallUnroll, kSmallThreads>
+        <<<grid(int64_t{kSmallThreads} * kVec * kSmallUnroll), kSmallThreads, 0, stream>>>(n, fn, out, in...);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
