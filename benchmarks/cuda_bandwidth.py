@@ -244,6 +244,7 @@ def markdown(rows: list[dict]) -> str:
 SWEEP_VARIANTS = {
     "default": "",
     "streaming loads": "-DOPFORGE_CUDA_STREAMING_LOADS=1",
+    "small tensors plain loads": "-DOPFORGE_CUDA_STREAMING_LOADS_SMALL=0",
     "plain stores": "-DOPFORGE_CUDA_STREAMING_STORES=0",
     "multi-input 128 threads": "-DOPFORGE_CUDA_THREADS_MULTI=128",
     "multi-input 128 threads x 2 vectors": "-DOPFORGE_CUDA_THREADS_MULTI=128 -DOPFORGE_CUDA_UNROLL_MULTI=2",

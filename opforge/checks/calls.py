@@ -30,9 +30,25 @@ def inputs_for(loaded: LoadedOp, case: Case, base_seed: int, requires_grad: bool
 
 def call_target(target: Target, inputs: CaseInputs) -> Any:
     try:
-        return target.fn(*inputs.args, **inputs.kwargs)
+        returned = target.fn(*inputs.args, **inputs.kwargs)
+        wait_for_cuda_kernels(inputs)
+        return returned
     except Exception as exc:
         raise CheckFailure(f"{target.name} raised {short(exc)}") from exc
+
+
+def wait_for_cuda_kernels(inputs: CaseInputs) -> None:
+    """Synchronize the CUDA devices of the op's inputs. A kernel's device-side assert or fault surfaces at the next
+    synchronization, wherever that is: waiting here makes it the op's failure, not an ERROR in the comparison or
+    the reference that touched the GPU next. Skipped while a CUDA graph is captured, where it is illegal."""
+    import torch
+
+    if not torch.cuda.is_initialized() or torch.cuda.is_current_stream_capturing():
+        return
+    values = [*inputs.args, *inputs.kwargs.values()]
+    tensors = [t for v in values for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, torch.Tensor)]
+    for device in {t.device for t in tensors if t.is_cuda}:
+        torch.cuda.synchronize(device)
 
 
 def outputs_of(loaded: LoadedOp, target: Target, inputs: CaseInputs) -> tuple[Any, ...]:

@@ -56,6 +56,15 @@ namespace opforge::cuda {
 #ifndef OPFORGE_CUDA_STREAMING_LOADS
 #define OPFORGE_CUDA_STREAMING_LOADS 0
 #endif
+// Streaming loads for tensors too small to fill the GPU. H200, 2^20 elements, CUDA-graph throughput against
+// torch.compile (benchmarks/cuda_bandwidth.py --sweep --sizes 20, 2026-12-03): with plain loads 11 of the 12
+// leaky_swish/custom_loss fwd/bwd float32/bfloat16/float16 cases were behind (0.955-1.025x); streaming loads, in
+// the same run, put all 12 ahead (1.019-1.089x). Plain stores (0.957-1.012x), or 128 or 512 threads, or 128
+// threads x 2 vectors for small tensors (0.959-1.188x, 0.971-1.199x, 0.875-1.137x; 6, 6 and 8 cases behind) did
+// not. At 2^24..2^28 streaming loads lose (see above), so large tensors keep plain loads.
+#ifndef OPFORGE_CUDA_STREAMING_LOADS_SMALL
+#define OPFORGE_CUDA_STREAMING_LOADS_SMALL 1
+#endif
 #ifndef OPFORGE_CUDA_STREAMING_STORES
 #define OPFORGE_CUDA_STREAMING_STORES 1
 #endif
@@ -76,8 +85,9 @@ constexpr int kBlocksPerSm = OPFORGE_CUDA_BLOCKS_PER_SM;
 // A capped grid looping over the tensor, or one tile per block.
 constexpr bool kGridStride = OPFORGE_CUDA_GRID_STRIDE;
 // Streaming (evict-first) stores: every output byte is written once, so keep it from crowding L2. Loads use the
-// default caching: see the measurements above.
+// default caching, but for small tensors: see the measurements above.
 constexpr bool kStreamingLoads = OPFORGE_CUDA_STREAMING_LOADS;
+constexpr bool kStreamingLoadsSmall = OPFORGE_CUDA_STREAMING_LOADS_SMALL;
 constexpr bool kStreamingStores = OPFORGE_CUDA_STREAMING_STORES;
 constexpr int kVectorBytes = 16;
 
@@ -89,10 +99,10 @@ struct alignas(sizeof(T) * N) Pack {
 template <typename scalar_t>
 using opmath_t = at::opmath_type<scalar_t>;
 
-template <typename P>
+template <typename P, bool kStreaming>
 __device__ __forceinline__ P load_pack(const void* p) {
   if constexpr (sizeof(P) == 16) {
-    const uint4 raw = kStreamingLoads ? __ldcs(reinterpret_cast<const uint4*>(p)) : *reinterpret_cast<const uint4*>(p);
+    const uint4 raw = kStreaming ? __ldcs(reinterpret_cast<const uint4*>(p)) : *reinterpret_cast<const uint4*>(p);
     P out;
     memcpy(&out, &raw, sizeof out);
     return out;
@@ -129,7 +139,7 @@ __device__ __forceinline__ void apply_pack(Pack<scalar_t, kVec>& out, const Fn& 
 
 // out[i] = fn(in...[i]) for i < n. Each thread handles kU packs of kVec elements per grid-stride step; the
 // last, partial tile of the tensor goes element by element. kVec == 1 is the unaligned fallback.
-template <typename scalar_t, int kVec, int kU, int kThreads, typename Fn, typename... In>
+template <typename scalar_t, int kVec, int kU, int kThreads, bool kStreamLoads, typename Fn, typename... In>
 __global__ void __launch_bounds__(kThreads) elementwise_kernel(int64_t n, Fn fn, scalar_t* __restrict__ out,
                                                               const In* __restrict__... in) {
   using acc_t = opmath_t<scalar_t>;
@@ -144,7 +154,7 @@ __global__ void __launch_bounds__(kThreads) elementwise_kernel(int64_t n, Fn fn,
       for (int u = 0; u < kU; ++u) {
         const int64_t i = block_start + (static_cast<int64_t>(u) * kThreads + threadIdx.x) * kVec;
         int k = 0;
-        ((loaded[u][k++] = load_pack<P>(in + i)), ...);
+        ((loaded[u][k++] = load_pack<P, kStreamLoads>(in + i)), ...);
       }
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
@@ -186,14 +196,15 @@ void launch_elementwise(const c10::Device& device, scalar_t* out, int64_t n, con
     return static_cast<int>(std::min<int64_t>(kGridStride ? std::min(tiles, resident) : tiles, INT32_MAX));
   };
   if (!(aligned(out) && (aligned(in) && ...))) {
-    elementwise_kernel<scalar_t, 1, 1, kThreads><<<grid(kThreads), kThreads, 0, stream>>>(n, fn, out, in...);
+    elementwise_kernel<scalar_t, 1, 1, kThreads, false>
+        <<<grid(kThreads), kThreads, 0, stream>>>(n, fn, out, in...);
   } else if ((n + kThreads * kVec * kUnroll - 1) / (kThreads * kVec * kUnroll) >= resident) {
-    elementwise_kernel<scalar_t, kVec, kUnroll, kThreads>
+    elementwise_kernel<scalar_t, kVec, kUnroll, kThreads, kStreamingLoads>
         <<<grid(int64_t{kThreads} * kVec * kUnroll), kThreads, 0, stream>>>(n, fn, out, in...);
   } else {
     // Too small to fill the GPU with `unroll` vectors per thread: the small-tensor shape, more blocks.
     constexpr int kSmallUnroll = OPFORGE_CUDA_UNROLL_SMALL;
-    elementwise_kernel<scalar_t, kVec, kSmallUnroll, kSmallThreads>
+    elementwise_kernel<scalar_t, kVec, kSmallUnroll, kSmallThreads, kStreamingLoadsSmall>
         <<<grid(int64_t{kSmallThreads} * kVec * kSmallUnroll), kSmallThreads, 0, stream>>>(n, fn, out, in...);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
