@@ -61,7 +61,8 @@ namespace opforge::cuda {
 // leaky_swish/custom_loss fwd/bwd float32/bfloat16/float16 cases were behind (0.955-1.025x); streaming loads, in
 // the same run, put all 12 ahead (1.019-1.089x). Plain stores (0.957-1.012x), or 128 or 512 threads, or 128
 // threads x 2 vectors for small tensors (0.959-1.188x, 0.971-1.199x, 0.875-1.137x; 6, 6 and 9 cases behind) did
-// not. With this default, measured again: 1.021-1.259x, none behind. At 2^24..2^28 streaming loads lose (see above), so large tensors keep plain loads.
+// not. With this default, measured again: 1.021-1.259x, none behind. At 2^24..2^28 streaming loads lose (see
+// above), so large tensors keep plain loads.
 #ifndef OPFORGE_CUDA_STREAMING_LOADS_SMALL
 #define OPFORGE_CUDA_STREAMING_LOADS_SMALL 1
 #endif
