@@ -204,6 +204,18 @@ def test_error_inputs_run_once_per_device_with_unpinned_tensors_there(tmp_path):
     assert by_label == {("x", "cpu"), ("x", "cuda"), ("another", "cpu")}, by_label
 
 
+def test_error_input_pinned_to_a_device_the_run_leaves_out_is_not_called(tmp_path, monkeypatch):
+    from opforge import runner
+
+    # A machine with a GPU (pretended), checked with --device cpu: the cases are the CPU ones only.
+    monkeypatch.setattr(runner, "device_unavailable", lambda device: None)
+    path = _pinned_to(tmp_path, "cuda", "[cpu, cuda]")
+    labels = {c.label.split("_")[2] for c in _planned(path, "error_inputs", devices=("cpu",))}
+    assert labels == {"x"}, "the entry that puts y on cuda would use the GPU the run excluded"
+    # The same machine without the filter still makes the mixed-device call on the CPU case.
+    assert ("another", "cpu") in {(c.label.split("_")[2], c.device) for c in _planned(path, "error_inputs")}
+
+
 def test_error_input_on_a_missing_device_is_skipped_with_the_reason(tmp_path):
     import torch
 

@@ -139,14 +139,23 @@ def _tolerance(loaded: LoadedOp, dtype) -> Tolerance:
 def error_input_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
     """Each invalid call the spec lists, once per device of the run, its unpinned tensors on that device. A device
     that every pinned tensor is on already is left out: the pin would change nothing there (`{y: {device: cuda}}` is
-    the mixed-device call on the CPU case, and a valid call on the CUDA one)."""
+    the mixed-device call on the CPU case, and a valid call on the CUDA one). So is an entry that pins a tensor to a
+    device the run leaves out (`--device cpu` on a machine with a GPU): it would use the device the user excluded."""
     run = list(dict.fromkeys(c.device for c in cases))
     return [_error_case(loaded.spec, entry, device) for entry in loaded.spec.error_inputs for device in run
-            if _pinned_devices(entry) != {device}]
+            if _pinned_devices(entry) != {device} and not _pins_an_excluded_device(loaded.spec, entry, run)]
 
 
 def _pinned_devices(entry: ErrorInput) -> set[str]:
     return {t.device for t in entry.tensors if t.device}
+
+
+def _pins_an_excluded_device(spec: OpSpec, entry: ErrorInput, run: list[str]) -> bool:
+    """A pinned device the spec lists and this machine has, but the run's cases are not on: the run's filter left
+    it out. (A device that is missing, or that the spec lacks, is reported as a skip with its reason instead.)"""
+    from opforge.runner import device_unavailable  # here: the runner imports the checks
+
+    return any(d in spec.devices and d not in run and device_unavailable(d) is None for d in _pinned_devices(entry))
 
 
 def _error_case(spec: OpSpec, entry: ErrorInput, device: str) -> Case:
