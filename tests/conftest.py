@@ -1,11 +1,17 @@
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-from opforge.loading import load_op
+# opforge's consoles take their width when opforge.report is first imported: from COLUMNS when it is set, else
+# 140 columns when stdout is no terminal. pytest-xdist's workers set COLUMNS=80, which wraps the tables the CLI tests
+# read; one width for every run, serial or not, set before any test module imports the CLI.
+os.environ["COLUMNS"] = "250"
+
+from opforge.loading import load_op  # noqa: E402
 from opforge.results import OpReport, Status
 from opforge.runner import Filters, run_op
 from opforge.spec import load_spec

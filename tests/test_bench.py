@@ -22,7 +22,7 @@ REAL_MEASURE_COPY = peak_module.measure_copy  # the autouse fixture below replac
 
 
 def invoke(*args: str):
-    return runner.invoke(app, list(args), env={"NO_COLOR": "1", "COLUMNS": "250"})
+    return runner.invoke(app, list(args), env={"NO_COLOR": "1"})
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ runner = CliRunner()
 
 
 def invoke(*args: str):
-    return runner.invoke(app, list(args), env={"NO_COLOR": "1", "COLUMNS": "200"})
+    return runner.invoke(app, list(args), env={"NO_COLOR": "1"})
 
 
 def ids_in(path) -> list[str]:

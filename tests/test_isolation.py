@@ -32,7 +32,7 @@ runner = CliRunner()
 
 
 def invoke(*args: str):
-    return runner.invoke(app, list(args), env={"NO_COLOR": "1", "COLUMNS": "200"})
+    return runner.invoke(app, list(args), env={"NO_COLOR": "1"})
 
 
 def rows_of(report: dict, op: str) -> dict[str, dict]:
@@ -154,7 +154,7 @@ def test_a_load_error_in_a_worker_is_one_error_row_and_the_other_ops_still_run(t
     bad.write_text((FIXTURES / "good.yaml").read_text().replace("broken_ops:reference", "broken_ops:nope"))
     result = runner.invoke(app, ["check", str(bad), str(FIXTURES / "good.yaml"), "--check", "correctness", "-j", "2",
                                  "--json", "r.json", "--markdown", "summary.md"],
-                           env={"NO_COLOR": "1", "COLUMNS": "200", "PYTHONPATH": str(FIXTURES)})
+                           env={"NO_COLOR": "1", "PYTHONPATH": str(FIXTURES)})
     assert result.exit_code == 2, result.output
     assert f"{bad}:6: reference: expected a callable 'nope'" in result.output and "Traceback" not in result.output
     report = json.loads((tmp_path / "r.json").read_text())
@@ -191,7 +191,7 @@ def test_a_bug_in_a_worker_is_an_internal_error_with_its_traceback_only_under_de
     assert "internal error: WorkerInternalError: TypeError" in result.output and "from_the_future" in result.output
     assert "Traceback" not in result.output and "rerun with --debug" in result.output.lower()
     debug = runner.invoke(app, ["--debug", "check", str(FIXTURES / "good.yaml"), "--check", "correctness"],
-                          env={"NO_COLOR": "1", "COLUMNS": "200"})
+                          env={"NO_COLOR": "1"})
     assert "the worker's traceback:\nTraceback (most recent call last)" in debug.output
     assert type(debug.exception).__name__ == "WorkerInternalError"
 
