@@ -44,16 +44,20 @@ def load_medians(path: Path) -> dict[str, tuple[float, int]]:
         data = json.loads(Path(path).read_text())
         return {r["id"]: (r["median_s"], r["elements"]) for r in data["results"] if r["status"] == "ok"}
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise Failed(f"{path}: expected the --json of an `opforge bench` run, got {type(exc).__name__}: {exc}. "
-                     "Pass a file written by `opforge bench ... --json`.") from None
+        raise Failed(
+            f"{path}: expected the --json of an `opforge bench` run, got {type(exc).__name__}: {exc}. "
+            "Pass a file written by `opforge bench ... --json`."
+        ) from None
 
 
 def spread_table(paths: list[Path], min_elements: int = 0) -> tuple[list[str], list[float]]:
     """Markdown rows (case, medians, worst deviation from the mean) and each case's worst deviation."""
     runs = [load_medians(p) for p in paths]
     common = [i for i in runs[0] if all(i in r for r in runs) and runs[0][i][1] >= min_elements]
-    lines = ["| case | " + " | ".join(f"run {k + 1}" for k in range(len(runs))) + " | worst vs mean |",
-             "|---|" + "---:|" * (len(runs) + 1)]
+    lines = [
+        "| case | " + " | ".join(f"run {k + 1}" for k in range(len(runs))) + " | worst vs mean |",
+        "|---|" + "---:|" * (len(runs) + 1),
+    ]
     deviations = []
     for ident in common:
         medians = [r[ident][0] for r in runs]
@@ -68,9 +72,11 @@ def summary(deviations: list[float], runs: int) -> str:
     if not deviations:
         return "no case was timed in every run"
     within = {t: sum(d <= t / 100 for d in deviations) for t in (3, 10)}
-    return (f"{len(deviations)} cases, {runs} runs: worst ±{100 * max(deviations):.1f}%, median "
-            f"±{100 * statistics.median(deviations):.1f}% from the runs' mean; {within[3]} cases within ±3%, "
-            f"{within[10]} within ±10%")
+    return (
+        f"{len(deviations)} cases, {runs} runs: worst ±{100 * max(deviations):.1f}%, median "
+        f"±{100 * statistics.median(deviations):.1f}% from the runs' mean; {within[3]} cases within ±3%, "
+        f"{within[10]} within ±10%"
+    )
 
 
 def spread(args) -> list[str]:
@@ -84,16 +90,24 @@ def spread_misses(deviations: list[float]) -> list[str]:
     if not deviations:
         return ["spread: expected cases timed in every run, got none"]
     worst = max(deviations)
-    return [f"spread: expected every case within ±{100 * SPREAD_TARGET:.0f}% of the runs' mean, got ±{100 * worst:.1f}% "
-            f"({sum(d > SPREAD_TARGET for d in deviations)} of {len(deviations)} cases outside)"] \
-        if worst > SPREAD_TARGET else []
+    return (
+        [
+            f"spread: expected every case within ±{100 * SPREAD_TARGET:.0f}% of the runs' mean, got ±{100 * worst:.1f}% "
+            f"({sum(d > SPREAD_TARGET for d in deviations)} of {len(deviations)} cases outside)"
+        ]
+        if worst > SPREAD_TARGET
+        else []
+    )
 
 
 def gpu(args) -> list[str]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    common = ["--device", "cuda", "--sizes", args.sizes] + [a for d in args.dtype for a in ("--dtype", d)] + \
-        [a for i in args.impl for a in ("--impl", i)]
+    common = (
+        ["--device", "cuda", "--sizes", args.sizes]
+        + [a for d in args.dtype for a in ("--dtype", d)]
+        + [a for i in args.impl for a in ("--impl", i)]
+    )
     paths = []
     for i in range(1, args.runs + 1):
         path = out / f"run{i}.json"
@@ -103,15 +117,22 @@ def gpu(args) -> list[str]:
         with open(log_path, "w") as log:
             code = subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
         if code != 0 or not path.exists():
-            raise Failed(f"run {i}: expected `opforge bench` to exit 0 and write {path}, got exit {code}"
-                         f"{'' if path.exists() else ' and no JSON'}. Read {log_path}.")
+            raise Failed(
+                f"run {i}: expected `opforge bench` to exit 0 and write {path}, got exit {code}"
+                f"{'' if path.exists() else ' and no JSON'}. Read {log_path}."
+            )
         paths.append(path)
     spread_lines, deviations = spread_table(paths)
     ours = load_medians(paths[0])
     theirs, flush_s = do_bench_medians(args.op, args.sizes, tuple(args.dtype), tuple(args.impl))
-    report = [f"# opforge bench fidelity: {args.op}, sizes {args.sizes}, {args.runs} runs", "",
-              "## Spread across runs (target: every case within ±3%)", "", summary(deviations, args.runs), ""] + \
-        spread_lines
+    report = [
+        f"# opforge bench fidelity: {args.op}, sizes {args.sizes}, {args.runs} runs",
+        "",
+        "## Spread across runs (target: every case within ±3%)",
+        "",
+        summary(deviations, args.runs),
+        "",
+    ] + spread_lines
     report += ["", "## opforge (run 1) against triton.testing.do_bench (target: within 5%)", ""]
     table, misses = do_bench_comparison({i: m for i, (m, _) in ours.items()}, theirs, flush_s)
     report += table
@@ -122,8 +143,9 @@ def gpu(args) -> list[str]:
     return misses
 
 
-def do_bench_comparison(ours: dict[str, float], theirs: dict[str, tuple[float, float]],
-                        flush_s: float) -> tuple[list[str], list[str]]:
+def do_bench_comparison(
+    ours: dict[str, float], theirs: dict[str, tuple[float, float]], flush_s: float
+) -> tuple[list[str], list[str]]:
     """Markdown lines comparing opforge's median (`ours`, by result id) with do_bench's (`theirs`: median, the
     call's host time), and the target's misses.
 
@@ -139,23 +161,31 @@ def do_bench_comparison(ours: dict[str, float], theirs: dict[str, tuple[float, f
         if gpu_bound:
             ratios.append(ratio)
         host_bound += not gpu_bound
-        lines.append(f"| `{ident}` | {ours[ident] * 1e3:.4g} ms | {seconds * 1e3:.4g} ms | {ratio:.3f} | "
-                     f"{host_s * 1e6:.0f} µs | {'times the GPU' if gpu_bound else 'host-bound, not counted'} |")
-    lines.append(f"\ndo_bench's flush: {flush_s * 1e6:.0f} µs of GPU time per rep; a case is host-bound when its "
-                 "host time is at least that plus opforge's median.")
+        lines.append(
+            f"| `{ident}` | {ours[ident] * 1e3:.4g} ms | {seconds * 1e3:.4g} ms | {ratio:.3f} | "
+            f"{host_s * 1e6:.0f} µs | {'times the GPU' if gpu_bound else 'host-bound, not counted'} |"
+        )
+    lines.append(
+        f"\ndo_bench's flush: {flush_s * 1e6:.0f} µs of GPU time per rep; a case is host-bound when its "
+        "host time is at least that plus opforge's median."
+    )
     if not ratios:
-        return lines, [f"do_bench: expected cases timed by both where do_bench times the GPU, got none "
-                       f"({host_bound} host-bound)"]
+        return lines, [
+            f"do_bench: expected cases timed by both where do_bench times the GPU, got none ({host_bound} host-bound)"
+        ]
     worst = max(ratios, key=lambda r: abs(r - 1))
     lines.append(f"\nworst ratio: {worst:.3f} over {len(ratios)} cases ({host_bound} host-bound left out)")
     if abs(worst - 1) > DO_BENCH_TARGET:
-        return lines, [f"do_bench: expected opforge's medians within {100 * DO_BENCH_TARGET:.0f}% of do_bench's, "
-                       f"got a ratio of {worst:.3f}"]
+        return lines, [
+            f"do_bench: expected opforge's medians within {100 * DO_BENCH_TARGET:.0f}% of do_bench's, "
+            f"got a ratio of {worst:.3f}"
+        ]
     return lines, []
 
 
-def do_bench_medians(op: str, sizes: str, dtypes: tuple[str, ...],
-                     impls: tuple[str, ...]) -> tuple[dict[str, tuple[float, float]], float]:
+def do_bench_medians(
+    op: str, sizes: str, dtypes: tuple[str, ...], impls: tuple[str, ...]
+) -> tuple[dict[str, tuple[float, float]], float]:
     """do_bench's median and the host time of the very calls `opforge bench` times, by result id (opforge's own
     run with do_bench as its timer), and the GPU time of do_bench's L2 flush."""
     import torch
@@ -169,8 +199,13 @@ def do_bench_medians(op: str, sizes: str, dtypes: tuple[str, ...],
         if reset is not None:  # do_bench has no hook between reps to restore the arguments
             raise ValueError(f"{op} mutates its arguments, which do_bench cannot restore between reps")
         median_s = do_bench(call, return_mode="median") / 1e3
-        return Timing((median_s,), "triton.testing.do_bench", 1, "do_bench",
-                      host_s=host_launch_seconds(call, torch.cuda.synchronize))
+        return Timing(
+            (median_s,),
+            "triton.testing.do_bench",
+            1,
+            "do_bench",
+            host_s=host_launch_seconds(call, torch.cuda.synchronize),
+        )
 
     filters = BenchFilters(devices=("cuda",), dtypes=dtypes, impls=impls, sizes=parse_sizes([sizes]))
     run = run_bench([load_spec(find_spec(op))], filters, TimingOptions(), timer=timer)

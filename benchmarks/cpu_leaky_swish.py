@@ -35,8 +35,11 @@ def main() -> None:
     x = torch.randn(2**args.log2_size)
     compiled = torch.compile(composite)
     compiled(x, 0.1)
-    contenders = {"eager composite": composite, "torch.compile(composite)": compiled,
-                  "opforge::leaky_swish": leaky_swish}
+    contenders = {
+        "eager composite": composite,
+        "torch.compile(composite)": compiled,
+        "opforge::leaky_swish": leaky_swish,
+    }
     rounds = {name: [] for name in contenders}
     for _ in range(args.rounds):
         for name, fn in contenders.items():
@@ -45,8 +48,10 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.threads} threads, 2^{args.log2_size} float32")
     for name, ms in rows.items():
         print(f"{name:28s} {ms:8.2f} ms   rounds: {', '.join(f'{f:.1f}' for f in rounds[name])}")
-    print(f"speedup over eager: {rows['eager composite'] / rows['opforge::leaky_swish']:.2f}x, "
-          f"over compile: {rows['torch.compile(composite)'] / rows['opforge::leaky_swish']:.2f}x")
+    print(
+        f"speedup over eager: {rows['eager composite'] / rows['opforge::leaky_swish']:.2f}x, "
+        f"over compile: {rows['torch.compile(composite)'] / rows['opforge::leaky_swish']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -151,12 +151,18 @@ def leaky_swish_cases(n: int, dtype) -> list[Case]:
         return (torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype))
 
     compiled, compiled_bwd = torch.compile(reference), torch.compile(ref_backward)
-    fwd = {"opforge": lambda x: leaky_swish(x, 0.1), "eager": lambda x: reference(x, 0.1),
-           "torch.compile(ref)": lambda x: compiled(x, 0.1)}
+    fwd = {
+        "opforge": lambda x: leaky_swish(x, 0.1),
+        "eager": lambda x: reference(x, 0.1),
+        "torch.compile(ref)": lambda x: compiled(x, 0.1),
+    }
     if dtype == torch.float32 and n < 2**31 and SEED_KERNEL_LOADED:
         fwd["seed kernel"] = lambda x: torch.ops.seed.leaky_swish(x, 0.1)
-    bwd = {"opforge": lambda g, x: _backward(g, x, 0.1), "eager": lambda g, x: ref_backward(g, x, 0.1),
-           "torch.compile(ref)": lambda g, x: compiled_bwd(g, x, 0.1)}
+    bwd = {
+        "opforge": lambda g, x: _backward(g, x, 0.1),
+        "eager": lambda g, x: ref_backward(g, x, 0.1),
+        "torch.compile(ref)": lambda g, x: compiled_bwd(g, x, 0.1),
+    }
     size = dtype.itemsize
     return [Case("leaky_swish fwd", 2 * n * size, x_only, fwd), Case("leaky_swish bwd", 3 * n * size, grad_and_x, bwd)]
 
@@ -175,8 +181,10 @@ def custom_loss_cases(n: int, dtype) -> list[Case]:
     fwd = {"opforge": custom_loss, "eager": reference, "torch.compile(ref)": compiled}
     bwd = {"opforge": _backward, "eager": ref_backward, "torch.compile(ref)": compiled_bwd}
     size = dtype.itemsize
-    return [Case("custom_loss fwd", 3 * n * size, tensors(2), fwd),
-            Case("custom_loss bwd", 4 * n * size, tensors(3), bwd)]
+    return [
+        Case("custom_loss fwd", 3 * n * size, tensors(2), fwd),
+        Case("custom_loss bwd", 4 * n * size, tensors(3), bwd),
+    ]
 
 
 def load_seed_kernel() -> None:
@@ -185,8 +193,13 @@ def load_seed_kernel() -> None:
 
     build = Path(os.environ.get("OPFORGE_CACHE", "/tmp")) / "seed_kernel"
     build.mkdir(parents=True, exist_ok=True)
-    cpp_extension.load("seed_kernel", [str(REPO / "benchmarks" / "seed_kernel.cu")], build_directory=str(build),
-                       is_python_module=False, extra_cuda_cflags=["-O3", "-gencode=arch=compute_90,code=sm_90"])
+    cpp_extension.load(
+        "seed_kernel",
+        [str(REPO / "benchmarks" / "seed_kernel.cu")],
+        build_directory=str(build),
+        is_python_module=False,
+        extra_cuda_cflags=["-O3", "-gencode=arch=compute_90,code=sm_90"],
+    )
     SEED_KERNEL_LOADED = True
 
 
@@ -194,8 +207,12 @@ def measure(case: Case, n: int, dtype) -> dict:
     """One row: do_bench bandwidth of each contender against the copy bound and, up to SMALL elements, the same
     contenders' CUDA-graph throughput ("graph" columns)."""
     bound = copy_gbps(case.nbytes)
-    row = {"case": case.name, "dtype": str(dtype).removeprefix("torch."), "log2_n": n.bit_length() - 1,
-           "copy_GBps": round(bound, 1)}
+    row = {
+        "case": case.name,
+        "dtype": str(dtype).removeprefix("torch."),
+        "log2_n": n.bit_length() - 1,
+        "copy_GBps": round(bound, 1),
+    }
     timed = {who: fn for who, fn in case.contenders.items() if who in BASELINES or who == "seed kernel"}
     inputs = case.make_inputs()
     calls = {who: functools.partial(fn, *inputs) for who, fn in timed.items()}
@@ -230,10 +247,25 @@ def run(sizes, dtypes, ops) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    columns = ["case", "dtype", "log2_n", "copy_GBps", "opforge", "opforge_pct_of_copy", "torch.compile(ref)",
-               "opforge / compile", "opforge spread %", "torch.compile(ref) spread %", "opforge graph",
-               "torch.compile(ref) graph", "opforge / compile graph", "opforge graph spread %",
-               "torch.compile(ref) graph spread %", "eager", "seed kernel"]
+    columns = [
+        "case",
+        "dtype",
+        "log2_n",
+        "copy_GBps",
+        "opforge",
+        "opforge_pct_of_copy",
+        "torch.compile(ref)",
+        "opforge / compile",
+        "opforge spread %",
+        "torch.compile(ref) spread %",
+        "opforge graph",
+        "torch.compile(ref) graph",
+        "opforge / compile graph",
+        "opforge graph spread %",
+        "torch.compile(ref) graph spread %",
+        "eager",
+        "seed kernel",
+    ]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         lines.append("| " + " | ".join(str(r.get(c, "–")) for c in columns) + " |")
@@ -265,26 +297,47 @@ def sweep(sizes: str, dtypes: str, ops: str, names: list[str]) -> None:
         sys.exit(f"--variants: expected names from {sorted(SWEEP_VARIANTS)}, got {unknown}. Pick from that list.")
     variants = {name: SWEEP_VARIANTS[name] for name in names}
     script = str(Path(__file__).resolve())
-    builds = {name: subprocess.Popen([sys.executable, script, "--build-only", "--ops", ops], cwd=REPO,
-                                     env=dict(os.environ, OPFORGE_EXTRA_CUDA_CFLAGS=flags),
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-              for name, flags in variants.items()}
+    builds = {
+        name: subprocess.Popen(
+            [sys.executable, script, "--build-only", "--ops", ops],
+            cwd=REPO,
+            env=dict(os.environ, OPFORGE_EXTRA_CUDA_CFLAGS=flags),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name, flags in variants.items()
+    }
     for name, process in builds.items():
         output, _ = process.communicate()
         if process.returncode:
             print(f"sweep {name}: build failed\n{output[-2000:]}", flush=True)
     for name, flags in variants.items():
-        command = [sys.executable, script, "--sizes", sizes, "--dtypes", dtypes, "--ops", ops, "--no-seed",
-                   "--no-eager"]
-        out = subprocess.run(command, env=dict(os.environ, OPFORGE_EXTRA_CUDA_CFLAGS=flags), cwd=REPO,
-                             capture_output=True, text=True)
+        command = [
+            sys.executable,
+            script,
+            "--sizes",
+            sizes,
+            "--dtypes",
+            dtypes,
+            "--ops",
+            ops,
+            "--no-seed",
+            "--no-eager",
+        ]
+        out = subprocess.run(
+            command, env=dict(os.environ, OPFORGE_EXTRA_CUDA_CFLAGS=flags), cwd=REPO, capture_output=True, text=True
+        )
         for line in out.stdout.splitlines():
             if line.startswith("{"):
                 r = json.loads(line)
                 vs_compile = r["opforge"] / r["torch.compile(ref)"]
                 graphed = f", graph {r['opforge / compile graph']:.3f}x" if "opforge / compile graph" in r else ""
-                print(f"sweep [{name}] {r['case']} {r['dtype']} 2^{r['log2_n']}: {r['opforge']} GB/s "
-                      f"({r['opforge_pct_of_copy']}% of copy, {vs_compile:.3f}x torch.compile{graphed})", flush=True)
+                print(
+                    f"sweep [{name}] {r['case']} {r['dtype']} 2^{r['log2_n']}: {r['opforge']} GB/s "
+                    f"({r['opforge_pct_of_copy']}% of copy, {vs_compile:.3f}x torch.compile{graphed})",
+                    flush=True,
+                )
         if out.returncode:
             print(f"sweep {name}: failed\n{out.stderr[-2000:]}", flush=True)
 
@@ -298,8 +351,9 @@ def main() -> None:
     parser.add_argument("--markdown")
     parser.add_argument("--no-seed", action="store_true")
     parser.add_argument("--sweep", action="store_true")
-    parser.add_argument("--variants", default=",".join(SWEEP_VARIANTS),
-                        help="comma-separated names of the --sweep variants to time")
+    parser.add_argument(
+        "--variants", default=",".join(SWEEP_VARIANTS), help="comma-separated names of the --sweep variants to time"
+    )
     parser.add_argument("--no-compile", action="store_true", help="leave out the eager and torch.compile baselines")
     parser.add_argument("--no-eager", action="store_true", help="leave out the eager baseline")
     parser.add_argument("--build-only", action="store_true", help="build (or find cached) kernels and stop")
@@ -312,13 +366,19 @@ def main() -> None:
             __import__(f"opforge.ops.{op}")
         return
     global BASELINES
-    BASELINES = {"opforge"} | (set() if args.no_compile else {"torch.compile(ref)"}) | \
-        (set() if args.no_compile or args.no_eager else {"eager"})
+    BASELINES = (
+        {"opforge"}
+        | (set() if args.no_compile else {"torch.compile(ref)"})
+        | (set() if args.no_compile or args.no_eager else {"eager"})
+    )
     if not args.no_seed:
         load_seed_kernel()
     makers = {"leaky_swish": leaky_swish_cases, "custom_loss": custom_loss_cases}
-    rows = run([int(s) for s in args.sizes.split(",")], [getattr(torch, d) for d in args.dtypes.split(",")],
-               [makers[o] for o in args.ops.split(",")])
+    rows = run(
+        [int(s) for s in args.sizes.split(",")],
+        [getattr(torch, d) for d in args.dtypes.split(",")],
+        [makers[o] for o in args.ops.split(",")],
+    )
     table = markdown(rows)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}\n{table}")
     if args.json:

@@ -5,7 +5,8 @@ Run: python benchmarks/large_index.py   (needs ~17 GB of GPU memory)
 
 import torch
 
-from opforge.ops.custom_loss import custom_loss, reference as loss_reference
+from opforge.ops.custom_loss import custom_loss
+from opforge.ops.custom_loss import reference as loss_reference
 from opforge.ops.leaky_swish import leaky_swish, reference
 
 N = 2**31 + 4099  # past int32's range, and not a multiple of any vector width
@@ -14,10 +15,14 @@ TAIL = 2**20
 x = torch.randn(N, device="cuda", dtype=torch.float16)
 y = leaky_swish(x)
 tail = slice(N - TAIL, N)
-print("leaky_swish float16 n=2^31+4099: max abs error over the last 2^20 elements:",
-      (y[tail].double() - reference(x[tail].double(), 0.1)).abs().max().item())
+print(
+    "leaky_swish float16 n=2^31+4099: max abs error over the last 2^20 elements:",
+    (y[tail].double() - reference(x[tail].double(), 0.1)).abs().max().item(),
+)
 del y
 t = torch.randn(N, device="cuda", dtype=torch.float16)
 loss = custom_loss(x, t)
-print("custom_loss float16 n=2^31+4099: max abs error over the last 2^20 elements:",
-      (loss[tail].double() - loss_reference(x[tail].double(), t[tail].double())).abs().max().item())
+print(
+    "custom_loss float16 n=2^31+4099: max abs error over the last 2^20 elements:",
+    (loss[tail].double() - loss_reference(x[tail].double(), t[tail].double())).abs().max().item(),
+)

@@ -17,7 +17,8 @@ import json
 import os
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 Send = Callable[..., None]
 
@@ -57,11 +58,24 @@ def run(job: dict, send: Send) -> None:
     plan = plan_op(loaded, filters)
     start = job["start"]
     if start == 0:
-        rows = [{"target": row.target.name, "case_id": row.case.id, "dtype": row.case.dtype,
-                 "device": row.case.device, "seed": row.case.seed(filters.seed),
-                 "rows": reported_rows(filters, spec, row)} for row in plan.rows]
-        send("loaded", count=len(plan.rows), rows=rows, build=build_info(loaded),
-             skipped=[result_json(r) for r in plan.skipped])
+        rows = [
+            {
+                "target": row.target.name,
+                "case_id": row.case.id,
+                "dtype": row.case.dtype,
+                "device": row.case.device,
+                "seed": row.case.seed(filters.seed),
+                "rows": reported_rows(filters, spec, row),
+            }
+            for row in plan.rows
+        ]
+        send(
+            "loaded",
+            count=len(plan.rows),
+            rows=rows,
+            build=build_info(loaded),
+            skipped=[result_json(r) for r in plan.skipped],
+        )
     else:
         send("loaded", count=len(plan.rows))
     unusable: list[str] = []
@@ -82,8 +96,18 @@ def run(job: dict, send: Send) -> None:
         return not unusable
 
     context = CheckContext(loaded, filters.seed, job["time_limit"])
-    if run_rows(context, plan, filters, start, on_start=lambda i: send("start", index=i),
-                on_results=finish_row, after_row=device_usable) or not unusable:
+    if (
+        run_rows(
+            context,
+            plan,
+            filters,
+            start,
+            on_start=lambda i: send("start", index=i),
+            on_results=finish_row,
+            after_row=device_usable,
+        )
+        or not unusable
+    ):
         send("done")
 
 

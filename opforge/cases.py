@@ -17,8 +17,11 @@ from opforge.spec import OpSpec, ScalarInput, TensorInput
 
 # The spec's `noncontiguous` layout expands into both kinds of non-contiguous view, since kernels get them wrong in
 # different ways: a transpose is dense with permuted strides, a strided slice has gaps.
-LAYOUT_VARIANTS = {"contiguous": ("contiguous",), "noncontiguous": ("transposed", "strided"),
-                   "channels_last": ("channels_last",)}
+LAYOUT_VARIANTS = {
+    "contiguous": ("contiguous",),
+    "noncontiguous": ("transposed", "strided"),
+    "channels_last": ("channels_last",),
+}
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,9 @@ class CaseInputs:
     tensor_names: tuple[str, ...]
 
 
-def make_inputs(spec: OpSpec, schema_arguments: list[Any], case: Case, base_seed: int,
-                requires_grad: bool = False) -> CaseInputs:
+def make_inputs(
+    spec: OpSpec, schema_arguments: list[Any], case: Case, base_seed: int, requires_grad: bool = False
+) -> CaseInputs:
     import torch
 
     generator = torch.Generator().manual_seed(case.seed(base_seed))
@@ -122,8 +126,7 @@ def make_inputs(spec: OpSpec, schema_arguments: list[Any], case: Case, base_seed
         else:
             kwargs[argument.name] = value
             ref_kwargs[argument.name] = ref
-    return CaseInputs(tuple(args), kwargs, tuple(ref_args), ref_kwargs,
-                      tuple(t.name for t in spec.tensor_inputs()))
+    return CaseInputs(tuple(args), kwargs, tuple(ref_args), ref_kwargs, tuple(t.name for t in spec.tensor_inputs()))
 
 
 def _torch_dtype(name: str):
@@ -170,8 +173,10 @@ def _apply_avoid(t: TensorInput, values64: dict[str, Any], case_dtype: str) -> N
     elif other.shape == shape:
         moved, adjusted, base, sign = avoid.relative_to, other.clone(), this.expand(shape), -1.0
     else:
-        raise ValueError(f"avoid.relative_to needs {t.name} or {avoid.relative_to} to have the broadcast shape "
-                         f"{tuple(shape)}, got {tuple(this.shape)} and {tuple(other.shape)}")
+        raise ValueError(
+            f"avoid.relative_to needs {t.name} or {avoid.relative_to} to have the broadcast shape "
+            f"{tuple(shape)}, got {tuple(this.shape)} and {tuple(other.shape)}"
+        )
     for point in avoid.values:
         diff = sign * (adjusted - base) - point
         near = diff.abs() < avoid.margin

@@ -10,18 +10,34 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional
 
 import typer
 
 from opforge import report
-from opforge.errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, BuildError, \
-    OpforgeError, UsageError
-from opforge.spec import (KNOWN_CHECKS, KNOWN_DEVICES, KNOWN_DTYPES, OPCHECK_SUBTESTS, OpSpec, find_spec, list_specs,
-                          load_spec)
-from opforge.spec import BENCH_MODES
+from opforge.errors import (
+    EXIT_FAILED,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    BuildError,
+    OpforgeError,
+    UsageError,
+)
+from opforge.spec import (
+    BENCH_MODES,
+    KNOWN_CHECKS,
+    KNOWN_DEVICES,
+    KNOWN_DTYPES,
+    OPCHECK_SUBTESTS,
+    OpSpec,
+    find_spec,
+    list_specs,
+    load_spec,
+)
 
 app = typer.Typer(
     name="opforge",
@@ -65,8 +81,9 @@ def _specs(targets: list[str], all_specs: bool) -> list[Path]:
     if all_specs:
         return list_specs()
     if not targets:
-        raise UsageError("opforge check", "an op name, a spec path or --all", "nothing",
-                         "Run `opforge list` to see the bundled ops.")
+        raise UsageError(
+            "opforge check", "an op name, a spec path or --all", "nothing", "Run `opforge list` to see the bundled ops."
+        )
     return [find_spec(t) for t in targets]
 
 
@@ -79,30 +96,45 @@ def _validate(values: list[str], known: tuple[str, ...], option: str) -> tuple[s
 
 @app.command()
 def check(
-    targets: List[str] = typer.Argument(None, help="Op names (see `opforge list`) or paths to spec files."),
+    targets: list[str] = typer.Argument(None, help="Op names (see `opforge list`) or paths to spec files."),
     all_specs: bool = typer.Option(False, "--all", help="Check every bundled spec."),
-    dtype: List[str] = typer.Option([], "--dtype", help="Only these dtypes (repeatable)."),
-    device: List[str] = typer.Option([], "--device", help="Only these devices (repeatable)."),
-    check_: List[str] = typer.Option([], "--check", help="Only these checks (repeatable)."),
-    keyword: Optional[str] = typer.Option(None, "-k", help="Only results whose id contains this substring."),
-    last_failed: bool = typer.Option(False, "--last-failed", "--lf",
-                                     help="Only what failed last time (all of it when nothing is recorded)."),
+    dtype: list[str] = typer.Option([], "--dtype", help="Only these dtypes (repeatable)."),
+    device: list[str] = typer.Option([], "--device", help="Only these devices (repeatable)."),
+    check_: list[str] = typer.Option([], "--check", help="Only these checks (repeatable)."),
+    keyword: str | None = typer.Option(None, "-k", help="Only results whose id contains this substring."),
+    last_failed: bool = typer.Option(
+        False, "--last-failed", "--lf", help="Only what failed last time (all of it when nothing is recorded)."
+    ),
     seed: int = typer.Option(0, "--seed", help="Base seed; each case derives its own from it and its id."),
     fail_fast: bool = typer.Option(False, "--fail-fast", "-x", help="Stop at the first failure."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="List every result."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write a JSON report here."),
-    junit_path: Optional[Path] = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
-    markdown_path: Optional[Path] = typer.Option(None, "--markdown",
-                                                 help="Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds one check on one case may take before "
-                                            "it is killed (TIMEOUT); overrides the specs' `timeout:`. Default 300."),
-    jobs: int = typer.Option(1, "--jobs", "-j", help="Check this many ops at once, each in its own process (each "
-                             "with its own share of the GPUs where there are several)."),
-    no_isolation: bool = typer.Option(False, "--no-isolation", help="Run the checks in this process (for a "
-                                      "debugger); a crash then ends the run and --timeout does not apply."),
-    cuda_arch: Optional[str] = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
-    large: bool = typer.Option(False, "--large",
-                               help="Also run large_index (tensors past 2^31 elements: GBs of GPU memory)."),
+    json_path: Path | None = typer.Option(None, "--json", help="Write a JSON report here."),
+    junit_path: Path | None = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
+    markdown_path: Path | None = typer.Option(
+        None, "--markdown", help="Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)."
+    ),
+    timeout: float | None = typer.Option(
+        None,
+        "--timeout",
+        help="Seconds one check on one case may take before "
+        "it is killed (TIMEOUT); overrides the specs' `timeout:`. Default 300.",
+    ),
+    jobs: int = typer.Option(
+        1,
+        "--jobs",
+        "-j",
+        help="Check this many ops at once, each in its own process (each "
+        "with its own share of the GPUs where there are several).",
+    ),
+    no_isolation: bool = typer.Option(
+        False,
+        "--no-isolation",
+        help="Run the checks in this process (for a debugger); a crash then ends the run and --timeout does not apply.",
+    ),
+    cuda_arch: str | None = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
+    large: bool = typer.Option(
+        False, "--large", help="Also run large_index (tensors past 2^31 elements: GBs of GPU memory)."
+    ),
 ) -> None:
     """Build an op's kernels and run every check its spec declares."""
 
@@ -117,8 +149,16 @@ def check(
         outputs = {"--json": json_path, "--junit": junit_path, "--markdown": markdown_path}
         _check_outputs(outputs)
         only_ids, paths = _selection(last_failed, targets or [], all_specs)
-        filters = Filters(dtypes=dtypes, devices=devices, checks=checks, keyword=keyword, seed=seed,
-                          fail_fast=fail_fast, ids=only_ids, large=large)
+        filters = Filters(
+            dtypes=dtypes,
+            devices=devices,
+            checks=checks,
+            keyword=keyword,
+            seed=seed,
+            fail_fast=fail_fast,
+            ids=only_ids,
+            large=large,
+        )
         specs = [load_spec(p) for p in paths]
         run = RunReport(environment={}, seed=seed)
         with _sigterm_interrupts():
@@ -171,8 +211,12 @@ def _validate_run_options(timeout: float | None, jobs: int, no_isolation: bool) 
         raise UsageError("--jobs", "a number of processes >= 1", repr(jobs), "Write e.g. -j 2.")
     if no_isolation and (jobs > 1 or timeout is not None):
         option = "--jobs" if jobs > 1 else "--timeout"
-        raise UsageError(option, "worker processes", "--no-isolation",
-                         f"Drop {option} or --no-isolation: only worker processes can run in parallel or be killed.")
+        raise UsageError(
+            option,
+            "worker processes",
+            "--no-isolation",
+            f"Drop {option} or --no-isolation: only worker processes can run in parallel or be killed.",
+        )
 
 
 def _check_outputs(outputs: dict[str, Path | None]) -> None:
@@ -185,8 +229,12 @@ def _check_outputs(outputs: dict[str, Path | None]) -> None:
         try:
             check_writable(path)
         except OSError as exc:
-            raise UsageError(option, "a path a report can be written to", f"{path} ({exc.strerror or exc})",
-                             f"Point {option} at a file in a directory you can write to.") from None
+            raise UsageError(
+                option,
+                "a path a report can be written to",
+                f"{path} ({exc.strerror or exc})",
+                f"Point {option} at a file in a directory you can write to.",
+            ) from None
 
 
 def _selection(last_failed: bool, targets: list[str], all_specs: bool) -> tuple[tuple[str, ...], list[Path]]:
@@ -204,8 +252,9 @@ def _selection(last_failed: bool, targets: list[str], all_specs: bool) -> tuple[
     return selection.ids, chosen if chosen is not None else _specs([], False)
 
 
-def _run(specs: list[OpSpec], filters, cuda_arch: str | None, timeout: float | None, jobs: int, no_isolation: bool,
-         run) -> None:
+def _run(
+    specs: list[OpSpec], filters, cuda_arch: str | None, timeout: float | None, jobs: int, no_isolation: bool, run
+) -> None:
     from opforge.runner import Events
 
     with report.run_progress() as bar:
@@ -222,8 +271,10 @@ def _run(specs: list[OpSpec], filters, cuda_arch: str | None, timeout: float | N
 
 def _exit_code(run) -> int:
     """1 when a check failed; an op that could not load (a bad spec: 2, a failed build: 3) raises it."""
-    return max([EXIT_FAILED if run.failed else EXIT_OK] +
-               [op.load_exit_code for op in run.ops if op.load_exit_code is not None])
+    return max(
+        [EXIT_FAILED if run.failed else EXIT_OK]
+        + [op.load_exit_code for op in run.ops if op.load_exit_code is not None]
+    )
 
 
 def _report_load_errors(run) -> None:
@@ -238,9 +289,11 @@ def _write_reports(run, outputs: dict[str, Path | None]) -> bool:
     from opforge.results import write_atomically, write_json, write_junit
     from opforge.summary import render_markdown
 
-    writers = {"--json": lambda path: write_json(run, path),
-               "--junit": lambda path: write_junit(run, path),
-               "--markdown": lambda path: write_atomically(path, render_markdown(run))}
+    writers = {
+        "--json": lambda path: write_json(run, path),
+        "--junit": lambda path: write_junit(run, path),
+        "--markdown": lambda path: write_atomically(path, render_markdown(run)),
+    }
     written = True
     for option, path in outputs.items():
         if path is None:
@@ -284,10 +337,11 @@ def list_() -> None:
 
 @app.command()
 def build(
-    targets: List[str] = typer.Argument(None, help="Op names or spec paths; all bundled specs when none."),
-    cuda_arch: Optional[str] = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
-    require_cuda: bool = typer.Option(False, "--require-cuda",
-                                      help="Fail (exit 3) if CUDA sources cannot be built here: a compile-only gate."),
+    targets: list[str] = typer.Argument(None, help="Op names or spec paths; all bundled specs when none."),
+    cuda_arch: str | None = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
+    require_cuda: bool = typer.Option(
+        False, "--require-cuda", help="Fail (exit 3) if CUDA sources cannot be built here: a compile-only gate."
+    ),
 ) -> None:
     """Compile (or find in the cache) the C++/CUDA sources of op specs."""
 
@@ -307,8 +361,10 @@ def build(
                 result = build(plan, on_step=report.info)
             status = f"cached ({result.seconds:.2f} s)" if result.cached else f"built in {result.seconds:.1f} s"
             if result.plan.skipped_sources:
-                status += f"; left out {', '.join(s.name for s in result.plan.skipped_sources)}: " \
-                          f"{result.plan.toolchain.skip_reason}"
+                status += (
+                    f"; left out {', '.join(s.name for s in result.plan.skipped_sources)}: "
+                    f"{result.plan.toolchain.skip_reason}"
+                )
             rows.append((spec.op, str(result.plan.library), status))
         report.render_builds(rows)
         return EXIT_OK
@@ -318,33 +374,40 @@ def build(
 
 @app.command()
 def bench(
-    targets: List[str] = typer.Argument(None, help="Op names (see `opforge list`) or paths to spec files."),
+    targets: list[str] = typer.Argument(None, help="Op names (see `opforge list`) or paths to spec files."),
     all_specs: bool = typer.Option(False, "--all", help="Benchmark every bundled spec that has a bench: section."),
-    device: List[str] = typer.Option([], "--device", help="Only these devices (repeatable)."),
-    dtype: List[str] = typer.Option([], "--dtype", help="Only these dtypes (repeatable)."),
-    mode: List[str] = typer.Option([], "--mode", help="fwd, bwd or fwd+bwd (repeatable)."),
-    impl: List[str] = typer.Option([], "--impl", help="Only these contenders: native, a spec implementation, eager, "
-                                                      "compile (repeatable)."),
-    sizes: List[str] = typer.Option([], "--sizes", help="Elements per tensor input, e.g. 2**20,2**24 (replaces the "
-                                                        "spec's sizes and shapes)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write every result with its raw samples and the "
-                                                                  "environment here."),
-    csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write one CSV row per result here."),
-    plot_path: Optional[Path] = typer.Option(None, "--plot", help="Plot GB/s against size into this PNG."),
-    baseline: Optional[Path] = typer.Option(None, "--baseline", help="A --json of an earlier run to gate against."),
+    device: list[str] = typer.Option([], "--device", help="Only these devices (repeatable)."),
+    dtype: list[str] = typer.Option([], "--dtype", help="Only these dtypes (repeatable)."),
+    mode: list[str] = typer.Option([], "--mode", help="fwd, bwd or fwd+bwd (repeatable)."),
+    impl: list[str] = typer.Option(
+        [], "--impl", help="Only these contenders: native, a spec implementation, eager, compile (repeatable)."
+    ),
+    sizes: list[str] = typer.Option(
+        [], "--sizes", help="Elements per tensor input, e.g. 2**20,2**24 (replaces the spec's sizes and shapes)."
+    ),
+    json_path: Path | None = typer.Option(
+        None, "--json", help="Write every result with its raw samples and the environment here."
+    ),
+    csv_path: Path | None = typer.Option(None, "--csv", help="Write one CSV row per result here."),
+    plot_path: Path | None = typer.Option(None, "--plot", help="Plot GB/s against size into this PNG."),
+    baseline: Path | None = typer.Option(None, "--baseline", help="A --json of an earlier run to gate against."),
     max_regression: float = typer.Option(5.0, "--max-regression", help="Percent slower (beyond noise) that fails."),
-    markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Also write the gate's Markdown summary "
-                                                                          "here (e.g. $GITHUB_STEP_SUMMARY)."),
+    markdown_path: Path | None = typer.Option(
+        None, "--markdown", help="Also write the gate's Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)."
+    ),
     budget: float = typer.Option(2.0, "--budget", help="Seconds of timing per contender and case, at most."),
     warmup: float = typer.Option(0.2, "--warmup", help="Seconds of warm-up per contender and case."),
     noise: float = typer.Option(0.02, "--noise", help="Stop timing once IQR/median is below this."),
     min_reps: int = typer.Option(25, "--min-reps", help="Samples taken before the noise target may stop timing."),
-    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="Time CUDA-graph replays whose calls go round "
-                                                                "cold copies of the inputs: for microsecond ops."),
+    cuda_graph: bool = typer.Option(
+        False,
+        "--cuda-graph",
+        help="Time CUDA-graph replays whose calls go round cold copies of the inputs: for microsecond ops.",
+    ),
     refresh_peak: bool = typer.Option(False, "--refresh-peak", help="Measure the peak bandwidth again."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's)."),
+    threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the benchmark inputs."),
-    cuda_arch: Optional[str] = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
+    cuda_arch: str | None = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
 ) -> None:
     """Time an op's implementations against its eager reference and torch.compile of it; gate regressions."""
 
@@ -354,15 +417,20 @@ def bench(
 
         _check_bench_options(budget, warmup, noise, min_reps, max_regression, threads)
         filters = BenchFilters(
-            devices=_validate(device, KNOWN_DEVICES, "--device"), dtypes=_validate(dtype, KNOWN_DTYPES, "--dtype"),
-            modes=_validate(mode, BENCH_MODES, "--mode"), impls=tuple(impl), sizes=parse_sizes(sizes), seed=seed,
+            devices=_validate(device, KNOWN_DEVICES, "--device"),
+            dtypes=_validate(dtype, KNOWN_DTYPES, "--dtype"),
+            modes=_validate(mode, BENCH_MODES, "--mode"),
+            impls=tuple(impl),
+            sizes=parse_sizes(sizes),
+            seed=seed,
         )
         if plot_path:
             from opforge.bench.export import require_plotting
 
             require_plotting()
-        timing = TimingOptions(budget_s=budget, warmup_s=warmup, noise_target=noise, min_reps=min_reps,
-                               cuda_graph=cuda_graph)
+        timing = TimingOptions(
+            budget_s=budget, warmup_s=warmup, noise_target=noise, min_reps=min_reps, cuda_graph=cuda_graph
+        )
         old = None
         if baseline is not None:
             from opforge.bench.baseline import load_baseline
@@ -396,17 +464,22 @@ def bench(
     _guarded(body)
 
 
-def _check_bench_options(budget: float, warmup: float, noise: float, min_reps: int, max_regression: float,
-                         threads: int | None) -> None:
+def _check_bench_options(
+    budget: float, warmup: float, noise: float, min_reps: int, max_regression: float, threads: int | None
+) -> None:
     rules = [
         ("--budget", budget > 0, "seconds > 0", budget, "Pass e.g. --budget 2."),
         ("--warmup", warmup >= 0, "seconds >= 0", warmup, "Pass e.g. --warmup 0.2, or 0 for none."),
         ("--noise", 0 < noise < 1, "a fraction 0 < F < 1", noise, "Pass e.g. --noise 0.02 (2% IQR/median)."),
         ("--min-reps", min_reps >= 1, "an integer >= 1", min_reps, "Pass e.g. --min-reps 25."),
-        ("--max-regression", max_regression >= 0, "a percentage >= 0", max_regression,
-         "Pass e.g. --max-regression 5."),
-        ("--threads", threads is None or threads >= 1, "an integer >= 1", threads, "Pass e.g. --threads 2, or leave "
-                                                                                   "it out for torch's default."),
+        ("--max-regression", max_regression >= 0, "a percentage >= 0", max_regression, "Pass e.g. --max-regression 5."),
+        (
+            "--threads",
+            threads is None or threads >= 1,
+            "an integer >= 1",
+            threads,
+            "Pass e.g. --threads 2, or leave it out for torch's default.",
+        ),
     ]
     for option, ok, expected, got, hint in rules:
         if not ok:

@@ -56,8 +56,9 @@ def as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
-def check_result(name: str, got: Any, expected: Any, tol: Tolerance, dtype: Any, device: str,
-                 against: str = "the reference") -> None:
+def check_result(
+    name: str, got: Any, expected: Any, tol: Tolerance, dtype: Any, device: str, against: str = "the reference"
+) -> None:
     """`got` must be a tensor of `dtype` on `device`, shaped like `expected`, and close to it; `against` names what
     `expected` is in the failure message."""
     import torch
@@ -76,8 +77,10 @@ def check_result(name: str, got: Any, expected: Any, tol: Tolerance, dtype: Any,
         raise CheckFailure(f"{name}: expected a tensor on {device}, got one on {got.device}.")
     mismatch = worst_mismatch(name, got, expected, tol)
     if mismatch is not None:
-        raise CheckFailure(f"{name}: {mismatch.mismatched} of {mismatch.total} elements differ from {against} "
-                           "beyond tolerance.", mismatch)
+        raise CheckFailure(
+            f"{name}: {mismatch.mismatched} of {mismatch.total} elements differ from {against} beyond tolerance.",
+            mismatch,
+        )
 
 
 def _both_nan(a: Any, b: Any) -> bool:
@@ -105,9 +108,18 @@ def worst_mismatch(name: str, got: Any, expected: Any, tol: Tolerance) -> Mismat
     got_v, exp_v = g.reshape(-1)[flat].item(), e.reshape(-1)[flat].item()
     abs_error = abs(got_v - exp_v)
     rel_error = abs_error / abs(exp_v) if exp_v else math.inf
-    return Mismatch(output=name, index=index, got=_plain(got_v), expected=_plain(exp_v),
-                    abs_error=float(abs_error), rel_error=float(rel_error), atol=tol.atol, rtol=tol.rtol,
-                    mismatched=int(bad.sum()), total=g.numel())
+    return Mismatch(
+        output=name,
+        index=index,
+        got=_plain(got_v),
+        expected=_plain(exp_v),
+        abs_error=float(abs_error),
+        rel_error=float(rel_error),
+        atol=tol.atol,
+        rtol=tol.rtol,
+        mismatched=int(bad.sum()),
+        total=g.numel(),
+    )
 
 
 def _plain(value: Any) -> Any:

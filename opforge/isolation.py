@@ -25,9 +25,10 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from opforge.errors import WorkerInternalError
 from opforge.results import CaseResult, OpReport, RunReport, Status, result_from_json
@@ -58,8 +59,9 @@ EXIT_POLL = 0.05
 # The worker's entry point, run with -c so that sys.path[0] is the '' Python adds (the current directory) and can be
 # dropped: a checkout's or a spec directory's `opforge/` or `torch.py` in the cwd must not shadow the installed ones
 # (PYTHONPATH still comes first). `python -P` does the same, but only from Python 3.11 on.
-_WORKER_BOOTSTRAP = ("import sys\nif sys.path and sys.path[0] == '':\n    del sys.path[0]\n"
-                     "from opforge._worker import main\nmain()\n")
+_WORKER_BOOTSTRAP = (
+    "import sys\nif sys.path and sys.path[0] == '':\n    del sys.path[0]\nfrom opforge._worker import main\nmain()\n"
+)
 
 
 @dataclass(frozen=True)
@@ -100,12 +102,17 @@ def multi_gpu_note(specs: list[OpSpec], filters: Filters, slots: list[str | None
     the check would skip on every op, silently losing its coverage."""
     visible = {gpu for slot in slots if slot for gpu in slot.split(",")}
     fewest = min((len(slot.split(",")) for slot in slots if slot), default=0)
-    wanted = any("multi_gpu" in spec.checks and "cuda" in spec.devices for spec in specs) and \
-        filters.wants_check("multi_gpu") and (not filters.devices or "cuda" in filters.devices)
+    wanted = (
+        any("multi_gpu" in spec.checks and "cuda" in spec.devices for spec in specs)
+        and filters.wants_check("multi_gpu")
+        and (not filters.devices or "cuda" in filters.devices)
+    )
     if not wanted or len(visible) < 2 or fewest >= 2:
         return None
-    return (f"-j {len(slots)} leaves a worker {fewest} of the {len(visible)} visible GPUs, so multi_gpu (which needs "
-            f"2) skips: run with -j {max(1, len(visible) // 2)} or fewer for it to run.")
+    return (
+        f"-j {len(slots)} leaves a worker {fewest} of the {len(visible)} visible GPUs, so multi_gpu (which needs "
+        f"2) skips: run with -j {max(1, len(visible) // 2)} or fewer for it to run."
+    )
 
 
 def threads_per_worker(jobs: int, cpus: int | None) -> int:
@@ -130,8 +137,14 @@ class _Worker:
         self.stderr = tempfile.TemporaryFile()
         # Its own session: Ctrl-C at a terminal reaches the parent only, and a timeout kills the worker's whole
         # process group (inductor's compile workers included).
-        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER_BOOTSTRAP], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.stderr, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_BOOTSTRAP],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            env=env,
+            start_new_session=True,
+        )
         self.proc.stdin.write((json.dumps(job) + "\n").encode())
         self.proc.stdin.close()
         self._buffer = b""
@@ -203,8 +216,15 @@ class Supervisor:
     """Runs specs in workers, `jobs` at a time, appending each op's report to `run` as soon as it starts so that an
     interrupted run still holds everything that finished."""
 
-    def __init__(self, specs: list[OpSpec], filters: Filters, isolation: Isolation, run: RunReport,
-                 events: Events, environ: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        specs: list[OpSpec],
+        filters: Filters,
+        isolation: Isolation,
+        run: RunReport,
+        events: Events,
+        environ: Mapping[str, str] | None = None,
+    ):
         self.filters = filters
         self.isolation = isolation
         self.run = run
@@ -239,8 +259,9 @@ class Supervisor:
         while self.pending and not self.stopped and len(self.active) < self.isolation.jobs:
             slot = min(set(range(self.isolation.jobs)) - set(self.active))
             spec = self.pending.popleft()
-            op = _OpRun(spec, OpReport(op=spec.name, spec_path=str(spec.path)),
-                        time_limit(spec, self.isolation.timeout), slot)
+            op = _OpRun(
+                spec, OpReport(op=spec.name, spec_path=str(spec.path)), time_limit(spec, self.isolation.timeout), slot
+            )
             self.run.ops.append(op.report)
             self.active[slot] = op
             self._spawn(op)
@@ -249,8 +270,13 @@ class Supervisor:
         env = dict(self.env)
         if self.gpus[op.slot] is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[op.slot]
-        job = {"spec": str(op.spec.path), "cuda_arch": self.isolation.cuda_arch, "filters": self.filters.to_json(),
-               "start": op.next_index, "time_limit": op.limit}
+        job = {
+            "spec": str(op.spec.path),
+            "cuda_arch": self.isolation.cuda_arch,
+            "filters": self.filters.to_json(),
+            "start": op.next_index,
+            "time_limit": op.limit,
+        }
         op.worker = _Worker(job, env)
         op.in_flight, op.since, op.progressed, op.dying_since = None, time.monotonic(), False, None
 
@@ -312,9 +338,11 @@ class Supervisor:
             for data in event["skipped"]:
                 self._add(op, result_from_json(data))
         elif op.rows is None or event["count"] != len(op.rows):
-            how = (f"a fresh worker planned {event['count']} rows where the first one planned "
-                   f"{len(op.rows or [])}: what it can run changed (a GPU lost after a fault?), so this row and the "
-                   "op's other remaining rows did not run")
+            how = (
+                f"a fresh worker planned {event['count']} rows where the first one planned "
+                f"{len(op.rows or [])}: what it can run changed (a GPU lost after a fault?), so this row and the "
+                "op's other remaining rows did not run"
+            )
             for index in range(op.next_index, len(op.rows or [])):
                 self._lost_row(op, index, Status.CRASH, how, seconds=0.0)
             self._finish(op)
@@ -351,9 +379,16 @@ class Supervisor:
         if op.in_flight is None:
             self._lost_load(op, Status.TIMEOUT, f"loading the op took over {LOAD_TIME_LIMIT:g} s; it was killed")
             return
-        self._lost_row(op, op.in_flight, Status.TIMEOUT, _with_stderr(
-            f"the check ran past its time limit of {op.limit:g} s and was killed (raise it with `timeout:` in the "
-            "spec or --timeout)", op.worker))
+        self._lost_row(
+            op,
+            op.in_flight,
+            Status.TIMEOUT,
+            _with_stderr(
+                f"the check ran past its time limit of {op.limit:g} s and was killed (raise it with `timeout:` in the "
+                "spec or --timeout)",
+                op.worker,
+            ),
+        )
         self._continue(op)
 
     def _lost_row(self, op: _OpRun, index: int, status: Status, message: str, seconds: float | None = None) -> None:
@@ -361,10 +396,22 @@ class Supervisor:
         row = op.rows[index]
         seconds = time.monotonic() - op.since if seconds is None else seconds
         for name in row["rows"]:
-            self._add(op, CaseResult(
-                op=op.spec.name, target=row["target"], check=name, case_id=row["case_id"], dtype=row["dtype"],
-                device=row["device"], status=status, seconds=seconds, message=message, seed=row["seed"],
-                repro=repro_command(op.spec, row["target"], name, row["case_id"], self.filters.seed)))
+            self._add(
+                op,
+                CaseResult(
+                    op=op.spec.name,
+                    target=row["target"],
+                    check=name,
+                    case_id=row["case_id"],
+                    dtype=row["dtype"],
+                    device=row["device"],
+                    status=status,
+                    seconds=seconds,
+                    message=message,
+                    seed=row["seed"],
+                    repro=repro_command(op.spec, row["target"], name, row["case_id"], self.filters.seed),
+                ),
+            )
         op.next_index = index + 1
         op.in_flight = None
 
@@ -392,8 +439,7 @@ def stderr_excerpt(text: str, lines: int = STDERR_TAIL_LINES) -> str:
     """The last lines of a worker's stderr; for a fatal signal, Python's own account of it instead (faulthandler's
     "Fatal Python error" and the innermost frames, which come first), without the list of extension modules."""
     all_lines = text.rstrip().splitlines()
-    fatal = next((i for i in range(len(all_lines) - 1, -1, -1) if all_lines[i].startswith("Fatal Python error")),
-                 None)
+    fatal = next((i for i in range(len(all_lines) - 1, -1, -1) if all_lines[i].startswith("Fatal Python error")), None)
     if fatal is None:
         return "\n".join(all_lines[-lines:])
     report = [line for line in all_lines[fatal:] if line.strip()]
@@ -416,7 +462,8 @@ def _worker_env(environ: dict[str, str], jobs: int) -> dict[str, str]:
     return env
 
 
-def run_isolated(specs: list[OpSpec], filters: Filters, isolation: Isolation, run: RunReport,
-                 events: Events | None = None) -> None:
+def run_isolated(
+    specs: list[OpSpec], filters: Filters, isolation: Isolation, run: RunReport, events: Events | None = None
+) -> None:
     """Every spec's checks in worker processes (the isolated counterpart of runner.run_in_process)."""
     Supervisor(specs, filters, isolation, run, events or Events()).execute()

@@ -44,8 +44,11 @@ def select(root: Path, selected: list[Path] | None) -> Selection:
     """The --last-failed selection, given the spec paths named on the command line (None when none were)."""
     failed = recorded(root)
     gone = sorted({spec for spec in failed.values() if not _exists(root, spec)})
-    notes = [f"--last-failed: {spec} no longer exists; its recorded failures are skipped (and forgotten after this "
-             f"run; delete {STORE} to forget them now)" for spec in gone]
+    notes = [
+        f"--last-failed: {spec} no longer exists; its recorded failures are skipped (and forgotten after this "
+        f"run; delete {STORE} to forget them now)"
+        for spec in gone
+    ]
     failed = {ident: spec for ident, spec in failed.items() if spec not in gone}
     what = ""
     if selected is not None and failed:
@@ -55,8 +58,9 @@ def select(root: Path, selected: list[Path] | None) -> Selection:
     if not failed:
         return Selection(notes=notes + [f"--last-failed: no failures recorded{what}, running everything selected"])
     paths = None if selected is not None else [Path(p) for p in dict.fromkeys(failed.values())]
-    return Selection(ids=tuple(failed), paths=paths,
-                     notes=notes + [f"--last-failed: rerunning {len(failed)} failed results"])
+    return Selection(
+        ids=tuple(failed), paths=paths, notes=notes + [f"--last-failed: rerunning {len(failed)} failed results"]
+    )
 
 
 def record(root: Path, run: RunReport, filters: Filters | None = None) -> dict[str, str]:
@@ -71,8 +75,11 @@ def record(root: Path, run: RunReport, filters: Filters | None = None) -> dict[s
     for op in run.ops:
         if _ran_in_full(run, op, filters):
             produced = {r.full_id for r in op.results}
-            failed = {ident: spec for ident, spec in failed.items()
-                      if ident in produced or _key(root, Path(spec)) != _key(root, Path(op.spec_path))}
+            failed = {
+                ident: spec
+                for ident, spec in failed.items()
+                if ident in produced or _key(root, Path(spec)) != _key(root, Path(op.spec_path))
+            }
         if op.results and not any(r.check == LOAD_CHECK for r in op.results):
             failed.pop(load_row_id(op.op), None)
         for r in op.results:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from opforge.build import BuildResult, build_sources
 from opforge.errors import BuildError, SpecError
@@ -73,16 +74,24 @@ def _import(spec: OpSpec, key: str, module: str) -> Any:
         raise
     except ModuleNotFoundError as exc:
         if exc.name and module.startswith(exc.name):
-            raise spec.error(key, f"an importable module {module!r}", f"no module named {exc.name!r}",
-                             "Put it next to the spec or install it.") from None
+            raise spec.error(
+                key,
+                f"an importable module {module!r}",
+                f"no module named {exc.name!r}",
+                "Put it next to the spec or install it.",
+            ) from None
         raise _import_failure(spec, key, module, exc) from None
     except Exception as exc:  # a user's module may raise anything on import; report it, do not crash
         raise _import_failure(spec, key, module, exc) from None
 
 
 def _import_failure(spec: OpSpec, key: str, module: str, exc: Exception) -> SpecError:
-    return spec.error(key, f"module {module!r} to import cleanly", f"{type(exc).__name__}: {exc}",
-                      "Fix the error in that module (run `python -c 'import " + module + "'` to see it).")
+    return spec.error(
+        key,
+        f"module {module!r} to import cleanly",
+        f"{type(exc).__name__}: {exc}",
+        "Fix the error in that module (run `python -c 'import " + module + "'` to see it).",
+    )
 
 
 def resolve_callable(spec: OpSpec, key: str, ref: str) -> Callable[..., Any]:
@@ -91,8 +100,12 @@ def resolve_callable(spec: OpSpec, key: str, ref: str) -> Callable[..., Any]:
     fn = getattr(module, attr, None)
     if not callable(fn):
         got = "nothing by that name" if fn is None else f"a {type(fn).__name__}"
-        raise spec.error(key, f"a callable {attr!r} in module {module_name!r}", got,
-                         f"Define {attr} in {module_name} or fix the name.")
+        raise spec.error(
+            key,
+            f"a callable {attr!r} in module {module_name!r}",
+            got,
+            f"Define {attr} in {module_name} or fix the name.",
+        )
     return fn
 
 
@@ -112,9 +125,12 @@ def _resolve_op(spec: OpSpec) -> Any:
     try:
         return getattr(getattr(torch.ops, namespace), name).default
     except (AttributeError, RuntimeError):
-        raise spec.error("op", f"an operator {spec.op} registered by load.python or load.sources",
-                         "no such operator", "Check the m.def(...) / torch.library.custom_op name and the namespace.")\
-            from None
+        raise spec.error(
+            "op",
+            f"an operator {spec.op} registered by load.python or load.sources",
+            "no such operator",
+            "Check the m.def(...) / torch.library.custom_op name and the namespace.",
+        ) from None
 
 
 def _check_schema(spec: OpSpec, overload: Any) -> None:
@@ -123,12 +139,20 @@ def _check_schema(spec: OpSpec, overload: Any) -> None:
     try:
         expected = torch._C.parse_schema(spec.schema)
     except RuntimeError as exc:
-        raise spec.error("schema", "a valid operator schema", f"{spec.schema!r} ({str(exc).splitlines()[0]})",
-                         "Write it as `ns::name(Tensor x, float alpha=0.1) -> Tensor`.") from None
+        raise spec.error(
+            "schema",
+            "a valid operator schema",
+            f"{spec.schema!r} ({str(exc).splitlines()[0]})",
+            "Write it as `ns::name(Tensor x, float alpha=0.1) -> Tensor`.",
+        ) from None
     actual = overload._schema
     if _canonical(expected) != _canonical(actual):
-        raise spec.error("schema", f"the registered schema {actual}", repr(spec.schema),
-                         "Update the spec's schema, or the op's definition if the spec is right.")
+        raise spec.error(
+            "schema",
+            f"the registered schema {actual}",
+            repr(spec.schema),
+            "Update the spec's schema, or the op's definition if the spec is right.",
+        )
 
 
 def _canonical(schema: Any) -> str:
@@ -149,20 +173,36 @@ def _check_inputs(spec: OpSpec, overload: Any) -> None:
     arguments = {a.name: a for a in overload._schema.arguments}
     for entry in spec.inputs:
         if entry.name not in arguments:
-            raise spec.error(f"inputs.{entry.name}", f"one of the schema's arguments ({', '.join(arguments)})",
-                             repr(entry.name), "Name each input after its schema argument.")
+            raise spec.error(
+                f"inputs.{entry.name}",
+                f"one of the schema's arguments ({', '.join(arguments)})",
+                repr(entry.name),
+                "Name each input after its schema argument.",
+            )
         is_tensor = _is_tensor_type(arguments[entry.name].type)
         if is_tensor and isinstance(entry, ScalarInput):
-            raise spec.error(f"inputs.{entry.name}", f"`shapes:` for Tensor argument {entry.name}", "`values:`",
-                             "Give a tensor argument `shapes:` (and optionally low/high).")
+            raise spec.error(
+                f"inputs.{entry.name}",
+                f"`shapes:` for Tensor argument {entry.name}",
+                "`values:`",
+                "Give a tensor argument `shapes:` (and optionally low/high).",
+            )
         if not is_tensor and isinstance(entry, TensorInput):
-            raise spec.error(f"inputs.{entry.name}", f"`values:` for {arguments[entry.name].type} argument "
-                             f"{entry.name}", "`shapes:`", "Give a non-tensor argument a list of `values:`.")
+            raise spec.error(
+                f"inputs.{entry.name}",
+                f"`values:` for {arguments[entry.name].type} argument {entry.name}",
+                "`shapes:`",
+                "Give a non-tensor argument a list of `values:`.",
+            )
     given = {i.name for i in spec.inputs}
     for name, argument in arguments.items():
         if name not in given and not argument.has_default_value():
-            raise spec.error("inputs", f"an entry for schema argument {name!r} (it has no default)", "none",
-                             f"Add `{name}:` under inputs.")
+            raise spec.error(
+                "inputs",
+                f"an entry for schema argument {name!r} (it has no default)",
+                "none",
+                f"Add `{name}:` under inputs.",
+            )
 
 
 def _check_vmap_claim(loaded: LoadedOp) -> None:
@@ -170,9 +210,12 @@ def _check_vmap_claim(loaded: LoadedOp) -> None:
     the batched writes compared too, which it does not do: refuse the claim rather than check nothing."""
     mutated = loaded.mutated_arguments
     if loaded.spec.vmap and mutated:
-        raise loaded.spec.error("vmap", "vmap: true only for an op that mutates none of its arguments",
-                                f"vmap: true on an op that mutates {', '.join(mutated)}",
-                                "Drop `vmap: true`: opforge checks vmap of functional ops only.")
+        raise loaded.spec.error(
+            "vmap",
+            "vmap: true only for an op that mutates none of its arguments",
+            f"vmap: true on an op that mutates {', '.join(mutated)}",
+            "Drop `vmap: true`: opforge checks vmap of functional ops only.",
+        )
 
 
 def _is_tensor_type(t: Any) -> bool:

@@ -11,9 +11,10 @@ nothing unless `--opforge` is given: a project's own test run is unaffected.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -27,16 +28,21 @@ _SESSION = pytest.StashKey["_Session"]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("opforge", "opforge: check PyTorch custom operators from YAML specs")
-    group.addoption("--opforge", action="store_true", default=False,
-                    help="Collect .yaml/.yml files as opforge specs: one test per op x check x case.")
+    group.addoption(
+        "--opforge",
+        action="store_true",
+        default=False,
+        help="Collect .yaml/.yml files as opforge specs: one test per op x check x case.",
+    )
     group.addoption("--opforge-seed", type=int, default=0, help="opforge's base seed (as `opforge check --seed`).")
     group.addoption("--opforge-cuda-arch", default=None, help="CUDA archs to build for, e.g. 9.0.")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "opforge: a test item collected from an opforge spec")
-    config.stash[_SESSION] = _Session(seed=config.getoption("opforge_seed"),
-                                      cuda_arch=config.getoption("opforge_cuda_arch"))
+    config.stash[_SESSION] = _Session(
+        seed=config.getoption("opforge_seed"), cuda_arch=config.getoption("opforge_cuda_arch")
+    )
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -94,11 +100,13 @@ class SpecFile(pytest.File):
         by_target: dict[str, list[dict[str, Any]]] = {}
         for result in plan.skipped:
             by_target.setdefault(result.target, []).append(
-                {"name": f"{result.check}[{result.case_id}]", "fixed": result})
+                {"name": f"{result.check}[{result.case_id}]", "fixed": result}
+            )
         for index, row in enumerate(plan.rows):
             for name in reported_rows(session.filters, spec, row):
                 by_target.setdefault(row.target.name, []).append(
-                    {"name": f"{name}[{row.case.id}]", "index": index, "row": row, "row_name": name})
+                    {"name": f"{name}[{row.case.id}]", "index": index, "row": row, "row_name": name}
+                )
         for target, items in by_target.items():
             yield TargetCollector.from_parent(self, name=f"{spec.name}/{target}", items=items)
 
@@ -124,8 +132,9 @@ class OpforgeCheckFailed(Exception):
 
 
 class OpforgeItem(pytest.Item):
-    def __init__(self, *, index: int = -1, row: Any = None, row_name: str = "", fixed: CaseResult | None = None,
-                 **kwargs: Any):
+    def __init__(
+        self, *, index: int = -1, row: Any = None, row_name: str = "", fixed: CaseResult | None = None, **kwargs: Any
+    ):
         super().__init__(**kwargs)
         self.index, self.row, self.row_name, self.fixed = index, row, row_name, fixed
         self.add_marker("opforge")

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from rich.console import Console
 from rich.panel import Panel
@@ -27,15 +28,36 @@ UNCLAIMED_COLUMN = "other"
 MAX_FAILURE_PANELS = 20
 
 _STYLE = {
-    Status.PASS: "green", Status.FAIL: "bold red", Status.ERROR: "bold red", Status.XPASS: "bold red",
-    Status.SKIP: "dim", Status.XFAIL: "yellow", Status.CRASH: "bold red", Status.TIMEOUT: "bold red",
+    Status.PASS: "green",
+    Status.FAIL: "bold red",
+    Status.ERROR: "bold red",
+    Status.XPASS: "bold red",
+    Status.SKIP: "dim",
+    Status.XFAIL: "yellow",
+    Status.CRASH: "bold red",
+    Status.TIMEOUT: "bold red",
 }
 _LABEL = {
-    Status.PASS: "pass", Status.FAIL: "FAIL", Status.ERROR: "ERROR", Status.XPASS: "XPASS",
-    Status.SKIP: "skip", Status.XFAIL: "xfail", Status.CRASH: "CRASH", Status.TIMEOUT: "TIMEOUT",
+    Status.PASS: "pass",
+    Status.FAIL: "FAIL",
+    Status.ERROR: "ERROR",
+    Status.XPASS: "XPASS",
+    Status.SKIP: "skip",
+    Status.XFAIL: "xfail",
+    Status.CRASH: "CRASH",
+    Status.TIMEOUT: "TIMEOUT",
 }
 # A cell shows the most severe status among its cases.
-_SEVERITY = [Status.CRASH, Status.TIMEOUT, Status.ERROR, Status.FAIL, Status.XPASS, Status.XFAIL, Status.PASS, Status.SKIP]
+_SEVERITY = [
+    Status.CRASH,
+    Status.TIMEOUT,
+    Status.ERROR,
+    Status.FAIL,
+    Status.XPASS,
+    Status.XFAIL,
+    Status.PASS,
+    Status.SKIP,
+]
 
 
 def _make_console(stderr: bool = False) -> Console:
@@ -95,8 +117,13 @@ def run_progress() -> Iterator[RunProgress]:
     if not console.is_terminal:
         yield RunProgress(None)
         return
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[failed]}", style="red"))
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[failed]}", style="red"),
+    )
     with Progress(*columns, console=console, transient=True) as bar:
         yield RunProgress(bar)
 
@@ -121,22 +148,29 @@ def render_op(op: OpReport, verbose: bool = False) -> None:
         table.add_column(f"{dtype}\n{device}", justify="center")
     rows = sorted(cells.items(), key=lambda item: _row_order(op, item[0]))
     for (target, check), by_column in rows:
-        table.add_row(target, check.replace("opcheck:test_", "opcheck:"),
-                      *(_cell(by_column.get(c, [])) for c in columns))
+        table.add_row(
+            target, check.replace("opcheck:test_", "opcheck:"), *(_cell(by_column.get(c, [])) for c in columns)
+        )
     console.print(table)
     for reason in dict.fromkeys(r.message for r in op.results if r.status == Status.SKIP and r.message):
         console.print(f"[dim]skip: {reason}[/dim]")
     # Passes with something to say: a dtype the spec does not claim that works anyway.
-    for target, note in dict.fromkeys((r.target, r.message) for r in op.results if r.status == Status.PASS and r.message):
+    for target, note in dict.fromkeys(
+        (r.target, r.message) for r in op.results if r.status == Status.PASS and r.message
+    ):
         console.print(Text(f"note: {target}: {note}", style="dim"))
     build = op.build or {}
     if build.get("skipped_sources"):
-        console.print(f"[dim]not built: {', '.join(os.path.basename(s) for s in build['skipped_sources'])} "
-                      f"({build['cuda_skipped_because']})[/dim]")
+        console.print(
+            f"[dim]not built: {', '.join(os.path.basename(s) for s in build['skipped_sources'])} "
+            f"({build['cuda_skipped_because']})[/dim]"
+        )
     if verbose:
         for r in op.results:
-            console.print(f"  {_LABEL[r.status]:5s} {r.full_id}  [dim]{r.seconds * 1e3:.1f} ms[/dim]"
-                          + (f"  {r.message.splitlines()[0]}" if r.message and not r.status.failed else ""))
+            console.print(
+                f"  {_LABEL[r.status]:5s} {r.full_id}  [dim]{r.seconds * 1e3:.1f} ms[/dim]"
+                + (f"  {r.message.splitlines()[0]}" if r.message and not r.status.failed else "")
+            )
 
 
 def _fold_unclaimed_dtypes(cells) -> None:
@@ -153,8 +187,10 @@ def _fold_unclaimed_dtypes(cells) -> None:
 
 def _column_order(column: tuple[str, str]) -> tuple[int, int]:
     device, dtype = column
-    return (KNOWN_DEVICES.index(device) if device in KNOWN_DEVICES else 99,
-            KNOWN_DTYPES.index(dtype) if dtype in KNOWN_DTYPES else 99)
+    return (
+        KNOWN_DEVICES.index(device) if device in KNOWN_DEVICES else 99,
+        KNOWN_DTYPES.index(dtype) if dtype in KNOWN_DTYPES else 99,
+    )
 
 
 def _row_order(op: OpReport, row: tuple[str, str]) -> tuple[int, int]:
@@ -190,11 +226,14 @@ def render_failures(report: RunReport) -> None:
     for r in failures[:MAX_FAILURE_PANELS]:
         details = failure_details(r) or [("message", r.status.value)]
         body = Text("\n").join(_FAILURE_STYLE[kind](text) for kind, text in details)
-        console.print(Panel(body, title=f"[bold red]{_LABEL[r.status]}[/] {r.full_id}", title_align="left",
-                            border_style="red"))
+        console.print(
+            Panel(body, title=f"[bold red]{_LABEL[r.status]}[/] {r.full_id}", title_align="left", border_style="red")
+        )
     if len(failures) > MAX_FAILURE_PANELS:
-        console.print(f"[red]... and {len(failures) - MAX_FAILURE_PANELS} more failures (write them all with "
-                      "--json or --junit).[/red]")
+        console.print(
+            f"[red]... and {len(failures) - MAX_FAILURE_PANELS} more failures (write them all with "
+            "--json or --junit).[/red]"
+        )
 
 
 def render_totals(report: RunReport) -> None:
@@ -205,8 +244,11 @@ def render_totals(report: RunReport) -> None:
     suffix = " (incomplete)" if report.incomplete else ""
     for note in report.notes:
         console.print(Text("note: ", style="bold yellow") + Text(note))
-    console.print(Text(f"{verdict}{suffix}: ", style=style) + Text(", ".join(parts) or "nothing ran")
-                  + Text(f" in {report.seconds:.1f} s", style="dim"))
+    console.print(
+        Text(f"{verdict}{suffix}: ", style=style)
+        + Text(", ".join(parts) or "nothing ran")
+        + Text(f" in {report.seconds:.1f} s", style="dim")
+    )
 
 
 def render_spec_list(rows: list[tuple[str, str, str]]) -> None:
@@ -237,8 +279,13 @@ def bench_progress(total: int) -> Iterator[Callable[[object], None]]:
     if not console.is_terminal:
         yield lambda result: None
         return
-    columns = (TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[last]}", style="dim"))
+    columns = (
+        TextColumn("[bold]bench"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[last]}", style="dim"),
+    )
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("bench", total=total, last="")
 
@@ -261,8 +308,9 @@ def render_bench(run) -> None:
         rows = [r for r in run.results if r.op == op]
         table = Table(title=f"opforge bench {op}", title_justify="left")
         for name in ("size", "dtype", "mode", "device", "impl", "median", "IQR", "GB/s", "% peak"):
-            table.add_column(name, no_wrap=True, justify="right" if name in ("median", "IQR", "GB/s", "% peak")
-                             else "left")
+            table.add_column(
+                name, no_wrap=True, justify="right" if name in ("median", "IQR", "GB/s", "% peak") else "left"
+            )
         for b in baselines:
             table.add_column(f"vs {b}", justify="right", no_wrap=True)
         table.add_column("note")
@@ -270,14 +318,21 @@ def render_bench(run) -> None:
             ups = speedups(r, rows)
             if r.status in (WRONG, ERROR, SKIP):
                 label, style = {WRONG: ("WRONG", "bold red"), ERROR: ("ERROR", "bold red"), SKIP: ("skip", "dim")}[
-                    r.status]
+                    r.status
+                ]
                 cells = [Text(label, style=style)] + [Text("")] * (3 + len(baselines))
                 note = r.message.splitlines()[0] if r.message else ""
             else:
-                cells = [Text(format_seconds(r.median_s)), Text(format_seconds(r.iqr_s)),
-                         Text(_significant(r.gbps)), Text(_fixed(r.pct_of_peak, 1))]
-                cells += [Text(f"{ups[b]:.2f}x", style="green" if ups[b] >= 1 else "yellow") if b in ups else
-                          Text("") for b in baselines]
+                cells = [
+                    Text(format_seconds(r.median_s)),
+                    Text(format_seconds(r.iqr_s)),
+                    Text(_significant(r.gbps)),
+                    Text(_fixed(r.pct_of_peak, 1)),
+                ]
+                cells += [
+                    Text(f"{ups[b]:.2f}x", style="green" if ups[b] >= 1 else "yellow") if b in ups else Text("")
+                    for b in baselines
+                ]
                 note = r.message
             table.add_row(r.case, r.dtype, r.mode, r.device, r.impl, *cells, Text(note, style="dim"))
         console.print(table)
@@ -315,14 +370,21 @@ def render_bench_totals(run, comparison=None) -> None:
     if comparison is not None:
         parts.append(f"{len(comparison.regressions)} regression(s)")
         if comparison.nothing_compared:
-            error(f"opforge bench --baseline: expected at least one case compared with {comparison.baseline_path}, "
-                  f"got none ({len(comparison.only_old)} of its cases not run, {len(comparison.incomparable)} timed "
-                  "differently). Run the cases the baseline holds, with its timing options, or record a new one.")
+            error(
+                f"opforge bench --baseline: expected at least one case compared with {comparison.baseline_path}, "
+                f"got none ({len(comparison.only_old)} of its cases not run, {len(comparison.incomparable)} timed "
+                "differently). Run the cases the baseline holds, with its timing options, or record a new one."
+            )
     if run.nothing_timed:
         why = [f"skip {device}: {reason}" for device, reason in run.skipped.items()]
         why += [f"{counts[s]} {s}" for s in (WRONG, ERROR, SKIP) if counts[s]] or ([] if why else ["no case planned"])
-        error(f"opforge bench: expected at least one timed case, got none ({'; '.join(why)}). Pick a device, dtype, "
-              "mode and contender that can run here (--device, --dtype, --mode, --impl), or fix the errors above.")
+        error(
+            f"opforge bench: expected at least one timed case, got none ({'; '.join(why)}). Pick a device, dtype, "
+            "mode and contender that can run here (--device, --dtype, --mode, --impl), or fix the errors above."
+        )
     failed = run.failed or (comparison is not None and comparison.failed)
-    console.print(Text("FAILED: " if failed else "OK: ", style="bold red" if failed else "bold green")
-                  + Text(", ".join(parts)) + Text(f" in {run.seconds:.1f} s", style="dim"))
+    console.print(
+        Text("FAILED: " if failed else "OK: ", style="bold red" if failed else "bold green")
+        + Text(", ".join(parts))
+        + Text(f" in {run.seconds:.1f} s", style="dim")
+    )

@@ -239,21 +239,28 @@ def write_junit(report: RunReport, path: Path) -> None:
     for op in report.ops:
         counts = op.counts()
         suite = ET.SubElement(
-            suites, "testsuite", name=op.op, tests=str(len(op.results)),
+            suites,
+            "testsuite",
+            name=op.op,
+            tests=str(len(op.results)),
             failures=str(counts["fail"] + counts["xpass"]),
             errors=str(sum(counts[s.value] for s in Status if s.unfinished)),
-            skipped=str(counts["skip"] + counts["xfail"]), time=f"{op.seconds:.3f}",
+            skipped=str(counts["skip"] + counts["xfail"]),
+            time=f"{op.seconds:.3f}",
         )
         for r in op.results:
-            case = ET.SubElement(suite, "testcase", classname=f"{op.op}.{r.target}.{r.check}", name=r.case_id,
-                                 time=f"{r.seconds:.3f}")
+            case = ET.SubElement(
+                suite, "testcase", classname=f"{op.op}.{r.target}.{r.check}", name=r.case_id, time=f"{r.seconds:.3f}"
+            )
             detail = failure_text(r)
             if r.status in (Status.FAIL, Status.XPASS):
-                ET.SubElement(case, "failure", message=r.message.splitlines()[0] if r.message else r.status.value)\
-                    .text = detail
+                ET.SubElement(
+                    case, "failure", message=r.message.splitlines()[0] if r.message else r.status.value
+                ).text = detail
             elif r.status.unfinished:
-                ET.SubElement(case, "error", message=r.message.splitlines()[0] if r.message else r.status.value)\
-                    .text = detail
+                ET.SubElement(
+                    case, "error", message=r.message.splitlines()[0] if r.message else r.status.value
+                ).text = detail
             elif r.status in (Status.SKIP, Status.XFAIL):
                 ET.SubElement(case, "skipped", message=r.message)
     ET.indent(suites)
@@ -282,6 +289,8 @@ def failure_text(r: CaseResult) -> str:
 
 def describe_mismatch(m: Mismatch) -> str:
     index = ", ".join(map(str, m.index))
-    return (f"worst mismatch in {m.output} at [{index}]: got {m.got!r}, expected {m.expected!r} "
-            f"(abs error {m.abs_error:.3g}, rel error {m.rel_error:.3g}; atol {m.atol:g}, rtol {m.rtol:g}; "
-            f"{m.mismatched} of {m.total} elements outside tolerance)")
+    return (
+        f"worst mismatch in {m.output} at [{index}]: got {m.got!r}, expected {m.expected!r} "
+        f"(abs error {m.abs_error:.3g}, rel error {m.rel_error:.3g}; atol {m.atol:g}, rtol {m.rtol:g}; "
+        f"{m.mismatched} of {m.total} elements outside tolerance)"
+    )

@@ -6,14 +6,14 @@ import platform
 import shlex
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 from opforge.cases import Case, build_matrix
-from opforge.errors import OpforgeError
 from opforge.checks import Check, CheckContext, registry
-from opforge.compare import CheckFailure, CheckSkipped, PassNote, ReferenceFailure
 from opforge.checks.calls import short
+from opforge.compare import CheckFailure, CheckSkipped, PassNote, ReferenceFailure
+from opforge.errors import OpforgeError
 from opforge.loading import NATIVE, LoadedOp, Target
 from opforge.results import CaseResult, OpReport, RunReport, Status, result_id
 from opforge.spec import OpSpec
@@ -47,7 +47,7 @@ class Filters:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "Filters":
+    def from_json(cls, data: dict) -> Filters:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
 
 
@@ -92,13 +92,23 @@ def stops_run(filters: Filters, results: list[CaseResult]) -> bool:
 
 def load_row(spec: OpSpec, status: Status, message: str, seconds: float = 0.0) -> CaseResult:
     """The row that stands for an op that never got to run its checks: its loading failed, crashed or hung."""
-    return CaseResult(op=spec.name, target=NATIVE, check=LOAD_CHECK, case_id=LOAD_CASE, dtype="-", device="-",
-                      status=status, seconds=seconds, message=message,
-                      repro=f"opforge check {shlex.quote(str(spec.path))} --no-isolation")
+    return CaseResult(
+        op=spec.name,
+        target=NATIVE,
+        check=LOAD_CHECK,
+        case_id=LOAD_CASE,
+        dtype="-",
+        device="-",
+        status=status,
+        seconds=seconds,
+        message=message,
+        repro=f"opforge check {shlex.quote(str(spec.path))} --no-isolation",
+    )
 
 
-def run_in_process(specs: list[OpSpec], filters: Filters, cuda_arch: str | None, run: RunReport,
-                   events: Events | None = None) -> None:
+def run_in_process(
+    specs: list[OpSpec], filters: Filters, cuda_arch: str | None, run: RunReport, events: Events | None = None
+) -> None:
     """Every spec's checks in this process, appending each op's report to `run` as soon as it starts (so that an
     interrupted run keeps what finished). An op that fails to load is an ERROR load row and the next op goes on."""
     from opforge.loading import load_op
@@ -158,13 +168,16 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
             if opted_out:
                 # The cases it would run on every device the spec names, available here or not.
                 wanted = check.select(loaded, target, build_matrix(spec, dtypes, devices))
-                plan.skipped += [r for r in (_skip_case(spec, target, row, case, opted_out)
-                                             for row in rows for case in wanted)
-                                 if filters.wants_id(spec.name, r.full_id)]
+                plan.skipped += [
+                    r
+                    for r in (_skip_case(spec, target, row, case, opted_out) for row in rows for case in wanted)
+                    if filters.wants_id(spec.name, r.full_id)
+                ]
                 continue
             for case in check.select(loaded, target, matrix):
-                if any(_matches(filters, spec, target, r, case) for r in rows) and \
-                        (not filters.dtypes or case.dtype in filters.dtypes):
+                if any(_matches(filters, spec, target, r, case) for r in rows) and (
+                    not filters.dtypes or case.dtype in filters.dtypes
+                ):
                     plan.rows.append(PlannedRow(target, check, case))
             for device in devices:
                 reason = device_unavailable(device)
@@ -180,8 +193,11 @@ def _matches(filters: Filters, spec: OpSpec, target: Target, row: str, case: Cas
 
 def reported_rows(filters: Filters, spec: OpSpec, row: PlannedRow) -> list[str]:
     """The result rows a planned row reports: its check's rows that the filters keep."""
-    return [name for name in row.check.row_names()
-            if filters.wants_check(name) and _matches(filters, spec, row.target, name, row.case)]
+    return [
+        name
+        for name in row.check.row_names()
+        if filters.wants_check(name) and _matches(filters, spec, row.target, name, row.case)
+    ]
 
 
 def full_id(spec: OpSpec, target: str, check: str, case_id: str) -> str:
@@ -189,17 +205,34 @@ def full_id(spec: OpSpec, target: str, check: str, case_id: str) -> str:
 
 
 def _skip(spec, target, row, dtype, device, reason) -> CaseResult:
-    return CaseResult(op=spec.name, target=target.name, check=row, case_id=f"{dtype}-{device}", dtype=dtype,
-                      device=device, status=Status.SKIP, message=reason)
+    return CaseResult(
+        op=spec.name,
+        target=target.name,
+        check=row,
+        case_id=f"{dtype}-{device}",
+        dtype=dtype,
+        device=device,
+        status=Status.SKIP,
+        message=reason,
+    )
 
 
 def _skip_case(spec, target, row, case: Case, reason) -> CaseResult:
-    return CaseResult(op=spec.name, target=target.name, check=row, case_id=case.id, dtype=case.dtype,
-                      device=case.device, status=Status.SKIP, message=reason)
+    return CaseResult(
+        op=spec.name,
+        target=target.name,
+        check=row,
+        case_id=case.id,
+        dtype=case.dtype,
+        device=case.device,
+        status=Status.SKIP,
+        message=reason,
+    )
 
 
-def run_op(loaded: LoadedOp, filters: Filters, plan: Plan | None = None,
-           on_result: ProgressCallback | None = None) -> OpReport:
+def run_op(
+    loaded: LoadedOp, filters: Filters, plan: Plan | None = None, on_result: ProgressCallback | None = None
+) -> OpReport:
     plan = plan or plan_op(loaded, filters)
     start = time.perf_counter()
     report = OpReport(op=loaded.spec.name, spec_path=str(loaded.spec.path), build=build_info(loaded))
@@ -220,10 +253,15 @@ def run_op(loaded: LoadedOp, filters: Filters, plan: Plan | None = None,
     return report
 
 
-def run_rows(context: CheckContext, plan: Plan, filters: Filters, start: int = 0,
-             on_start: Callable[[int], None] = lambda index: None,
-             on_results: Callable[[int, list[CaseResult]], None] = lambda index, results: None,
-             after_row: Callable[[int], bool] = lambda index: True) -> bool:
+def run_rows(
+    context: CheckContext,
+    plan: Plan,
+    filters: Filters,
+    start: int = 0,
+    on_start: Callable[[int], None] = lambda index: None,
+    on_results: Callable[[int, list[CaseResult]], None] = lambda index, results: None,
+    after_row: Callable[[int], bool] = lambda index: True,
+) -> bool:
     """Run the planned rows from `start` on: the one loop of every runner (this process, a worker, pytest does one
     row at a time). `after_row` returns False to stop (a worker whose device became unusable). Returns whether
     the rows ran to the end, i.e. neither -x nor `after_row` stopped them."""
@@ -257,13 +295,23 @@ def run_row(ctx: CheckContext, row: PlannedRow, filters: Filters) -> list[CaseRe
             else:
                 status, message, mismatch = Status.FAIL, failure.message, failure.mismatch
         status, message = _apply_xfail(spec, row.target.name, name, row.case, status, message)
-        results.append(CaseResult(
-            op=spec.name, target=row.target.name, check=name, case_id=row.case.id, dtype=row.case.dtype,
-            device=row.case.device, status=status, seconds=seconds, message=message, mismatch=mismatch,
-            seed=row.case.seed(ctx.base_seed),
-            repro=repro_command(spec, row.target.name, name, row.case.id, ctx.base_seed) if status.failed else None,
-            warnings=seen,
-        ))
+        results.append(
+            CaseResult(
+                op=spec.name,
+                target=row.target.name,
+                check=name,
+                case_id=row.case.id,
+                dtype=row.case.dtype,
+                device=row.case.device,
+                status=status,
+                seconds=seconds,
+                message=message,
+                mismatch=mismatch,
+                seed=row.case.seed(ctx.base_seed),
+                repro=repro_command(spec, row.target.name, name, row.case.id, ctx.base_seed) if status.failed else None,
+                warnings=seen,
+            )
+        )
     return results
 
 
@@ -282,8 +330,7 @@ def _run_check(ctx: CheckContext, row: PlannedRow) -> tuple[dict, dict[str, str]
         return {}, {name: f"the check itself raised {short(exc)}" for name in names}, {}
 
 
-def _apply_xfail(spec: OpSpec, target: str, check: str, case: Case, status: Status,
-                 message: str) -> tuple[Status, str]:
+def _apply_xfail(spec: OpSpec, target: str, check: str, case: Case, status: Status, message: str) -> tuple[Status, str]:
     xfail = spec.xfail_for(target, check, case.dtype, case.device)
     if xfail is None:
         return status, message
@@ -297,8 +344,10 @@ def _apply_xfail(spec: OpSpec, target: str, check: str, case: Case, status: Stat
 def repro_command(spec: OpSpec, target: str, check: str, case_id: str, seed: int) -> str:
     ident = full_id(spec, target, check, case_id)
     # large_index is opt-in: its rerun must opt in too.
-    return (f"opforge check {shlex.quote(str(spec.path))} --check {check.split(':', 1)[0]} "
-            f"-k {shlex.quote(ident)} --seed {seed}" + (" --large" if check == "large_index" else ""))
+    return (
+        f"opforge check {shlex.quote(str(spec.path))} --check {check.split(':', 1)[0]} "
+        f"-k {shlex.quote(ident)} --seed {seed}" + (" --large" if check == "large_index" else "")
+    )
 
 
 def build_info(loaded: LoadedOp) -> dict | None:

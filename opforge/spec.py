@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -27,9 +28,24 @@ KNOWN_LAYOUTS = ("contiguous", "noncontiguous", "channels_last")
 
 # Checks a spec may name. Kept here (not imported from opforge.checks) so validating a spec never imports torch.
 # `opcheck` expands into one result per torch.library.opcheck sub-test.
-KNOWN_CHECKS = ("correctness", "devices", "determinism", "special_values", "opcheck", "gradcheck", "gradgradcheck",
-                "grad_lowp", "compile", "dtypes", "error_inputs", "vmap", "memory", "stream", "large_index",
-                "multi_gpu")
+KNOWN_CHECKS = (
+    "correctness",
+    "devices",
+    "determinism",
+    "special_values",
+    "opcheck",
+    "gradcheck",
+    "gradgradcheck",
+    "grad_lowp",
+    "compile",
+    "dtypes",
+    "error_inputs",
+    "vmap",
+    "memory",
+    "stream",
+    "large_index",
+    "multi_gpu",
+)
 # Checks that apply only when the spec claims what they test under a key of the same name (`vmap: true`, an
 # `error_inputs` list, `large_index`).
 CLAIMED_CHECKS = ("vmap", "error_inputs", "large_index")
@@ -248,12 +264,15 @@ def _compose(path: Path, text: str) -> _Node:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(path, _error_line(exc, text), "", "valid YAML", problem, "Fix the YAML syntax at that line.")\
-            from None
+        raise SpecError(
+            path, _error_line(exc, text), "", "valid YAML", problem, "Fix the YAML syntax at that line."
+        ) from None
     except RecursionError:
         raise _too_deep(path) from None
     if root is None:
-        raise SpecError(path, 1, "", "a YAML mapping of spec keys", "an empty file", "See docs/specs.md for an example.")
+        raise SpecError(
+            path, 1, "", "a YAML mapping of spec keys", "an empty file", "See docs/specs.md for an example."
+        )
     try:
         return _to_node(path, root, frozenset())
     except RecursionError:
@@ -276,36 +295,51 @@ def _error_line(exc: yaml.YAMLError, text: str) -> int:
 def _to_node(path: Path, node: yaml.Node, enclosing: frozenset[int]) -> _Node:
     line = node.start_mark.line + 1
     if id(node) in enclosing:
-        raise SpecError(path, line, "", "plain data", "an alias (*name) inside the value it names",
-                        "Write the value out instead of referring to itself.")
+        raise SpecError(
+            path,
+            line,
+            "",
+            "plain data",
+            "an alias (*name) inside the value it names",
+            "Write the value out instead of referring to itself.",
+        )
     enclosing = enclosing | {id(node)}
     if isinstance(node, yaml.MappingNode):
         out: dict[str, _Node] = {}
         for key_node, value_node in node.value:
             key = key_node.value
             if not isinstance(key_node, yaml.ScalarNode):
-                raise SpecError(path, key_node.start_mark.line + 1, "", "a plain key", "a complex key", "Use plain keys.")
+                raise SpecError(
+                    path, key_node.start_mark.line + 1, "", "a plain key", "a complex key", "Use plain keys."
+                )
             if key in out:
-                raise SpecError(path, key_node.start_mark.line + 1, key, "each key once", "a duplicate",
-                                "Remove one of the two entries.")
+                raise SpecError(
+                    path,
+                    key_node.start_mark.line + 1,
+                    key,
+                    "each key once",
+                    "a duplicate",
+                    "Remove one of the two entries.",
+                )
             out[key] = _to_node(path, value_node, enclosing)
         return _Node(out, line)
     if isinstance(node, yaml.SequenceNode):
         return _Node([_to_node(path, item, enclosing) for item in node.value], line)
     if node.tag not in _SAFE_SCALAR_TAGS:
-        raise SpecError(path, line, "", "a plain YAML value", f"tag {node.tag}", "Remove the tag: specs are plain data.")
+        raise SpecError(
+            path, line, "", "a plain YAML value", f"tag {node.tag}", "Remove the tag: specs are plain data."
+        )
     try:
         return _Node(yaml.SafeLoader("").construct_object(node), line)
     except Exception:  # PyYAML's scalar constructors raise what they meet: ValueError for `2001-13-45` (a date),
         # IndexError for an empty `!!float`, AttributeError for an empty `!!timestamp`, YAMLError for bad base64
         kind = node.tag.rsplit(":", 1)[-1]
-        raise SpecError(path, line, "", f"a valid {kind}", repr(node.value),
-                        "Fix the value, or quote it to make it a string.") from None
+        raise SpecError(
+            path, line, "", f"a valid {kind}", repr(node.value), "Fix the value, or quote it to make it a string."
+        ) from None
 
 
-_SAFE_SCALAR_TAGS = {
-    "tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "timestamp", "binary")
-}
+_SAFE_SCALAR_TAGS = {"tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "timestamp", "binary")}
 
 
 # ------------------------------------------------------------------------------------------------- validators
@@ -322,8 +356,13 @@ class _Reader:
             raise self.fail(node, prefix or "spec", "a mapping", _describe(node.value), "Write `key: value` entries.")
         for key, child in node.value.items():
             if key not in allowed:
-                raise self.fail(child, self._key(key), f"one of {', '.join(allowed)}", f"unknown key {key!r}",
-                                _suggest(key, allowed))
+                raise self.fail(
+                    child,
+                    self._key(key),
+                    f"one of {', '.join(allowed)}",
+                    f"unknown key {key!r}",
+                    _suggest(key, allowed),
+                )
         for key in required:
             if key not in node.value:
                 raise self.fail(node, self._key(key), f"a {key!r} entry", "none", f"Add `{key}:` (see docs/specs.md).")
@@ -345,7 +384,7 @@ class _Reader:
 
     def get(self, key: str, kind: Callable[[_Reader, str, _Node], Any], default: Any = None) -> Any:
         """The value of `key` read by `kind`; `default` when the key is absent, or null where a default exists."""
-        if key not in self.node.value or self.node.value[key].value is None and default is not None:
+        if key not in self.node.value or (self.node.value[key].value is None and default is not None):
             return default
         return kind(self, self._key(key), self.node.value[key])
 
@@ -369,7 +408,9 @@ def _suggest(key: str, allowed: tuple[str, ...]) -> str:
 
 def _str(r: _Reader, key: str, node: _Node) -> str:
     if not isinstance(node.value, str) or not node.value.strip():
-        raise r.fail(node, key, "a non-empty string", _describe(node.value), "Quote the value if YAML reads it otherwise.")
+        raise r.fail(
+            node, key, "a non-empty string", _describe(node.value), "Quote the value if YAML reads it otherwise."
+        )
     return node.value
 
 
@@ -413,8 +454,9 @@ def _list(item: Callable[[_Reader, str, _Node], Any], *, allow_empty: bool = Fal
 def _one_of(choices: tuple[str, ...]):
     def read(r: _Reader, key: str, node: _Node) -> str:
         if node.value not in choices:
-            raise r.fail(node, key, f"one of {', '.join(choices)}", _describe(node.value),
-                         _suggest(str(node.value), choices))
+            raise r.fail(
+                node, key, f"one of {', '.join(choices)}", _describe(node.value), _suggest(str(node.value), choices)
+            )
         return node.value
 
     return read
@@ -431,15 +473,25 @@ def _shape(r: _Reader, key: str, node: _Node) -> tuple[int, ...]:
     if not isinstance(node.value, list) or not all(
         isinstance(d.value, int) and not isinstance(d.value, bool) and d.value >= 0 for d in node.value
     ):
-        raise r.fail(node, key, "a shape: a list of sizes >= 0 such as [33, 65] or [] for 0-d", _describe(node.value),
-                     "Write each shape as a list of non-negative integers.")
+        raise r.fail(
+            node,
+            key,
+            "a shape: a list of sizes >= 0 such as [33, 65] or [] for 0-d",
+            _describe(node.value),
+            "Write each shape as a list of non-negative integers.",
+        )
     return tuple(d.value for d in node.value)
 
 
 def _scalar_value(r: _Reader, key: str, node: _Node) -> Any:
     if isinstance(node.value, (dict, list)):
-        raise r.fail(node, key, "a scalar value (number, bool, string, null)", _describe(node.value),
-                     "List each value the argument should take.")
+        raise r.fail(
+            node,
+            key,
+            "a scalar value (number, bool, string, null)",
+            _describe(node.value),
+            "List each value the argument should take.",
+        )
     return node.value
 
 
@@ -462,17 +514,30 @@ def _avoid(r: _Reader, key: str, node: _Node) -> Avoid:
 
 
 def _xfail(r: _Reader, key: str, node: _Node) -> XFail:
-    x = _Reader(r.path, node, key, ("check", "implementation", "dtype", "device", "reason", "strict"),
-                required=("check", "reason"))
+    x = _Reader(
+        r.path,
+        node,
+        key,
+        ("check", "implementation", "dtype", "device", "reason", "strict"),
+        required=("check", "reason"),
+    )
     check = x.get("check", _str)
-    if check.split(":", 1)[0] not in KNOWN_CHECKS or (
-        ":" in check and check.split(":", 1)[1] not in OPCHECK_SUBTESTS
-    ):
-        raise x.fail(x.child("check"), f"{key}.check", f"one of {', '.join(KNOWN_CHECKS)} (or opcheck:<sub-test>)",
-                     repr(check), _suggest(check, KNOWN_CHECKS))
-    return XFail(check=check, reason=x.get("reason", _str), implementation=x.get("implementation", _str),
-                 dtype=x.get("dtype", _one_of(KNOWN_DTYPES)), device=x.get("device", _one_of(KNOWN_DEVICES)),
-                 strict=x.get("strict", _bool, True))
+    if check.split(":", 1)[0] not in KNOWN_CHECKS or (":" in check and check.split(":", 1)[1] not in OPCHECK_SUBTESTS):
+        raise x.fail(
+            x.child("check"),
+            f"{key}.check",
+            f"one of {', '.join(KNOWN_CHECKS)} (or opcheck:<sub-test>)",
+            repr(check),
+            _suggest(check, KNOWN_CHECKS),
+        )
+    return XFail(
+        check=check,
+        reason=x.get("reason", _str),
+        implementation=x.get("implementation", _str),
+        dtype=x.get("dtype", _one_of(KNOWN_DTYPES)),
+        device=x.get("device", _one_of(KNOWN_DEVICES)),
+        strict=x.get("strict", _bool, True),
+    )
 
 
 _INPUT_KEYS = ("shapes", "low", "high", "avoid", "requires_grad", "dtype", "values")
@@ -482,18 +547,33 @@ def _input(r: _Reader, name: str, node: _Node) -> Input:
     key = f"inputs.{name}"
     i = _Reader(r.path, node, key, _INPUT_KEYS)
     if i.has("values") == i.has("shapes"):
-        raise i.fail(node, key, "either `shapes:` (a tensor) or `values:` (a non-tensor)",
-                     "both" if i.has("values") else "neither", "Give tensors `shapes:` and scalars `values:`.")
+        raise i.fail(
+            node,
+            key,
+            "either `shapes:` (a tensor) or `values:` (a non-tensor)",
+            "both" if i.has("values") else "neither",
+            "Give tensors `shapes:` and scalars `values:`.",
+        )
     if i.has("values"):
         extra = [k for k in node.value if k != "values"]
         if extra:
-            raise i.fail(i.child(extra[0]), f"{key}.{extra[0]}", "only `values:` for a non-tensor input",
-                         repr(extra[0]), "Remove it: tensor options apply to tensor inputs only.")
+            raise i.fail(
+                i.child(extra[0]),
+                f"{key}.{extra[0]}",
+                "only `values:` for a non-tensor input",
+                repr(extra[0]),
+                "Remove it: tensor options apply to tensor inputs only.",
+            )
         return ScalarInput(name=name, values=i.get("values", _list(_scalar_value)))
     low, high = i.get("low", _number, -1.0), i.get("high", _number, 1.0)
     if not low < high:
-        raise i.fail(i.child("high") if i.has("high") else node, f"{key}.high", f"high > low ({low})", repr(high),
-                     "Give a non-empty value range.")
+        raise i.fail(
+            i.child("high") if i.has("high") else node,
+            f"{key}.high",
+            f"high > low ({low})",
+            repr(high),
+            "Give a non-empty value range.",
+        )
     return TensorInput(
         name=name,
         shapes=i.get("shapes", _list(_shape)),
@@ -507,8 +587,13 @@ def _input(r: _Reader, name: str, node: _Node) -> Input:
 
 def _inputs(r: _Reader, key: str, node: _Node) -> tuple[Input, ...]:
     if not isinstance(node.value, dict) or not node.value:
-        raise r.fail(node, key, "a mapping of argument name to its inputs", _describe(node.value),
-                     "Add one entry per schema argument, e.g. `x: {shapes: [[7]]}`.")
+        raise r.fail(
+            node,
+            key,
+            "a mapping of argument name to its inputs",
+            _describe(node.value),
+            "Add one entry per schema argument, e.g. `x: {shapes: [[7]]}`.",
+        )
     inputs = tuple(_input(r, name, child) for name, child in node.value.items())
     _check_paired_shapes(r, node, inputs)
     _check_avoid_targets(r, node, inputs)
@@ -520,8 +605,13 @@ def _check_paired_shapes(r: _Reader, node: _Node, inputs: tuple[Input, ...]) -> 
     counts = {len(t.shapes) for t in tensors}
     if len(counts) > 1:
         listing = ", ".join(f"{t.name}: {len(t.shapes)}" for t in tensors)
-        raise r.fail(node, "inputs", "the same number of shapes for every tensor input (case i pairs the i-th shapes)",
-                     listing, "Give each tensor input one shape per case.")
+        raise r.fail(
+            node,
+            "inputs",
+            "the same number of shapes for every tensor input (case i pairs the i-th shapes)",
+            listing,
+            "Give each tensor input one shape per case.",
+        )
 
 
 def _check_avoid_targets(r: _Reader, node: _Node, inputs: tuple[Input, ...]) -> None:
@@ -529,16 +619,39 @@ def _check_avoid_targets(r: _Reader, node: _Node, inputs: tuple[Input, ...]) -> 
     for i in inputs:
         if isinstance(i, TensorInput) and i.avoid and i.avoid.relative_to:
             if i.avoid.relative_to not in tensor_names - {i.name}:
-                raise r.fail(node.value[i.name], f"inputs.{i.name}.avoid.relative_to",
-                             f"another tensor input ({', '.join(sorted(tensor_names - {i.name})) or 'none'})",
-                             repr(i.avoid.relative_to), "Name the tensor whose difference has the kink.")
+                raise r.fail(
+                    node.value[i.name],
+                    f"inputs.{i.name}.avoid.relative_to",
+                    f"another tensor input ({', '.join(sorted(tensor_names - {i.name})) or 'none'})",
+                    repr(i.avoid.relative_to),
+                    "Name the tensor whose difference has the kink.",
+                )
 
 
 _LOAD_KEYS = ("python", "sources")
 _TOP_KEYS = (
-    "op", "schema", "description", "load", "implementations", "reference", "inputs", "dtypes", "devices", "layouts",
-    "tolerances", "grad_tolerances", "checks", "xfail", "differentiable", "double_backward", "nondeterministic",
-    "vmap", "error_inputs", "large_index", "timeout", "bench",
+    "op",
+    "schema",
+    "description",
+    "load",
+    "implementations",
+    "reference",
+    "inputs",
+    "dtypes",
+    "devices",
+    "layouts",
+    "tolerances",
+    "grad_tolerances",
+    "checks",
+    "xfail",
+    "differentiable",
+    "double_backward",
+    "nondeterministic",
+    "vmap",
+    "error_inputs",
+    "large_index",
+    "timeout",
+    "bench",
 )
 _REQUIRED = ("op", "schema", "load", "reference", "inputs", "dtypes")
 
@@ -549,25 +662,43 @@ def load_spec(path: Path | str) -> OpSpec:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise SpecError(path, None, "", "a readable spec file", exc.strerror or str(exc),
-                        "Check the path; `opforge list` shows the bundled specs.") from None
+        raise SpecError(
+            path,
+            None,
+            "",
+            "a readable spec file",
+            exc.strerror or str(exc),
+            "Check the path; `opforge list` shows the bundled specs.",
+        ) from None
     except UnicodeDecodeError as exc:
-        line = exc.object[:exc.start].count(b"\n") + 1
-        raise SpecError(path, line, "", "UTF-8 text", f"byte {exc.object[exc.start]:#04x} that is not UTF-8",
-                        "Save the spec as UTF-8.") from None
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise SpecError(
+            path,
+            line,
+            "",
+            "UTF-8 text",
+            f"byte {exc.object[exc.start]:#04x} that is not UTF-8",
+            "Save the spec as UTF-8.",
+        ) from None
     root = _compose(path, text)
     r = _Reader(path, root, "", _TOP_KEYS, required=_REQUIRED)
 
     op = r.get("op", _str)
     if not _QUALNAME.match(op):
-        raise r.fail(r.child("op"), "op", "a qualified name `namespace::name`", repr(op),
-                     "Write e.g. `opforge::leaky_swish`.")
+        raise r.fail(
+            r.child("op"), "op", "a qualified name `namespace::name`", repr(op), "Write e.g. `opforge::leaky_swish`."
+        )
     load = _Reader(path, r.child("load"), "load", _LOAD_KEYS)
     python_modules = load.get("python", _list(_str, allow_empty=True), ())
     sources = _sources(load, path) if load.has("sources") else ()
     if not python_modules and not sources:
-        raise r.fail(r.child("load"), "load", "`python:` modules or `sources:` files that register the op", "neither",
-                     "List the module that defines the op or its C++ sources.")
+        raise r.fail(
+            r.child("load"),
+            "load",
+            "`python:` modules or `sources:` files that register the op",
+            "neither",
+            "List the module that defines the op or its C++ sources.",
+        )
     checks = r.get("checks", _list(_one_of(KNOWN_CHECKS)), None)
     differentiable = r.get("differentiable", _bool, True)
     double_backward = r.get("double_backward", _bool, False)
@@ -579,8 +710,11 @@ def load_spec(path: Path | str) -> OpSpec:
         "large_index": _large_index(r, inputs, dtypes) if r.has("large_index") else None,
     }
     if checks is None:
-        checks = tuple(c for c in KNOWN_CHECKS if _applicable_by_default(c, differentiable, double_backward)
-                       and (c not in CLAIMED_CHECKS or claims[c]))
+        checks = tuple(
+            c
+            for c in KNOWN_CHECKS
+            if _applicable_by_default(c, differentiable, double_backward) and (c not in CLAIMED_CHECKS or claims[c])
+        )
     _check_claims(r, checks, claims)
     implementations = r.get("implementations", _implementations, ())
     devices = r.get("devices", _list(_one_of(KNOWN_DEVICES)), ("cpu",))
@@ -621,8 +755,13 @@ def load_spec(path: Path | str) -> OpSpec:
 def _check_claims(r: _Reader, checks: tuple[str, ...], claims: dict[str, Any]) -> None:
     for check in CLAIMED_CHECKS:
         if check in checks and not claims[check]:
-            raise r.fail(r.child("checks"), "checks", f"a `{check}:` entry for check {check!r}", "none",
-                         f"Add `{check}:` (see docs/checks.md) or drop {check} from checks.")
+            raise r.fail(
+                r.child("checks"),
+                "checks",
+                f"a `{check}:` entry for check {check!r}",
+                "none",
+                f"Add `{check}:` (see docs/checks.md) or drop {check} from checks.",
+            )
 
 
 # ----------------------------------------------------------------------------------------------- error_inputs
@@ -636,9 +775,13 @@ def _error_inputs(r: _Reader, inputs: tuple[Input, ...]) -> tuple[ErrorInput, ..
     seen: dict[str, int] = {}
     for i, entry in enumerate(entries):
         if entry.label in seen:
-            raise r.fail(r.child("error_inputs").value[i], f"error_inputs[{i}].description",
-                         "a description unlike the others (it names the result row)",
-                         f"the same as error_inputs[{seen[entry.label]}]", "Describe each invalid call differently.")
+            raise r.fail(
+                r.child("error_inputs").value[i],
+                f"error_inputs[{i}].description",
+                "a description unlike the others (it names the result row)",
+                f"the same as error_inputs[{seen[entry.label]}]",
+                "Describe each invalid call differently.",
+            )
         seen[entry.label] = i
     return entries
 
@@ -647,34 +790,57 @@ def _error_input(r: _Reader, key: str, node: _Node, inputs: tuple[Input, ...]) -
     e = _Reader(r.path, node, key, _ERROR_INPUT_KEYS, required=("description", "inputs", "error", "match"))
     error = e.get("error", _str)
     if not _is_builtin_exception(error):
-        raise e.fail(e.child("error"), f"{key}.error",
-                     "the name of a Python built-in exception class (an Exception subclass)",
-                     repr(error), "Write e.g. RuntimeError (torch's TORCH_CHECK raises RuntimeError, or a subclass "
-                                  "such as ValueError/TypeError/IndexError for TORCH_CHECK_VALUE/_TYPE/_INDEX).")
+        raise e.fail(
+            e.child("error"),
+            f"{key}.error",
+            "the name of a Python built-in exception class (an Exception subclass)",
+            repr(error),
+            "Write e.g. RuntimeError (torch's TORCH_CHECK raises RuntimeError, or a subclass "
+            "such as ValueError/TypeError/IndexError for TORCH_CHECK_VALUE/_TYPE/_INDEX).",
+        )
     args = e.child("inputs")
     if not isinstance(args.value, dict) or not args.value:
-        raise e.fail(args, f"{key}.inputs", "a mapping of argument name to what differs from a valid call",
-                     _describe(args.value), "Write e.g. `inputs: {x: {dtype: int32}}`.")
+        raise e.fail(
+            args,
+            f"{key}.inputs",
+            "a mapping of argument name to what differs from a valid call",
+            _describe(args.value),
+            "Write e.g. `inputs: {x: {dtype: int32}}`.",
+        )
     given = {i.name: i for i in inputs}
     tensors, values = [], []
     for name, child in args.value.items():
         entry = given.get(name)
         if entry is None:
-            raise e.fail(child, f"{key}.inputs.{name}", f"one of the spec's inputs ({', '.join(given)})",
-                         repr(name), "Name an argument listed under `inputs:`.")
+            raise e.fail(
+                child,
+                f"{key}.inputs.{name}",
+                f"one of the spec's inputs ({', '.join(given)})",
+                repr(name),
+                "Name an argument listed under `inputs:`.",
+            )
         if isinstance(entry, TensorInput):
             tensors.append(_error_tensor(e, f"{key}.inputs.{name}", name, child))
         else:
             v = _Reader(r.path, child, f"{key}.inputs.{name}", ("value",), required=("value",))
             values.append((name, _scalar_value(v, f"{key}.inputs.{name}.value", v.child("value"))))
-    return ErrorInput(description=e.get("description", _str), tensors=tuple(tensors), values=tuple(values),
-                      error=error, match=e.get("match", _str))
+    return ErrorInput(
+        description=e.get("description", _str),
+        tensors=tuple(tensors),
+        values=tuple(values),
+        error=error,
+        match=e.get("match", _str),
+    )
 
 
 def _error_tensor(r: _Reader, key: str, name: str, node: _Node) -> ErrorTensor:
     t = _Reader(r.path, node, key, ("shape", "dtype", "device"))
-    return ErrorTensor(name=name, shape=t.get("shape", _shape), dtype=t.get("dtype", _one_of(KNOWN_DTYPES)),
-                       device=t.get("device", _one_of(KNOWN_DEVICES)))
+    return ErrorTensor(
+        name=name,
+        shape=t.get("shape", _shape),
+        dtype=t.get("dtype", _one_of(KNOWN_DTYPES)),
+        device=t.get("device", _one_of(KNOWN_DEVICES)),
+    )
 
 
 def _is_builtin_exception(name: str) -> bool:
@@ -694,21 +860,35 @@ def _large_index(r: _Reader, inputs: tuple[Input, ...], dtypes: tuple[str, ...])
     g = _Reader(r.path, node, "large_index", ("shapes", "dtype", "enabled"), required=("shapes",))
     dtype = g.get("dtype", _one_of(KNOWN_DTYPES), "float16")
     if dtype not in dtypes:
-        raise g.fail(g.child("dtype") if g.has("dtype") else node, "large_index.dtype",
-                     f"one of the spec's dtypes ({', '.join(dtypes)})", repr(dtype),
-                     "Pick a claimed dtype; the smallest (float16, bfloat16) needs the least memory.")
+        raise g.fail(
+            g.child("dtype") if g.has("dtype") else node,
+            "large_index.dtype",
+            f"one of the spec's dtypes ({', '.join(dtypes)})",
+            repr(dtype),
+            "Pick a claimed dtype; the smallest (float16, bfloat16) needs the least memory.",
+        )
     shapes_node = g.child("shapes")
     tensors = [i.name for i in inputs if isinstance(i, TensorInput)]
     s = _Reader(r.path, shapes_node, "large_index.shapes", tuple(tensors), required=tuple(tensors))
     shapes = tuple((name, s.get(name, _shape)) for name in tensors)
     if len({shape for _, shape in shapes}) != 1:
-        raise s.fail(shapes_node, "large_index.shapes", "the same shape for every tensor input (the check compares "
-                     "element i of the output with element i of each input)",
-                     ", ".join(f"{n}: {list(sh)}" for n, sh in shapes), "Give every tensor input one shape.")
+        raise s.fail(
+            shapes_node,
+            "large_index.shapes",
+            "the same shape for every tensor input (the check compares "
+            "element i of the output with element i of each input)",
+            ", ".join(f"{n}: {list(sh)}" for n, sh in shapes),
+            "Give every tensor input one shape.",
+        )
     numel = math.prod(shapes[0][1])
     if numel <= INT32_INDEX_LIMIT:
-        raise s.fail(shapes_node, "large_index.shapes", f"more than 2^31 = {INT32_INDEX_LIMIT} elements",
-                     f"{numel}", "Use e.g. [2147487747] (2^31 + 4099: past the limit, no multiple of a vector width).")
+        raise s.fail(
+            shapes_node,
+            "large_index.shapes",
+            f"more than 2^31 = {INT32_INDEX_LIMIT} elements",
+            f"{numel}",
+            "Use e.g. [2147487747] (2^31 + 4099: past the limit, no multiple of a vector width).",
+        )
     return LargeIndex(shapes=shapes, dtype=dtype, enabled=g.get("enabled", _bool, False))
 
 
@@ -717,8 +897,13 @@ def _xfails(r: _Reader, implementations: tuple[tuple[str, str], ...]) -> tuple[X
     known = ("native",) + tuple(name for name, _ in implementations)
     for i, x in enumerate(xfails):
         if x.implementation is not None and x.implementation not in known:
-            raise r.fail(r.child("xfail").value[i], f"xfail[{i}].implementation", f"one of {', '.join(known)}",
-                         repr(x.implementation), "Name the op (native) or one of the spec's implementations.")
+            raise r.fail(
+                r.child("xfail").value[i],
+                f"xfail[{i}].implementation",
+                f"one of {', '.join(known)}",
+                repr(x.implementation),
+                "Name the op (native) or one of the spec's implementations.",
+            )
     return xfails
 
 
@@ -732,16 +917,26 @@ def _applicable_by_default(check: str, differentiable: bool, double_backward: bo
 
 def _implementations(r: _Reader, key: str, node: _Node) -> tuple[tuple[str, str], ...]:
     if not isinstance(node.value, dict):
-        raise r.fail(node, key, "a mapping of implementation name to `module:function`", _describe(node.value),
-                     "Write e.g. `prototype: my_pkg.ops:my_op_prototype`.")
+        raise r.fail(
+            node,
+            key,
+            "a mapping of implementation name to `module:function`",
+            _describe(node.value),
+            "Write e.g. `prototype: my_pkg.ops:my_op_prototype`.",
+        )
     return tuple((name, _callable_ref(r, f"{key}.{name}", child)) for name, child in node.value.items())
 
 
 def _sources(load: _Reader, spec_path: Path) -> tuple[Path, ...]:
     node = load.child("sources")
     if not isinstance(node.value, list):
-        raise load.fail(node, "load.sources", "a list of C++/CUDA files", _describe(node.value),
-                        "List the files relative to the spec.")
+        raise load.fail(
+            node,
+            "load.sources",
+            "a list of C++/CUDA files",
+            _describe(node.value),
+            "List the files relative to the spec.",
+        )
     return tuple(_source_path(load, spec_path, i, item) for i, item in enumerate(node.value))
 
 
@@ -749,11 +944,21 @@ def _source_path(load: _Reader, spec_path: Path, index: int, item: _Node) -> Pat
     rel = _str(load, f"load.sources[{index}]", item)
     source = (spec_path.parent / rel).resolve()
     if source.suffix not in (".cpp", ".cc", ".cu"):
-        raise load.fail(item, f"load.sources[{index}]", "a .cpp, .cc or .cu file", repr(rel),
-                        "List translation units only; headers are found next to them.")
+        raise load.fail(
+            item,
+            f"load.sources[{index}]",
+            "a .cpp, .cc or .cu file",
+            repr(rel),
+            "List translation units only; headers are found next to them.",
+        )
     if not source.is_file():
-        raise load.fail(item, f"load.sources[{index}]", "an existing file (relative to the spec)", f"{source} is missing",
-                        "Fix the path; it is resolved against the spec's directory.")
+        raise load.fail(
+            item,
+            f"load.sources[{index}]",
+            "an existing file (relative to the spec)",
+            f"{source} is missing",
+            "Fix the path; it is resolved against the spec's directory.",
+        )
     return source
 
 
@@ -764,22 +969,37 @@ _BENCH_KEYS = ("sizes", "shapes", "dtypes", "devices", "modes", "bytes")
 POWER_OF_TWO = re.compile(r"^\s*2\s*(?:\*\*|\^)\s*(\d+)\s*$")
 
 
-def _bench_section(r: _Reader, inputs: tuple[Input, ...], schema: str, claimed_modes: tuple[str, ...],
-                   dtypes: tuple[str, ...], devices: tuple[str, ...]) -> BenchSpec | None:
+def _bench_section(
+    r: _Reader,
+    inputs: tuple[Input, ...],
+    schema: str,
+    claimed_modes: tuple[str, ...],
+    dtypes: tuple[str, ...],
+    devices: tuple[str, ...],
+) -> BenchSpec | None:
     if not r.has("bench"):
         return None
     node = r.child("bench")
     b = _Reader(r.path, node, "bench", _BENCH_KEYS)
     tensors = tuple(i.name for i in inputs if isinstance(i, TensorInput))
     if not b.has("sizes") and not b.has("shapes"):
-        raise b.fail(node, "bench", "`sizes:` (numel of every tensor input) or `shapes:` (per input)", "neither",
-                     "Add e.g. `sizes: [2**16, 2**20, 2**24]`.")
+        raise b.fail(
+            node,
+            "bench",
+            "`sizes:` (numel of every tensor input) or `shapes:` (per input)",
+            "neither",
+            "Add e.g. `sizes: [2**16, 2**20, 2**24]`.",
+        )
     modes = b.get("modes", _list(_one_of(BENCH_MODES)), ())
     if any(m not in claimed_modes for m in modes):
-        raise b.fail(b.child("modes"), "bench.modes",
-                     "only fwd for an op with differentiable: false or no input with requires_grad: true",
-                     ", ".join(modes), "Drop bwd and fwd+bwd, or declare the op differentiable and mark the "
-                                       "inputs it differentiates with requires_grad: true.")
+        raise b.fail(
+            b.child("modes"),
+            "bench.modes",
+            "only fwd for an op with differentiable: false or no input with requires_grad: true",
+            ", ".join(modes),
+            "Drop bwd and fwd+bwd, or declare the op differentiable and mark the "
+            "inputs it differentiates with requires_grad: true.",
+        )
     expressions, lines, keys = _bench_bytes(b, inputs, schema) if b.has("bytes") else ((), (), ())
     return BenchSpec(
         sizes=b.get("sizes", _list(_bench_size), ()),
@@ -798,9 +1018,13 @@ def _bench_claimed(b: _Reader, key: str, known: tuple[str, ...], claimed: tuple[
     values = b.get(key, _list(_one_of(known)), ())
     for index, value in enumerate(values):
         if value not in claimed:
-            raise b.fail(b.child(key).value[index], f"bench.{key}[{index}]",
-                         f"one of the spec's {key} ({', '.join(claimed)})", repr(value),
-                         f"Add {value} to the spec's `{key}:` or drop it from `bench.{key}`.")
+            raise b.fail(
+                b.child(key).value[index],
+                f"bench.{key}[{index}]",
+                f"one of the spec's {key} ({', '.join(claimed)})",
+                repr(value),
+                f"Add {value} to the spec's `{key}:` or drop it from `bench.{key}`.",
+            )
     return values
 
 
@@ -810,8 +1034,9 @@ def _bench_size(r: _Reader, key: str, node: _Node) -> int:
     if match:
         value = 2 ** int(match.group(1))
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise r.fail(node, key, "a number of elements > 0, or 2**k", _describe(node.value),
-                     "Write e.g. 65536 or \"2**24\".")
+        raise r.fail(
+            node, key, "a number of elements > 0, or 2**k", _describe(node.value), 'Write e.g. 65536 or "2**24".'
+        )
     return value
 
 
@@ -822,8 +1047,13 @@ def _bench_shapes(b: _Reader, tensors: tuple[str, ...]) -> tuple[tuple[tuple[str
     counts = {len(v) for v in per_input.values()}
     if len(counts) > 1:
         listing = ", ".join(f"{name}: {len(v)}" for name, v in per_input.items())
-        raise b.fail(node, "bench.shapes", "the same number of shapes for every tensor input (paired by position)",
-                     listing, "Give each tensor input one shape per benchmark case.")
+        raise b.fail(
+            node,
+            "bench.shapes",
+            "the same number of shapes for every tensor input (paired by position)",
+            listing,
+            "Give each tensor input one shape per benchmark case.",
+        )
     return tuple(tuple((name, per_input[name][i]) for name in tensors) for i in range(counts.pop()))
 
 
@@ -842,8 +1072,13 @@ def _bench_bytes(b: _Reader, inputs: tuple[Input, ...], schema: str) -> tuple[tu
         try:
             parse(text, bytes_names(inputs, schema, mode))
         except ExpressionError as exc:
-            raise b.fail(child, key, "an arithmetic expression over the op's tensors (e.g. `2 * x.nbytes`)",
-                         str(exc), "See docs/specs.md, `bench.bytes`.") from None
+            raise b.fail(
+                child,
+                key,
+                "an arithmetic expression over the op's tensors (e.g. `2 * x.nbytes`)",
+                str(exc),
+                "See docs/specs.md, `bench.bytes`.",
+            ) from None
         expressions.append((mode, text))
         lines.append((mode, child.line))
         keys.append((mode, key))
@@ -858,8 +1093,9 @@ def bytes_names(inputs: tuple[Input, ...], schema: str, mode: str) -> set[str]:
     outputs = return_names(schema)
     names = {i.name for i in inputs} | set(outputs)
     if mode != "fwd":
-        names |= {f"grad_{n}" for n in outputs} | \
-            {f"grad_{i.name}" for i in inputs if isinstance(i, TensorInput) and i.requires_grad}
+        names |= {f"grad_{n}" for n in outputs} | {
+            f"grad_{i.name}" for i in inputs if isinstance(i, TensorInput) and i.requires_grad
+        }
     return names
 
 
@@ -883,8 +1119,12 @@ def find_spec(name_or_path: str, specs_dir: Path | None = None) -> Path:
     from opforge.errors import UsageError
 
     known = ", ".join(p.stem for p in list_specs(specs_dir)) or "none"
-    raise UsageError(f"op {name_or_path!r}", f"a spec name ({known}) or a path to a .yaml spec", repr(name_or_path),
-                     "Run `opforge list` to see the specs.")
+    raise UsageError(
+        f"op {name_or_path!r}",
+        f"a spec name ({known}) or a path to a .yaml spec",
+        repr(name_or_path),
+        "Run `opforge list` to see the specs.",
+    )
 
 
 def list_specs(specs_dir: Path | None = None) -> list[Path]:

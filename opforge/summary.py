@@ -9,8 +9,16 @@ from opforge.results import RunReport, Status, failure_details
 MAX_FAILURES = 30
 # Lines of a failure's message kept (a crash's message carries a stderr tail).
 MAX_MESSAGE_LINES = 12
-_COLUMNS = (Status.PASS, Status.FAIL, Status.ERROR, Status.CRASH, Status.TIMEOUT, Status.XPASS, Status.XFAIL,
-            Status.SKIP)
+_COLUMNS = (
+    Status.PASS,
+    Status.FAIL,
+    Status.ERROR,
+    Status.CRASH,
+    Status.TIMEOUT,
+    Status.XPASS,
+    Status.XFAIL,
+    Status.SKIP,
+)
 
 
 def render_markdown(run: RunReport) -> str:
@@ -20,16 +28,21 @@ def render_markdown(run: RunReport) -> str:
         verdict += " (incomplete: interrupted)"
     torch = run.environment.get("torch", "?")
     totals = ", ".join(f"{counts[s.value]} {s.value}" for s in Status if counts[s.value]) or "nothing ran"
-    lines = [f"## opforge: {verdict}", "",
-             f"{totals} in {run.seconds:.1f} s (torch {torch}, seed {run.seed})", "",
-             *(f"> note: {note}\n" for note in run.notes),
-             "| op | " + " | ".join(s.value for s in _COLUMNS) + " | seconds |",
-             "|---|" + "---:|" * (len(_COLUMNS) + 1)]
+    lines = [
+        f"## opforge: {verdict}",
+        "",
+        f"{totals} in {run.seconds:.1f} s (torch {torch}, seed {run.seed})",
+        "",
+        *(f"> note: {note}\n" for note in run.notes),
+        "| op | " + " | ".join(s.value for s in _COLUMNS) + " | seconds |",
+        "|---|" + "---:|" * (len(_COLUMNS) + 1),
+    ]
     for op in run.ops:
         op_counts = op.counts()
         mark = "❌" if op.failed else "✅"
-        lines.append(f"| {mark} {op.op} | " + " | ".join(_count(op_counts[s.value]) for s in _COLUMNS)
-                     + f" | {op.seconds:.1f} |")
+        lines.append(
+            f"| {mark} {op.op} | " + " | ".join(_count(op_counts[s.value]) for s in _COLUMNS) + f" | {op.seconds:.1f} |"
+        )
     failures = [r for r in run.results() if r.status.failed]
     if failures:
         lines += ["", "### Failures", ""]

@@ -11,7 +11,7 @@ import pytest
 # read; one width for every run, serial or not, set before any test module imports the CLI.
 os.environ["COLUMNS"] = "250"
 
-from opforge.loading import load_op  # noqa: E402
+from opforge.loading import load_op
 from opforge.results import OpReport, Status
 from opforge.runner import Filters, run_op
 from opforge.spec import load_spec
@@ -21,9 +21,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
 SPECS = REPO / "specs"
 
-requires_cuda = pytest.mark.skipif(
-    not __import__("torch").cuda.is_available(), reason="needs a CUDA device"
-)
+requires_cuda = pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
 
 
 def run_spec(path: Path, **filters) -> OpReport:

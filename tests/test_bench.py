@@ -7,13 +7,13 @@ import csv
 import json
 
 import pytest
+from conftest import FIXTURES, SPECS, requires_cuda
+from test_bench_stats import noisy
 from typer.testing import CliRunner
 
-from conftest import FIXTURES, SPECS, requires_cuda
 from opforge.bench import peak as peak_module
 from opforge.bench.timing import Timing, TimingOptions
 from opforge.cli import app
-from test_bench_stats import noisy
 
 BENCH_GOOD = str(FIXTURES / "bench_good.yaml")
 QUICK = ("--budget", "0.05", "--warmup", "0.01", "--min-reps", "4", "--noise", "0.5")
@@ -55,13 +55,33 @@ def results_by_id(path) -> dict[str, dict]:
 
 def test_wrong_implementations_are_reported_and_not_timed(tmp_path):
     out = tmp_path / "run.json"
-    result = invoke("bench", BENCH_GOOD, "--sizes", "256", "--impl", "native", "--impl", "scaled",
-                    "--impl", "wrong_gradient", "--impl", "eager", "--json", str(out), *QUICK)
+    result = invoke(
+        "bench",
+        BENCH_GOOD,
+        "--sizes",
+        "256",
+        "--impl",
+        "native",
+        "--impl",
+        "scaled",
+        "--impl",
+        "wrong_gradient",
+        "--impl",
+        "eager",
+        "--json",
+        str(out),
+        *QUICK,
+    )
     assert result.exit_code == 1, result.output
     rows = results_by_id(out)
     fwd, bwd = "fwd-float32-cpu-n=2^8", "bwd-float32-cpu-n=2^8"
-    for ident in (f"good/native[{fwd}]", f"good/native[{bwd}]", f"good/wrong_gradient[{fwd}]", f"good/eager[{fwd}]",
-                  f"good/eager[{bwd}]"):
+    for ident in (
+        f"good/native[{fwd}]",
+        f"good/native[{bwd}]",
+        f"good/wrong_gradient[{fwd}]",
+        f"good/eager[{fwd}]",
+        f"good/eager[{bwd}]",
+    ):
         assert rows[ident]["status"] == "ok" and rows[ident]["timing"]["samples"], ident
     for ident in (f"good/scaled[{fwd}]", f"good/scaled[{bwd}]", f"good/wrong_gradient[{bwd}]"):
         assert rows[ident]["status"] == "wrong" and rows[ident]["timing"] is None, ident
@@ -74,8 +94,21 @@ def test_wrong_implementations_are_reported_and_not_timed(tmp_path):
 
 def test_compile_baseline_and_speedup_columns(tmp_path):
     out = tmp_path / "run.json"
-    result = invoke("bench", BENCH_GOOD, "--sizes", "256", "--mode", "fwd", "--impl", "native", "--impl", "compile",
-                    "--json", str(out), *QUICK)
+    result = invoke(
+        "bench",
+        BENCH_GOOD,
+        "--sizes",
+        "256",
+        "--mode",
+        "fwd",
+        "--impl",
+        "native",
+        "--impl",
+        "compile",
+        "--json",
+        str(out),
+        *QUICK,
+    )
     assert result.exit_code == 0, result.output
     rows = results_by_id(out)
     assert rows["good/compile[fwd-float32-cpu-n=2^8]"]["status"] == "ok"
@@ -85,9 +118,23 @@ def test_compile_baseline_and_speedup_columns(tmp_path):
 def test_json_csv_and_plot(tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs matplotlib (the test extra installs it)")
     paths = {name: tmp_path / name for name in ("run.json", "run.csv", "run.png")}
-    result = invoke("bench", BENCH_GOOD, "--impl", "native", "--impl", "eager", "--mode", "fwd",
-                    "--json", str(paths["run.json"]), "--csv", str(paths["run.csv"]), "--plot", str(paths["run.png"]),
-                    *QUICK)
+    result = invoke(
+        "bench",
+        BENCH_GOOD,
+        "--impl",
+        "native",
+        "--impl",
+        "eager",
+        "--mode",
+        "fwd",
+        "--json",
+        str(paths["run.json"]),
+        "--csv",
+        str(paths["run.csv"]),
+        "--plot",
+        str(paths["run.png"]),
+        *QUICK,
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(paths["run.json"].read_text())
     assert data["kind"] == "bench" and data["schema_version"] == 1
@@ -107,8 +154,9 @@ def test_plot_without_matplotlib_is_refused_before_timing(tmp_path, monkeypatch)
     import importlib.util
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a)
+    )
     result = invoke("bench", BENCH_GOOD, "--plot", str(tmp_path / "run.png"), *QUICK)
     assert result.exit_code == 2, result.output
     assert "--plot: expected matplotlib to be importable" in result.output and "opforge[plot]" in result.output
@@ -118,18 +166,24 @@ def test_plot_without_matplotlib_is_refused_before_timing(tmp_path, monkeypatch)
 # ------------------------------------------------------------------------------------------ usage errors
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["bench", str(FIXTURES / "good.yaml")], "a `bench:` section"),
-    (["bench", BENCH_GOOD, "--impl", "nope"], "--impl: expected one of native, scaled, wrong_gradient, eager, compile"),
-    (["bench", BENCH_GOOD, "--sizes", "2**x"], "--sizes: expected element counts"),
-    (["bench", BENCH_GOOD, "--dtype", "bfloat16"], "--dtype: expected one of float32, float64 (what good's spec"),
-    (["bench", BENCH_GOOD, "--mode", "both"], "--mode: expected one of fwd, bwd, fwd+bwd"),
-    (["bench", BENCH_GOOD, "--noise", "0"], "--noise: expected a fraction 0 < F < 1, got 0.0"),
-    (["bench", BENCH_GOOD, "--budget", "-1"], "--budget: expected seconds > 0, got -1.0"),
-    (["bench", BENCH_GOOD, "--min-reps", "0"], "--min-reps: expected an integer >= 1, got 0"),
-    (["bench", BENCH_GOOD, "--threads", "0"], "--threads: expected an integer >= 1, got 0"),
-    (["bench", BENCH_GOOD, "--max-regression", "-2"], "--max-regression: expected a percentage >= 0, got -2.0"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["bench", str(FIXTURES / "good.yaml")], "a `bench:` section"),
+        (
+            ["bench", BENCH_GOOD, "--impl", "nope"],
+            "--impl: expected one of native, scaled, wrong_gradient, eager, compile",
+        ),
+        (["bench", BENCH_GOOD, "--sizes", "2**x"], "--sizes: expected element counts"),
+        (["bench", BENCH_GOOD, "--dtype", "bfloat16"], "--dtype: expected one of float32, float64 (what good's spec"),
+        (["bench", BENCH_GOOD, "--mode", "both"], "--mode: expected one of fwd, bwd, fwd+bwd"),
+        (["bench", BENCH_GOOD, "--noise", "0"], "--noise: expected a fraction 0 < F < 1, got 0.0"),
+        (["bench", BENCH_GOOD, "--budget", "-1"], "--budget: expected seconds > 0, got -1.0"),
+        (["bench", BENCH_GOOD, "--min-reps", "0"], "--min-reps: expected an integer >= 1, got 0"),
+        (["bench", BENCH_GOOD, "--threads", "0"], "--threads: expected an integer >= 1, got 0"),
+        (["bench", BENCH_GOOD, "--max-regression", "-2"], "--max-regression: expected a percentage >= 0, got -2.0"),
+    ],
+)
 def test_bad_usage_exits_2(args, fragment):
     result = invoke(*args)
     assert result.exit_code == 2, result.output
@@ -148,15 +202,42 @@ def test_a_file_that_is_no_bench_run_is_refused_as_baseline(tmp_path):
 
 def record_baseline(tmp_path, fake_timer) -> str:
     path = tmp_path / "old.json"
-    result = invoke("bench", BENCH_GOOD, "--sizes", "256", "--mode", "fwd", "--impl", "native", "--impl", "eager",
-                    "--json", str(path))
+    result = invoke(
+        "bench",
+        BENCH_GOOD,
+        "--sizes",
+        "256",
+        "--mode",
+        "fwd",
+        "--impl",
+        "native",
+        "--impl",
+        "eager",
+        "--json",
+        str(path),
+    )
     assert result.exit_code == 0, result.output
     return str(path)
 
 
 def gate(baseline: str, *extra: str):
-    return invoke("bench", BENCH_GOOD, "--sizes", "256", "--mode", "fwd", "--impl", "native", "--impl", "eager",
-                  "--baseline", baseline, "--max-regression", "5", *extra)
+    return invoke(
+        "bench",
+        BENCH_GOOD,
+        "--sizes",
+        "256",
+        "--mode",
+        "fwd",
+        "--impl",
+        "native",
+        "--impl",
+        "eager",
+        "--baseline",
+        baseline,
+        "--max-regression",
+        "5",
+        *extra,
+    )
 
 
 def test_gate_passes_identical_samples(tmp_path, fake_timer):
@@ -203,18 +284,17 @@ def test_gate_warns_when_the_environments_differ(tmp_path, fake_timer):
     result = gate(baseline)
     assert result.exit_code == 0, result.output
     assert "warning: environment differs from the baseline: torch: '2.0.0' ->" in result.output
-    assert "> **Warning: the environments differ**" in result.output and "> - cpu_model: 'another CPU' ->" in \
-        result.output
+    assert (
+        "> **Warning: the environments differ**" in result.output and "> - cpu_model: 'another CPU' ->" in result.output
+    )
 
 
 def test_gate_warns_about_baseline_cases_not_run_and_fails_when_none_ran(tmp_path, fake_timer):
     baseline = record_baseline(tmp_path, fake_timer)
-    result = invoke("bench", BENCH_GOOD, "--sizes", "256", "--mode", "fwd", "--impl", "native",
-                    "--baseline", baseline)
+    result = invoke("bench", BENCH_GOOD, "--sizes", "256", "--mode", "fwd", "--impl", "native", "--baseline", baseline)
     assert result.exit_code == 0, result.output
     assert "warning: 1 case(s) of the baseline were not run: good/eager[fwd-float32-cpu-n=2^8]" in result.output
-    result = invoke("bench", BENCH_GOOD, "--sizes", "512", "--mode", "fwd", "--impl", "native",
-                    "--baseline", baseline)
+    result = invoke("bench", BENCH_GOOD, "--sizes", "512", "--mode", "fwd", "--impl", "native", "--baseline", baseline)
     assert result.exit_code == 1, result.output
     assert "### opforge bench: ❌ nothing compared" in result.output
     assert "--baseline: expected at least one case compared with" in result.output
@@ -231,8 +311,10 @@ def test_gate_does_not_compare_cases_timed_differently(tmp_path, fake_timer):
     fake_timer["seed"] = 0
     result = gate(baseline)
     assert result.exit_code == 0, result.output
-    assert "good/native[fwd-float32-cpu-n=2^8] was timed differently from the baseline (threads: 64 -> None): " \
-           "not gated" in result.output
+    assert (
+        "good/native[fwd-float32-cpu-n=2^8] was timed differently from the baseline (threads: 64 -> None): "
+        "not gated" in result.output
+    )
     assert "> - `good/native[fwd-float32-cpu-n=2^8]`: threads: 64 -> None" in result.output
     assert "| `good/native" not in result.output and "| `good/eager[fwd-float32-cpu-n=2^8]` |" in result.output
 
@@ -319,11 +401,19 @@ def test_a_bytes_expression_using_a_gradient_in_fwd_is_refused_at_load(tmp_path)
     from opforge.errors import SpecError
     from opforge.spec import load_spec
 
-    path = copy_fixture(tmp_path, "bench_good.yaml", lambda text: text.replace(
-        "  modes: [fwd, bwd]\n", "  modes: [fwd, bwd]\n  bytes: 'x.nbytes + grad_x.nbytes'\n"))
+    path = copy_fixture(
+        tmp_path,
+        "bench_good.yaml",
+        lambda text: text.replace(
+            "  modes: [fwd, bwd]\n", "  modes: [fwd, bwd]\n  bytes: 'x.nbytes + grad_x.nbytes'\n"
+        ),
+    )
     # A forward has no gradients: the spec is refused before anything is timed, at the expression's line.
-    with pytest.raises(SpecError, match=r"bench_good.yaml:18: bench.bytes: expected an arithmetic expression .*, "
-                                        r"got the unknown name 'grad_x': use one of result, x"):
+    with pytest.raises(
+        SpecError,
+        match=r"bench_good.yaml:18: bench.bytes: expected an arithmetic expression .*, "
+        r"got the unknown name 'grad_x': use one of result, x",
+    ):
         load_spec(path)
 
 
@@ -338,17 +428,27 @@ def test_a_bytes_expression_a_point_cannot_evaluate_is_an_error_row_not_an_abort
     assert rows["sort_values/native[fwd-float32-cpu-n=2^10]"]["status"] == "ok"
     bwd = rows["sort_values/native[bwd-float32-cpu-n=2^10]"]
     assert bwd["status"] == "error" and bwd["timing"] is None
-    assert "bench_sort.yaml:13: bench.bytes.bwd: expected an expression this point can evaluate, got the unknown " \
-           "name 'grad_indices': use one of grad_values, grad_x, indices, values, x." in bwd["message"]
+    assert (
+        "bench_sort.yaml:13: bench.bytes.bwd: expected an expression this point can evaluate, got the unknown "
+        "name 'grad_indices': use one of grad_values, grad_x, indices, values, x." in bwd["message"]
+    )
 
 
-@pytest.mark.parametrize("bytes_line, fragments", [
-    # A mapping's error names the mode's key.
-    ("  bytes: {fwd: 'x.nbytes / 0'}", ("bench_sort.yaml:13: bench.bytes.fwd: expected", "division by zero")),
-    # A tensor used as a number is an ERROR row, not an internal error.
-    ("  bytes: '2 * x'", ("bench.bytes: expected an expression this point can evaluate, got x is a tensor: use "
-                          "x.nbytes or x.numel()",)),
-])
+@pytest.mark.parametrize(
+    "bytes_line, fragments",
+    [
+        # A mapping's error names the mode's key.
+        ("  bytes: {fwd: 'x.nbytes / 0'}", ("bench_sort.yaml:13: bench.bytes.fwd: expected", "division by zero")),
+        # A tensor used as a number is an ERROR row, not an internal error.
+        (
+            "  bytes: '2 * x'",
+            (
+                "bench.bytes: expected an expression this point can evaluate, got x is a tensor: use "
+                "x.nbytes or x.numel()",
+            ),
+        ),
+    ],
+)
 def test_a_bytes_expression_failing_on_a_point_is_an_error_row(tmp_path, bytes_line, fragments):
     path = copy_fixture(tmp_path, "bench_sort.yaml", lambda text: text + bytes_line + "\n")
     out = tmp_path / "run.json"
@@ -376,19 +476,22 @@ def default_bytes(spec_path, mode: str) -> int:
     return bytes_moved(loaded, mode, input_source(loaded, point, 0)())
 
 
-@pytest.mark.parametrize("fixture, mode, expected", [
-    # In place: x read and written; the returned alias of x is x itself, not a second write.
-    ("scale_.yaml", "fwd", 2 * 4096),
-    ("bench_scale_ret.yaml", "fwd", 2 * 4096),
-    # out=-style: the default cannot tell a write-only argument from an in-place one (docs/bench.md says to state
-    # bench.bytes for such ops): out counts as read and written.
-    ("swish_out.yaml", "fwd", 3 * 4096),
-    # Two outputs: values (float32) and indices (int64) written; the backward reads only the floating output's
-    # gradient, the input, and writes the input's gradient.
-    ("bench_sort.yaml", "fwd", 4096 + 4096 + 8192),
-    ("bench_sort.yaml", "bwd", 3 * 4096),
-    ("bench_sort.yaml", "fwd+bwd", 4096 + 4096 + 8192 + 3 * 4096),
-])
+@pytest.mark.parametrize(
+    "fixture, mode, expected",
+    [
+        # In place: x read and written; the returned alias of x is x itself, not a second write.
+        ("scale_.yaml", "fwd", 2 * 4096),
+        ("bench_scale_ret.yaml", "fwd", 2 * 4096),
+        # out=-style: the default cannot tell a write-only argument from an in-place one (docs/bench.md says to state
+        # bench.bytes for such ops): out counts as read and written.
+        ("swish_out.yaml", "fwd", 3 * 4096),
+        # Two outputs: values (float32) and indices (int64) written; the backward reads only the floating output's
+        # gradient, the input, and writes the input's gradient.
+        ("bench_sort.yaml", "fwd", 4096 + 4096 + 8192),
+        ("bench_sort.yaml", "bwd", 3 * 4096),
+        ("bench_sort.yaml", "fwd+bwd", 4096 + 4096 + 8192 + 3 * 4096),
+    ],
+)
 def test_default_bytes_of_mutating_out_and_multi_output_ops(fixture, mode, expected):
     assert default_bytes(FIXTURES / fixture, mode) == expected
 
@@ -442,8 +545,23 @@ def test_a_mutating_op_gets_its_arguments_restored_between_reps():
 
 def test_bench_of_a_mutating_op_times_every_contender(tmp_path):
     out = tmp_path / "run.json"
-    result = invoke("bench", str(FIXTURES / "scale_.yaml"), "--sizes", "1024", "--dtype", "float32", "--impl", "native",
-                    "--impl", "wrong", "--impl", "eager", "--json", str(out), *QUICK)
+    result = invoke(
+        "bench",
+        str(FIXTURES / "scale_.yaml"),
+        "--sizes",
+        "1024",
+        "--dtype",
+        "float32",
+        "--impl",
+        "native",
+        "--impl",
+        "wrong",
+        "--impl",
+        "eager",
+        "--json",
+        str(out),
+        *QUICK,
+    )
     assert result.exit_code == 1, result.output  # `wrong` scales by 1.01 s: WRONG, not timed
     rows = results_by_id(out)
     assert rows["scale_/native[fwd-float32-cpu-n=2^10]"]["status"] == "ok"
@@ -479,20 +597,45 @@ def test_a_contender_raising_while_verified_or_timed_costs_its_row(tmp_path, mon
     monkeypatch.setattr(numerics, "correctness", correctness)
     monkeypatch.setattr(bench_runner, "time_callable", timer)
     out = tmp_path / "run.json"
-    result = invoke("bench", BENCH_GOOD, "--sizes", "64", "--mode", "fwd", "--impl", "native", "--impl", "scaled",
-                    "--impl", "wrong_gradient", "--impl", "eager", "--json", str(out), *QUICK)
+    result = invoke(
+        "bench",
+        BENCH_GOOD,
+        "--sizes",
+        "64",
+        "--mode",
+        "fwd",
+        "--impl",
+        "native",
+        "--impl",
+        "scaled",
+        "--impl",
+        "wrong_gradient",
+        "--impl",
+        "eager",
+        "--json",
+        str(out),
+        *QUICK,
+    )
     assert result.exit_code == 1, result.output
     rows = results_by_id(out)
     assert rows["good/native[fwd-float32-cpu-n=2^6]"]["status"] == "ok"
     scaled = rows["good/scaled[fwd-float32-cpu-n=2^6]"]
-    assert scaled["status"] == "error" and scaled["timing"] is None and scaled["message"] == \
-        "scaled raised MemoryError: out of memory cloning the inputs (simulated) while being verified"
+    assert (
+        scaled["status"] == "error"
+        and scaled["timing"] is None
+        and scaled["message"]
+        == "scaled raised MemoryError: out of memory cloning the inputs (simulated) while being verified"
+    )
     skipped = rows["good/wrong_gradient[fwd-float32-cpu-n=2^6]"]
-    assert skipped["status"] == "skip" and skipped["message"] == \
-        "correctness skipped: not enough memory for this case (simulated)"
+    assert (
+        skipped["status"] == "skip"
+        and skipped["message"] == "correctness skipped: not enough memory for this case (simulated)"
+    )
     eager = rows["good/eager[fwd-float32-cpu-n=2^6]"]
-    assert eager["status"] == "error" and eager["message"] == \
-        "eager raised RuntimeError: CUDA out of memory (simulated) while being timed"
+    assert (
+        eager["status"] == "error"
+        and eager["message"] == "eager raised RuntimeError: CUDA out of memory (simulated) while being timed"
+    )
     assert "FAILED: 1 timed, 2 error, 1 skip" in result.output and "Traceback" not in result.output
 
 
@@ -502,11 +645,14 @@ def test_a_contender_raising_while_verified_or_timed_costs_its_row(tmp_path, mon
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")
 def test_a_run_that_times_nothing_fails_and_says_why(tmp_path):
     plot = tmp_path / "run.png"
-    path = copy_fixture(tmp_path, "bench_good.yaml", lambda text: text.replace("dtypes: [float32, float64]\n",
-                                                                                "dtypes: [float32, float64]\n"
-                                                                                "devices: [cpu, cuda]\n"))
-    result = invoke("bench", str(path), "--device", "cuda", "--plot", str(plot), "--json", str(tmp_path / "r.json"),
-                    *QUICK)
+    path = copy_fixture(
+        tmp_path,
+        "bench_good.yaml",
+        lambda text: text.replace("dtypes: [float32, float64]\n", "dtypes: [float32, float64]\ndevices: [cpu, cuda]\n"),
+    )
+    result = invoke(
+        "bench", str(path), "--device", "cuda", "--plot", str(plot), "--json", str(tmp_path / "r.json"), *QUICK
+    )
     assert result.exit_code == 1, result.output
     assert "opforge bench: expected at least one timed case, got none (skip cuda:" in result.output
     assert "not written, no case has a GB/s figure" in result.output and not plot.exists()
@@ -518,8 +664,11 @@ def test_default_modes_are_fwd_only_without_an_input_that_requires_grad(tmp_path
     from opforge.errors import UsageError
     from opforge.spec import load_spec
 
-    path = copy_fixture(tmp_path, "bench_good.yaml", lambda text: text.replace(
-        "requires_grad: true", "requires_grad: false").replace("  modes: [fwd, bwd]\n", ""))
+    path = copy_fixture(
+        tmp_path,
+        "bench_good.yaml",
+        lambda text: text.replace("requires_grad: true", "requires_grad: false").replace("  modes: [fwd, bwd]\n", ""),
+    )
     spec = load_spec(path)
     assert selected(spec, BenchFilters())[2] == ("fwd",)
     with pytest.raises(UsageError, match="--mode: expected one of fwd "):
@@ -549,8 +698,9 @@ def test_cpu_timer_honours_min_reps_before_the_noise_target():
 
     x = torch.randn(1024)
     # Any sample set passes a noise target of 1e9: the minimums alone decide how many samples there are.
-    timing = time_cpu(lambda: x * 2, TimingOptions(budget_s=60.0, warmup_s=0.0, noise_target=1e9, min_reps=30,
-                                                   min_time_s=0.0))
+    timing = time_cpu(
+        lambda: x * 2, TimingOptions(budget_s=60.0, warmup_s=0.0, noise_target=1e9, min_reps=30, min_time_s=0.0)
+    )
     # Batches of 4, 8, 16, 32: the first total past 30 is 60.
     assert timing.stopped == "noise" and len(timing.samples) == 60
 
@@ -609,8 +759,22 @@ def test_cuda_graph_bench_goes_round_cold_copies_of_the_inputs(tmp_path):
     from opforge.bench.timing import graph_input_copies, l2_bytes
 
     out = tmp_path / "run.json"
-    result = invoke("bench", "leaky_swish", "--device", "cuda", "--cuda-graph", "--sizes", "2**16", "--mode", "fwd",
-                    "--impl", "native", "--json", str(out), *QUICK)
+    result = invoke(
+        "bench",
+        "leaky_swish",
+        "--device",
+        "cuda",
+        "--cuda-graph",
+        "--sizes",
+        "2**16",
+        "--mode",
+        "fwd",
+        "--impl",
+        "native",
+        "--json",
+        str(out),
+        *QUICK,
+    )
     assert result.exit_code == 0, result.output
     row = results_by_id(out)["leaky_swish/native[fwd-float32-cuda-n=2^16]"]
     copies = graph_input_copies(row["bytes"], l2_bytes(torch.cuda.current_device()))
@@ -623,11 +787,14 @@ def test_a_declared_xfail_is_timed_with_a_note(tmp_path):
     for name in ("broken_ops.py", "bench_ops.py"):
         shutil.copy(FIXTURES / name, tmp_path / name)
     spec_path = tmp_path / "bench_good.yaml"
-    spec_path.write_text((FIXTURES / "bench_good.yaml").read_text() +
-                         "xfail:\n  - {check: correctness, implementation: scaled, reason: 1% off on purpose}\n")
+    spec_path.write_text(
+        (FIXTURES / "bench_good.yaml").read_text()
+        + "xfail:\n  - {check: correctness, implementation: scaled, reason: 1% off on purpose}\n"
+    )
     out = tmp_path / "run.json"
-    result = invoke("bench", str(spec_path), "--sizes", "64", "--mode", "fwd", "--impl", "scaled", "--json", str(out),
-                    *QUICK)
+    result = invoke(
+        "bench", str(spec_path), "--sizes", "64", "--mode", "fwd", "--impl", "scaled", "--json", str(out), *QUICK
+    )
     assert result.exit_code == 0, result.output
     row = results_by_id(out)["good/scaled[fwd-float32-cpu-n=2^6]"]
     assert row["status"] == "ok" and row["timing"]["samples"]
@@ -643,13 +810,30 @@ def fidelity(*args: str):
 
     from conftest import REPO
 
-    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_fidelity.py"), *args],
-                          capture_output=True, text=True, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_fidelity.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
 
 
 def fake_run(path, median_s: float):
-    path.write_text(json.dumps({"kind": "bench", "results": [
-        {"id": "good/native[fwd-float32-cuda-n=2^24]", "status": "ok", "median_s": median_s, "elements": 2**24}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "kind": "bench",
+                "results": [
+                    {
+                        "id": "good/native[fwd-float32-cuda-n=2^24]",
+                        "status": "ok",
+                        "median_s": median_s,
+                        "elements": 2**24,
+                    }
+                ],
+            }
+        )
+    )
     return str(path)
 
 
@@ -683,8 +867,9 @@ def test_fidelity_do_bench_target_leaves_out_only_cases_do_bench_timed_on_the_cp
     flush = 70e-6
     ours = {"gpu-bound": 30e-6, "host-bound": 30e-6}
     # host 90 us < flush + median (100 us): do_bench timed the GPU, and 30 us against 40 us misses the target.
-    lines, misses = script.do_bench_comparison(ours, {"gpu-bound": (40e-6, 90e-6), "host-bound": (90e-6, 110e-6)},
-                                               flush)
+    lines, misses = script.do_bench_comparison(
+        ours, {"gpu-bound": (40e-6, 90e-6), "host-bound": (90e-6, 110e-6)}, flush
+    )
     assert misses == ["do_bench: expected opforge's medians within 5% of do_bench's, got a ratio of 0.750"]
     assert "| `host-bound` | 0.03 ms | 0.09 ms | 0.333 | 110 µs | host-bound, not counted |" in lines
     assert "worst ratio: 0.750 over 1 cases (1 host-bound left out)" in "\n".join(lines)

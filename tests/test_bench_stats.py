@@ -8,8 +8,16 @@ import numpy as np
 import pytest
 
 from opforge.bench.stats import iqr, median, quantile, ratio_of_medians, relative_iqr
-from opforge.bench.timing import (FIRST_BATCH, GRAPH_MAX_CALLS, MIN_FLUSH_BYTES, TimingOptions, flush_bytes_for,
-                                  graph_calls_for, measure_until_stable, warm_up)
+from opforge.bench.timing import (
+    FIRST_BATCH,
+    GRAPH_MAX_CALLS,
+    MIN_FLUSH_BYTES,
+    TimingOptions,
+    flush_bytes_for,
+    graph_calls_for,
+    measure_until_stable,
+    warm_up,
+)
 
 
 def noisy(median_s: float, spread: float, n: int = 60, seed: int = 0) -> list[float]:
@@ -267,8 +275,11 @@ def test_cuda_timer_restores_mutated_arguments_before_the_flush_of_every_rep(mon
     monkeypatch.setattr(timing, "L2Flush", fake.Flush)
     monkeypatch.setattr(timing, "spin", lambda seconds: fake.log.append("spin"))
     monkeypatch.setattr(timing, "host_launch_seconds", lambda fn, sync: timing.LAUNCH_COVER_MIN_S)
-    timing.time_cuda(lambda: fake.log.append("fn"), TimingOptions(warmup_s=0.0, budget_s=0.0, min_reps=4),
-                     reset=lambda: fake.log.append("reset"))
+    timing.time_cuda(
+        lambda: fake.log.append("fn"),
+        TimingOptions(warmup_s=0.0, budget_s=0.0, min_reps=4),
+        reset=lambda: fake.log.append("reset"),
+    )
     assert fake.log[:12] == ["reset", "flush", "fn", "sync"] * 3
     reps = [step for step in fake.log[12:] if not step.startswith("record")]
     assert reps == ["reset", "flush", "spin", "fn"] * FIRST_BATCH + ["sync"]
@@ -292,8 +303,9 @@ def test_cpu_timer_restores_mutated_arguments_before_every_call():
         seen.append(float(x))
         x.mul_(2)
 
-    result = timing.time_cpu(scale_in_place, TimingOptions(warmup_s=0.01, budget_s=0.05, min_reps=5),
-                             reset=lambda: x.fill_(1))
+    result = timing.time_cpu(
+        scale_in_place, TimingOptions(warmup_s=0.01, budget_s=0.05, min_reps=5), reset=lambda: x.fill_(1)
+    )
     assert len(result.samples) >= 5 and result.calls_per_sample == 1
     assert set(seen) == {1.0}  # without the reset: 1, 2, 4, ... up to inf
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import FIXTURES, REPO, describe, failures_by_check, requires_cuda, run_spec, spec_variant
+
 from opforge.checks.contracts import TRIED_DTYPES
 from opforge.loading import load_op
 from opforge.results import Status
@@ -22,20 +22,38 @@ def test_correct_op_passes_every_check():
     failed = [r for r in report.results if r.status.failed]
     assert not failed, describe(failed)
     checks = {r.check for r in report.results if r.status == Status.PASS}
-    assert {"correctness", "determinism", "special_values", "gradcheck", "gradgradcheck", "grad_lowp",
-            "opcheck:test_schema", "opcheck:test_faketensor", "opcheck:test_autograd_registration",
-            "opcheck:test_aot_dispatch_dynamic", "dtypes", "vmap", "memory"} <= checks
+    assert {
+        "correctness",
+        "determinism",
+        "special_values",
+        "gradcheck",
+        "gradgradcheck",
+        "grad_lowp",
+        "opcheck:test_schema",
+        "opcheck:test_faketensor",
+        "opcheck:test_autograd_registration",
+        "opcheck:test_aot_dispatch_dynamic",
+        "dtypes",
+        "vmap",
+        "memory",
+    } <= checks
 
 
 # (fixture, checks that must flag it, checks that must still pass on it)
 BUGS = [
     ("wrong_fake_shape", {"opcheck:test_faketensor"}, {"correctness", "gradcheck", "opcheck:test_schema"}),
     ("wrong_gradient", {"gradcheck", "grad_lowp"}, {"correctness", "opcheck:test_faketensor"}),
-    ("no_autograd", {"gradcheck", "grad_lowp", "opcheck:test_aot_dispatch_dynamic"},
-     {"correctness", "opcheck:test_autograd_registration"}),
+    (
+        "no_autograd",
+        {"gradcheck", "grad_lowp", "opcheck:test_aot_dispatch_dynamic"},
+        {"correctness", "opcheck:test_autograd_registration"},
+    ),
     ("wrong_double_backward", {"gradgradcheck"}, {"correctness", "gradcheck", "grad_lowp"}),
-    ("function_on_cpu_key", {"opcheck:test_autograd_registration"},
-     {"correctness", "gradcheck", "opcheck:test_schema"}),
+    (
+        "function_on_cpu_key",
+        {"opcheck:test_autograd_registration"},
+        {"correctness", "gradcheck", "opcheck:test_schema"},
+    ),
     ("undeclared_mutation", {"opcheck:test_schema", "correctness"}, {"opcheck:test_faketensor"}),
     ("float32_compute", {"gradcheck"}, {"opcheck:test_faketensor"}),
     ("ignores_strides", {"correctness"}, {"opcheck:test_schema"}),
@@ -125,8 +143,9 @@ def test_strict_xfail_that_passes_is_xpass_and_fails(tmp_path):
 
 
 def test_xfail_turns_a_known_failure_into_xfail(tmp_path):
-    path = spec_variant(tmp_path, "ignores_strides",
-                        "xfail:\n  - {check: correctness, reason: known stride bug, strict: false}\n")
+    path = spec_variant(
+        tmp_path, "ignores_strides", "xfail:\n  - {check: correctness, reason: known stride bug, strict: false}\n"
+    )
     report = run_spec(path, checks=("correctness",))
     assert Status.XFAIL in {r.status for r in report.results}
     assert not report.failed
@@ -223,8 +242,9 @@ def test_error_input_on_a_missing_device_is_skipped_with_the_reason(tmp_path):
         pytest.skip("this machine has CUDA")
     report = run_spec(_pinned_to(tmp_path, "cuda", "[cpu, cuda]"), checks=("error_inputs",))
     pinned = [r for r in report.results if r.case_id.startswith("y_has_another_dtype")]
-    assert len(pinned) == 2 and all(r.status == Status.SKIP and "puts y on cuda: CUDA is not available" in r.message
-                                    for r in pinned), describe(pinned)
+    assert len(pinned) == 2 and all(
+        r.status == Status.SKIP and "puts y on cuda: CUDA is not available" in r.message for r in pinned
+    ), describe(pinned)
     cuda_rows = [r for r in report.results if r.device == "cuda"]
     assert cuda_rows and all(r.status == Status.SKIP and "CUDA is not available" in r.message for r in cuda_rows)
     ran = [r for r in report.results if r.device == "cpu" and r.status != Status.SKIP]
@@ -234,14 +254,16 @@ def test_error_input_on_a_missing_device_is_skipped_with_the_reason(tmp_path):
 def test_error_input_pinned_to_a_device_the_spec_lacks_is_skipped_with_the_reason(tmp_path):
     report = run_spec(_pinned_to(tmp_path, "cuda", "[cpu]"), checks=("error_inputs",))
     pinned = [r for r in report.results if r.case_id.startswith("y_has_another_dtype")]
-    assert len(pinned) == 2 and all(r.status == Status.SKIP and "do not include. Add cuda to devices" in r.message
-                                    for r in pinned), describe(pinned)
+    assert len(pinned) == 2 and all(
+        r.status == Status.SKIP and "do not include. Add cuda to devices" in r.message for r in pinned
+    ), describe(pinned)
 
 
 def test_unclaimed_integer_dtype_keeps_a_pinned_index_input_for_the_reference():
     report = run_spec(FIXTURES / "take.yaml")
     assert {r.status for r in report.results} == {Status.PASS}, describe(
-        [r for r in report.results if r.status != Status.PASS])
+        [r for r in report.results if r.status != Status.PASS]
+    )
     assert {r.dtype for r in report.results if r.check == "dtypes"} >= {"int8", "int64", "bool"}
 
 
@@ -356,8 +378,9 @@ def test_kernel_launched_on_the_wrong_gpu_fails_multi_gpu(tmp_path):
     from opforge.cli import app
 
     path = tmp_path / "report.json"
-    CliRunner().invoke(app, ["check", str(CUDA_OPS / "unguarded_launch_swish.yaml"), "--check", "multi_gpu",
-                             "--json", str(path)])
+    CliRunner().invoke(
+        app, ["check", str(CUDA_OPS / "unguarded_launch_swish.yaml"), "--check", "multi_gpu", "--json", str(path)]
+    )
     rows = json.loads(path.read_text())["ops"][0]["results"]
     assert rows and {r["status"] for r in rows} == {"fail"}, rows
 
@@ -414,8 +437,9 @@ def test_large_index_is_opt_in():
 @no_cuda
 def test_large_index_asked_for_without_cuda_is_skipped_with_the_reason():
     report = run_spec(CUDA_OPS / "int32_index_swish.yaml", checks=("large_index",), large=True)
-    assert report.results and all(r.status == Status.SKIP and "CUDA is not available" in r.message
-                                  for r in report.results)
+    assert report.results and all(
+        r.status == Status.SKIP and "CUDA is not available" in r.message for r in report.results
+    )
 
 
 def _small_index_limit() -> int:
@@ -429,8 +453,17 @@ def _small_index_limit() -> int:
 def _small_index_job(target, shape=(10_000,)):
     from opforge.checks.large_index import Job
 
-    return Job(spec=str(FIXTURES / "wrong_past_limit.yaml"), target=target, seed=0, dtype="float32", device="cpu",
-               shapes=(("x", shape),), values=(), boundary=_small_index_limit(), window=512)
+    return Job(
+        spec=str(FIXTURES / "wrong_past_limit.yaml"),
+        target=target,
+        seed=0,
+        dtype="float32",
+        device="cpu",
+        shapes=(("x", shape),),
+        values=(),
+        boundary=_small_index_limit(),
+        window=512,
+    )
 
 
 def test_large_index_child_compares_the_elements_past_the_boundary():

@@ -8,13 +8,22 @@ import os
 import stat
 
 import pytest
+from conftest import FIXTURES
 from typer.testing import CliRunner
 
-from conftest import FIXTURES
 from opforge.cli import app
 from opforge.lastfailed import STORE, record, recorded
-from opforge.results import (CaseResult, Mismatch, OpReport, RunReport, Status, dumps_json, result_from_json,
-                             result_json, write_atomically)
+from opforge.results import (
+    CaseResult,
+    Mismatch,
+    OpReport,
+    RunReport,
+    Status,
+    dumps_json,
+    result_from_json,
+    result_json,
+    write_atomically,
+)
 from opforge.summary import MAX_FAILURES, render_markdown
 
 runner = CliRunner()
@@ -32,8 +41,12 @@ def test_last_failed_reruns_exactly_what_failed_then_forgets_what_passed(tmp_pat
     spec = str(FIXTURES / "ignores_strides.yaml")
     first = invoke("check", spec, "--check", "correctness", "--dtype", "float32", "--json", "all.json")
     assert first.exit_code == 1, first.output
-    failed = [r["id"] for op in json.loads((tmp_path / "all.json").read_text())["ops"] for r in op["results"]
-              if r["status"] == "fail"]
+    failed = [
+        r["id"]
+        for op in json.loads((tmp_path / "all.json").read_text())["ops"]
+        for r in op["results"]
+        if r["status"] == "fail"
+    ]
     assert failed and set(recorded(tmp_path)) == set(failed)
 
     # No target: the specs come from the record.
@@ -44,8 +57,9 @@ def test_last_failed_reruns_exactly_what_failed_then_forgets_what_passed(tmp_pat
 
 
 def test_last_failed_with_nothing_recorded_runs_everything_with_a_note(tmp_path):
-    result = invoke("check", str(FIXTURES / "good.yaml"), "--check", "correctness", "--dtype", "float64",
-                    "--lf", "--json", "r.json")
+    result = invoke(
+        "check", str(FIXTURES / "good.yaml"), "--check", "correctness", "--dtype", "float64", "--lf", "--json", "r.json"
+    )
     assert result.exit_code == 0, result.output
     assert "no failures recorded, running everything selected" in result.output
     assert len(ids_in(tmp_path / "r.json")) == 7
@@ -59,8 +73,9 @@ def _store(tmp_path, failed: dict[str, str]) -> None:
 
 def test_last_failed_with_targets_whose_failures_are_not_recorded_runs_them_whole(tmp_path):
     _store(tmp_path, {"other/native::correctness[x]": str(FIXTURES / "ignores_strides.yaml")})
-    result = invoke("check", str(FIXTURES / "good.yaml"), "--check", "correctness", "--dtype", "float64", "--lf",
-                    "--json", "r.json")
+    result = invoke(
+        "check", str(FIXTURES / "good.yaml"), "--check", "correctness", "--dtype", "float64", "--lf", "--json", "r.json"
+    )
     assert result.exit_code == 0, result.output
     assert "no failures recorded for the selected specs, running everything selected" in result.output
     assert len(ids_in(tmp_path / "r.json")) == 7
@@ -103,18 +118,24 @@ def test_last_failed_skips_and_forgets_a_spec_that_no_longer_exists(tmp_path):
 
 
 def _result(check: str, case: str, status: Status, **extra) -> CaseResult:
-    return CaseResult(op="op", target="native", check=check, case_id=case, dtype="float32", device="cpu",
-                      status=status, **extra)
+    return CaseResult(
+        op="op", target="native", check=check, case_id=case, dtype="float32", device="cpu", status=status, **extra
+    )
 
 
 def test_record_keeps_failures_that_did_not_rerun_and_drops_a_load_failure_once_the_op_loads(tmp_path):
-    crash = CaseResult(op="op", target="native", check="load", case_id="-", dtype="-", device="-",
-                       status=Status.CRASH)
+    crash = CaseResult(op="op", target="native", check="load", case_id="-", dtype="-", device="-", status=Status.CRASH)
     (tmp_path / "op.yaml").write_text("")
     record(tmp_path, RunReport({}, ops=[OpReport("op", "op.yaml", [crash])]))
     assert list(recorded(tmp_path)) == ["op/native::load[-]"]
-    run = RunReport({}, ops=[OpReport("op", "op.yaml", [_result("correctness", "a", Status.FAIL),
-                                                         _result("correctness", "b", Status.PASS)])])
+    run = RunReport(
+        {},
+        ops=[
+            OpReport(
+                "op", "op.yaml", [_result("correctness", "a", Status.FAIL), _result("correctness", "b", Status.PASS)]
+            )
+        ],
+    )
     record(tmp_path, run)
     assert recorded(tmp_path) == {"op/native::correctness[a]": "op.yaml"}
     (tmp_path / STORE).write_text("{not json")
@@ -122,14 +143,36 @@ def test_record_keeps_failures_that_did_not_rerun_and_drops_a_load_failure_once_
 
 
 def test_markdown_summary_counts_per_op_and_shows_failures_with_worst_mismatch_and_repro():
-    mismatch = Mismatch(output="result", index=(3,), got=1.5, expected=1.25, abs_error=0.25, rel_error=0.2,
-                        atol=1e-5, rtol=1.3e-6, mismatched=1, total=7)
-    bad = OpReport("bad", "bad.yaml", [
-        _result("correctness", "x=7", Status.FAIL, message="outputs differ", mismatch=mismatch, seed=42,
-                repro="opforge check bad.yaml -k x=7"),
-        _result("correctness", "x=0d", Status.PASS),
-        _result("correctness", "x=5", Status.CRASH, message="the worker process died: SIGSEGV\n```\nframe"),
-    ], seconds=2.0)
+    mismatch = Mismatch(
+        output="result",
+        index=(3,),
+        got=1.5,
+        expected=1.25,
+        abs_error=0.25,
+        rel_error=0.2,
+        atol=1e-5,
+        rtol=1.3e-6,
+        mismatched=1,
+        total=7,
+    )
+    bad = OpReport(
+        "bad",
+        "bad.yaml",
+        [
+            _result(
+                "correctness",
+                "x=7",
+                Status.FAIL,
+                message="outputs differ",
+                mismatch=mismatch,
+                seed=42,
+                repro="opforge check bad.yaml -k x=7",
+            ),
+            _result("correctness", "x=0d", Status.PASS),
+            _result("correctness", "x=5", Status.CRASH, message="the worker process died: SIGSEGV\n```\nframe"),
+        ],
+        seconds=2.0,
+    )
     good = OpReport("good", "good.yaml", [_result("correctness", "x=7", Status.PASS)])
     text = render_markdown(RunReport({"torch": "2.13.0"}, ops=[bad, good], seed=3, seconds=4.25, incomplete=True))
     assert text.startswith("## opforge: FAILED (incomplete: interrupted)\n")
@@ -148,8 +191,18 @@ def test_markdown_summary_caps_the_failures_it_lists():
 
 
 def test_results_round_trip_through_json():
-    mismatch = Mismatch(output="result", index=(1, 2), got=1.0, expected=2.0, abs_error=1.0, rel_error=0.5,
-                        atol=0.0, rtol=0.0, mismatched=1, total=4)
+    mismatch = Mismatch(
+        output="result",
+        index=(1, 2),
+        got=1.0,
+        expected=2.0,
+        abs_error=1.0,
+        rel_error=0.5,
+        atol=0.0,
+        rtol=0.0,
+        mismatched=1,
+        total=4,
+    )
     original = _result("gradcheck", "c", Status.TIMEOUT, mismatch=mismatch, warnings=("w",), seed=1, repro="r")
     assert result_from_json(json.loads(json.dumps(result_json(original)))) == original
 
@@ -167,12 +220,25 @@ def test_a_nan_in_a_mismatch_still_makes_a_strict_json_report(tmp_path):
 
 
 def test_non_finite_floats_round_trip_as_strings():
-    mismatch = Mismatch(output="result", index=(0,), got=0.0, expected=math.nan, abs_error=math.inf,
-                        rel_error=-math.inf, atol=0.0, rtol=0.0, mismatched=1, total=1)
+    mismatch = Mismatch(
+        output="result",
+        index=(0,),
+        got=0.0,
+        expected=math.nan,
+        abs_error=math.inf,
+        rel_error=-math.inf,
+        atol=0.0,
+        rtol=0.0,
+        mismatched=1,
+        total=1,
+    )
     original = _result("special_values", "c", Status.FAIL, mismatch=mismatch)
     data = json.loads(dumps_json(result_json(original)))
-    assert (data["mismatch"]["expected"], data["mismatch"]["abs_error"], data["mismatch"]["rel_error"]) == \
-        ("nan", "inf", "-inf")
+    assert (data["mismatch"]["expected"], data["mismatch"]["abs_error"], data["mismatch"]["rel_error"]) == (
+        "nan",
+        "inf",
+        "-inf",
+    )
     back = result_from_json(data).mismatch
     assert math.isnan(back.expected) and back.abs_error == math.inf and back.rel_error == -math.inf
 
@@ -190,8 +256,16 @@ def test_reports_get_the_mode_the_umask_gives(tmp_path, umask, mode):
 @pytest.mark.parametrize("option", ["--json", "--junit", "--markdown"])
 def test_an_unwritable_report_path_is_refused_before_the_run(tmp_path, option):
     (tmp_path / "a_file").write_text("")
-    result = invoke("check", str(FIXTURES / "good.yaml"), "--check", "correctness", "--junit", "ok.xml",
-                    option, str(tmp_path / "a_file" / "r.out"))
+    result = invoke(
+        "check",
+        str(FIXTURES / "good.yaml"),
+        "--check",
+        "correctness",
+        "--junit",
+        "ok.xml",
+        option,
+        str(tmp_path / "a_file" / "r.out"),
+    )
     assert result.exit_code == 2, result.output
     assert f"{option}: expected a path a report can be written to" in result.output
     assert "Traceback" not in result.output and "OK:" not in result.output

@@ -9,9 +9,9 @@ import sys
 from xml.etree import ElementTree
 
 import pytest
+from conftest import FIXTURES, REPO
 from typer.testing import CliRunner
 
-from conftest import FIXTURES, REPO
 from opforge.cli import app
 
 runner = CliRunner()
@@ -58,8 +58,18 @@ def test_repro_command_reruns_exactly_that_case(tmp_path):
 
 def test_json_and_junit_reports(tmp_path):
     json_path, junit_path = tmp_path / "out" / "r.json", tmp_path / "r.xml"
-    result = invoke("check", str(FIXTURES / "wrong_gradient.yaml"), "--check", "gradcheck", "--check", "correctness",
-                    "--json", str(json_path), "--junit", str(junit_path))
+    result = invoke(
+        "check",
+        str(FIXTURES / "wrong_gradient.yaml"),
+        "--check",
+        "gradcheck",
+        "--check",
+        "correctness",
+        "--json",
+        str(json_path),
+        "--junit",
+        str(junit_path),
+    )
     assert result.exit_code == 1
     data = json.loads(json_path.read_text())
     assert data["schema_version"] == 1 and data["environment"]["torch"]
@@ -73,8 +83,18 @@ def test_json_and_junit_reports(tmp_path):
 
 def test_filters_dtype_device_check_and_keyword(tmp_path):
     path = tmp_path / "r.json"
-    invoke("check", str(FIXTURES / "good.yaml"), "--dtype", "float64", "--check", "correctness", "-k", "x=7",
-           "--json", str(path))
+    invoke(
+        "check",
+        str(FIXTURES / "good.yaml"),
+        "--dtype",
+        "float64",
+        "--check",
+        "correctness",
+        "-k",
+        "x=7",
+        "--json",
+        str(path),
+    )
     rows = json.loads(path.read_text())["ops"][0]["results"]
     assert rows and all(r["dtype"] == "float64" and r["check"] == "correctness" and "x=7" in r["id"] for r in rows)
 
@@ -99,11 +119,14 @@ def test_fail_fast_stops_at_first_failure(tmp_path):
     assert [r["status"] for r in rows].count("fail") == 1 and rows[-1]["status"] == "fail"
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["check"], "an op name, a spec path or --all"),
-    (["check", "no_such_op"], "Run `opforge list`"),
-    (["check", "good", "--dtype", "float33"], "--dtype: expected one of"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["check"], "an op name, a spec path or --all"),
+        (["check", "no_such_op"], "Run `opforge list`"),
+        (["check", "good", "--dtype", "float33"], "--dtype: expected one of"),
+    ],
+)
 def test_bad_usage_exits_2_without_traceback(args, fragment):
     result = invoke(*args)
     assert result.exit_code == 2
@@ -134,9 +157,11 @@ def test_build_command_reports_cached_library():
 
 
 def test_python_dash_m_and_help_do_not_import_torch():
-    code = "import sys, runpy; sys.argv=['opforge', '--help']\n" \
-           "try:\n    runpy.run_module('opforge', run_name='__main__')\nexcept SystemExit:\n    pass\n" \
-           "print('torch' in sys.modules)"
+    code = (
+        "import sys, runpy; sys.argv=['opforge', '--help']\n"
+        "try:\n    runpy.run_module('opforge', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert "check" in out.stdout and out.stdout.strip().endswith("False")
 

@@ -14,18 +14,27 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
+from conftest import FIXTURES, REPO, requires_cuda
 from typer.testing import CliRunner
 
-from conftest import FIXTURES, REPO, requires_cuda
 from opforge.cli import app
 from opforge.errors import SpecError
-from opforge.isolation import (DEFAULT_CHECK_TIMEOUT, Isolation, Supervisor, _OpRun, describe_exit, gpus_per_slot,
-                               multi_gpu_note, stderr_excerpt, threads_per_worker, time_limit, visible_gpus)
-from opforge.results import OpReport, RunReport
-from opforge.runner import Events
+from opforge.isolation import (
+    DEFAULT_CHECK_TIMEOUT,
+    Isolation,
+    Supervisor,
+    _OpRun,
+    describe_exit,
+    gpus_per_slot,
+    multi_gpu_note,
+    stderr_excerpt,
+    threads_per_worker,
+    time_limit,
+    visible_gpus,
+)
 from opforge.loading import load_op
-from opforge.results import Status
-from opforge.runner import Filters, run_op
+from opforge.results import OpReport, RunReport, Status
+from opforge.runner import Events, Filters, run_op
 from opforge.spec import load_spec
 
 runner = CliRunner()
@@ -49,8 +58,20 @@ def misbehaving_run(tmp_path_factory):
     # Module-scoped, so conftest's per-test temporary directory does not apply: the failures it records go here.
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(out)
-        result = invoke("check", *specs, "--check", "correctness", "-j", "2", "--json", str(out / "r.json"),
-                        "--junit", str(out / "r.xml"), "--markdown", str(out / "summary.md"))
+        result = invoke(
+            "check",
+            *specs,
+            "--check",
+            "correctness",
+            "-j",
+            "2",
+            "--json",
+            str(out / "r.json"),
+            "--junit",
+            str(out / "r.xml"),
+            "--markdown",
+            str(out / "summary.md"),
+        )
     return result, json.loads((out / "r.json").read_text()), out
 
 
@@ -107,10 +128,25 @@ def test_interrupt_writes_an_incomplete_report_and_exits_130(tmp_path, signum, m
     marker, report_path = tmp_path / "hanging", tmp_path / "r.json"
     env = {**os.environ, "OPFORGE_TEST_MARKER": str(marker), "NO_COLOR": "1"}
     timeout = [] if mode else ["--timeout", "300"]
-    proc = subprocess.Popen([sys.executable, "-m", "opforge", "check", str(FIXTURES / "hangs.yaml"),
-                             str(FIXTURES / "good.yaml"), *timeout, *mode, "--json", str(report_path)],
-                            cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "opforge",
+            "check",
+            str(FIXTURES / "hangs.yaml"),
+            str(FIXTURES / "good.yaml"),
+            *timeout,
+            *mode,
+            "--json",
+            str(report_path),
+        ],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         _wait_for(marker, proc)
         proc.send_signal(signum)
@@ -152,9 +188,23 @@ def test_bad_run_options_exit_2(option):
 def test_a_load_error_in_a_worker_is_one_error_row_and_the_other_ops_still_run(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text((FIXTURES / "good.yaml").read_text().replace("broken_ops:reference", "broken_ops:nope"))
-    result = runner.invoke(app, ["check", str(bad), str(FIXTURES / "good.yaml"), "--check", "correctness", "-j", "2",
-                                 "--json", "r.json", "--markdown", "summary.md"],
-                           env={"NO_COLOR": "1", "PYTHONPATH": str(FIXTURES)})
+    result = runner.invoke(
+        app,
+        [
+            "check",
+            str(bad),
+            str(FIXTURES / "good.yaml"),
+            "--check",
+            "correctness",
+            "-j",
+            "2",
+            "--json",
+            "r.json",
+            "--markdown",
+            "summary.md",
+        ],
+        env={"NO_COLOR": "1", "PYTHONPATH": str(FIXTURES)},
+    )
     assert result.exit_code == 2, result.output
     assert f"{bad}:6: reference: expected a callable 'nope'" in result.output and "Traceback" not in result.output
     report = json.loads((tmp_path / "r.json").read_text())
@@ -168,8 +218,7 @@ def test_a_load_error_in_a_worker_is_one_error_row_and_the_other_ops_still_run(t
 def test_a_crash_while_loading_is_a_crash_load_row(tmp_path):
     (tmp_path / "dies_on_import.py").write_text("import ctypes\nctypes.string_at(0)\n")
     spec = tmp_path / "dies.yaml"
-    spec.write_text((FIXTURES / "good.yaml").read_text().replace("python: [broken_ops]",
-                                                                 "python: [dies_on_import]"))
+    spec.write_text((FIXTURES / "good.yaml").read_text().replace("python: [broken_ops]", "python: [dies_on_import]"))
     result = invoke("check", str(spec), str(FIXTURES / "good.yaml"), "--check", "correctness", "--json", "r.json")
     assert result.exit_code == 1, result.output
     [died, good] = json.loads((tmp_path / "r.json").read_text())["ops"]
@@ -190,8 +239,9 @@ def test_a_bug_in_a_worker_is_an_internal_error_with_its_traceback_only_under_de
     assert result.exit_code == 4, result.output
     assert "internal error: WorkerInternalError: TypeError" in result.output and "from_the_future" in result.output
     assert "Traceback" not in result.output and "rerun with --debug" in result.output.lower()
-    debug = runner.invoke(app, ["--debug", "check", str(FIXTURES / "good.yaml"), "--check", "correctness"],
-                          env={"NO_COLOR": "1"})
+    debug = runner.invoke(
+        app, ["--debug", "check", str(FIXTURES / "good.yaml"), "--check", "correctness"], env={"NO_COLOR": "1"}
+    )
     assert "the worker's traceback:\nTraceback (most recent call last)" in debug.output
     assert type(debug.exception).__name__ == "WorkerInternalError"
 
@@ -204,8 +254,22 @@ def test_a_package_in_the_working_directory_does_not_shadow_opforge_in_a_worker(
 
 
 def test_fail_fast_stops_the_ops_running_beside_the_one_that_failed(tmp_path):
-    result = invoke("check", str(FIXTURES / "ignores_strides.yaml"), str(FIXTURES / "hangs.yaml"), "-j", "2", "-x",
-                    "--check", "correctness", "--dtype", "float32", "--timeout", "300", "--json", "r.json")
+    result = invoke(
+        "check",
+        str(FIXTURES / "ignores_strides.yaml"),
+        str(FIXTURES / "hangs.yaml"),
+        "-j",
+        "2",
+        "-x",
+        "--check",
+        "correctness",
+        "--dtype",
+        "float32",
+        "--timeout",
+        "300",
+        "--json",
+        "r.json",
+    )
     assert result.exit_code == 1, result.output
     ops = {op["op"]: op["results"] for op in json.loads((tmp_path / "r.json").read_text())["ops"]}
     assert [r["status"] for r in ops["ignores_strides"]].count("fail") == 1
@@ -221,10 +285,8 @@ def test_a_fresh_worker_that_plans_other_rows_crashes_the_rest_of_the_op_not_the
     spec = load_spec(FIXTURES / "good.yaml")
     run = RunReport({})
     supervisor = Supervisor([], Filters(), Isolation(), run, Events(), environ={})
-    row = {"target": "native", "case_id": "c", "dtype": "float32", "device": "cuda", "seed": 1,
-           "rows": ["correctness"]}
-    op = _OpRun(spec, OpReport("good", str(spec.path)), 10.0, 0, rows=[row, row, row], next_index=1,
-                worker=Closed())
+    row = {"target": "native", "case_id": "c", "dtype": "float32", "device": "cuda", "seed": 1, "rows": ["correctness"]}
+    op = _OpRun(spec, OpReport("good", str(spec.path)), 10.0, 0, rows=[row, row, row], next_index=1, worker=Closed())
     supervisor.active[0] = op
     supervisor._loaded(op, {"event": "loaded", "count": 2})
     assert [r.status for r in op.report.results] == [Status.CRASH, Status.CRASH]
@@ -239,8 +301,11 @@ def test_a_cuda_device_assert_does_not_fail_the_rows_after_it(tmp_path):
     report = json.loads(path.read_text())
     [op, good] = report["ops"]
     statuses = {r["case_id"]: r["status"] for r in op["results"]}
-    assert statuses == {f"float32-{device}-contiguous-x={shape}": "fail" if shape == "7" else "pass"
-                        for device in ("cpu", "cuda") for shape in ("0d", "7", "5x6")}
+    assert statuses == {
+        f"float32-{device}-contiguous-x={shape}": "fail" if shape == "7" else "pass"
+        for device in ("cpu", "cuda")
+        for shape in ("0d", "7", "5x6")
+    }
     cuda_failure = next(r for r in op["results"] if r["device"] == "cuda" and r["status"] == "fail")
     assert "device-side assert" in cuda_failure["message"] or "CUDA error" in cuda_failure["message"]
     assert {r["status"] for r in good["results"]} == {"pass"}
@@ -290,8 +355,12 @@ def test_exit_descriptions():
 
 
 def test_stderr_excerpt_prefers_the_fatal_error_and_its_innermost_frames():
-    text = "noise\n" * 50 + "Fatal Python error: Segmentation fault\n\nCurrent thread (most recent call first):\n" + \
-        "".join(f'  File "f{i}.py", line {i}\n' for i in range(40)) + "\nExtension modules: a, b\n(total: 2)\n"
+    text = (
+        "noise\n" * 50
+        + "Fatal Python error: Segmentation fault\n\nCurrent thread (most recent call first):\n"
+        + "".join(f'  File "f{i}.py", line {i}\n' for i in range(40))
+        + "\nExtension modules: a, b\n(total: 2)\n"
+    )
     excerpt = stderr_excerpt(text).splitlines()
     assert excerpt[0] == "Fatal Python error: Segmentation fault" and '"f0.py"' in excerpt[2]
     assert len(excerpt) == 20 and not any("Extension" in line for line in excerpt)
@@ -318,13 +387,19 @@ def test_spec_timeout_must_be_positive_seconds(tmp_path, value):
 def test_a_raising_reference_errors_its_cases_and_the_others_still_run(tmp_path):
     shutil.copy(FIXTURES / "broken_ops.py", tmp_path / "broken_ops.py")
     spec = tmp_path / "good.yaml"
-    spec.write_text((FIXTURES / "good.yaml").read_text().replace("broken_ops:reference",
-                                                                 "broken_ops:reference_raising_on_7"))
+    spec.write_text(
+        (FIXTURES / "good.yaml").read_text().replace("broken_ops:reference", "broken_ops:reference_raising_on_7")
+    )
     report = run_op(load_op(load_spec(spec)), Filters(checks=("correctness",), dtypes=("float32",)))
     statuses = {r.case_id: r.status for r in report.results}
-    assert statuses == {"float32-cpu-contiguous-x=0d": Status.PASS, "float32-cpu-contiguous-x=0": Status.PASS,
-                        "float32-cpu-contiguous-x=7": Status.ERROR, "float32-cpu-contiguous-x=5x6": Status.PASS,
-                        "float32-cpu-transposed-x=5x6": Status.PASS, "float32-cpu-strided-x=7": Status.ERROR,
-                        "float32-cpu-strided-x=5x6": Status.PASS}
+    assert statuses == {
+        "float32-cpu-contiguous-x=0d": Status.PASS,
+        "float32-cpu-contiguous-x=0": Status.PASS,
+        "float32-cpu-contiguous-x=7": Status.ERROR,
+        "float32-cpu-contiguous-x=5x6": Status.PASS,
+        "float32-cpu-transposed-x=5x6": Status.PASS,
+        "float32-cpu-strided-x=7": Status.ERROR,
+        "float32-cpu-strided-x=5x6": Status.PASS,
+    }
     error = next(r for r in report.results if r.status == Status.ERROR)
     assert "ZeroDivisionError: the reference divided by zero" in error.message

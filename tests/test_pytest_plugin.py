@@ -8,7 +8,6 @@ import shutil
 from xml.etree import ElementTree
 
 import pytest
-
 from conftest import FIXTURES, REPO
 
 pytest_plugins = ["pytester"]
@@ -39,14 +38,31 @@ def run(pytester, *args: str):
 
 
 def test_items_have_opforge_ids_and_failures_show_the_worst_mismatch_and_repro(specs):
-    result = run(specs, "--opforge", "good.yaml", "ignores_strides.yaml", "-k", "correctness and float32", "-rf",
-                 "--junitxml=report.xml", "-v")
-    result.stdout.fnmatch_lines([
-        "*good.yaml::good/native::correctness?float32-cpu-contiguous-x=7? PASSED*",
-        "*ignores_strides.yaml::ignores_strides/native::correctness?float32-cpu-transposed-x=5x6? FAILED*",
-    ])
-    result.stdout.fnmatch_lines(["FAIL: ignores_strides/native::correctness*", "worst mismatch in result at *",
-                                 "seed: *", "repro: opforge check *"])
+    result = run(
+        specs,
+        "--opforge",
+        "good.yaml",
+        "ignores_strides.yaml",
+        "-k",
+        "correctness and float32",
+        "-rf",
+        "--junitxml=report.xml",
+        "-v",
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*good.yaml::good/native::correctness?float32-cpu-contiguous-x=7? PASSED*",
+            "*ignores_strides.yaml::ignores_strides/native::correctness?float32-cpu-transposed-x=5x6? FAILED*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "FAIL: ignores_strides/native::correctness*",
+            "worst mismatch in result at *",
+            "seed: *",
+            "repro: opforge check *",
+        ]
+    )
     outcomes = result.parseoutcomes()
     assert outcomes["passed"] == 7 + 4 and outcomes["failed"] == 3, result.stdout.str()
     assert result.ret == 1
@@ -59,7 +75,8 @@ def test_items_have_opforge_ids_and_failures_show_the_worst_mismatch_and_repro(s
 def test_skips_and_xfails_keep_their_meaning(specs):
     (specs.path / "ignores_strides.yaml").write_text(
         (FIXTURES / "ignores_strides.yaml").read_text() + "devices: [cpu, cuda]\n"
-        "xfail: [{check: correctness, strict: false, reason: reads the storage linearly}]\n")
+        "xfail: [{check: correctness, strict: false, reason: reads the storage linearly}]\n"
+    )
     result = run(specs, "--opforge", "ignores_strides.yaml", "-k", "correctness and float32", "-rsx")
     import torch
 

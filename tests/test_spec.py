@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from conftest import FIXTURES, SPECS
+
 from opforge.errors import SpecError
 from opforge.loading import load_op
 from opforge.spec import load_spec
@@ -60,28 +60,79 @@ BAD = [
     ("{shapes: [[], [7]]", "{shapes: [[-1]]", 7, "inputs.x.shapes[0]", "non-negative"),
     ("reference: broken_ops:reference", "reference: broken_ops.reference", 5, "reference", "`module:function`"),
     ("op: opforge_test::good", "op: good", 1, "op", "qualified name"),
-    ("python: [broken_ops]", "python: [broken_ops]\n  sources: [missing.cpp]", 5, "load.sources[0]",
-     "missing.cpp is missing"),
+    (
+        "python: [broken_ops]",
+        "python: [broken_ops]\n  sources: [missing.cpp]",
+        5,
+        "load.sources[0]",
+        "missing.cpp is missing",
+    ),
     ("x: {shapes: [[], [7]], low: -2, high: 2}", "x: {shapes: [[7]], values: [1]}", 7, "inputs.x", "both"),
     ("dtypes: [float32]", "dtypes: [float32]\nxfail: [{check: nope, reason: r}]", 9, "xfail[0].check", "one of"),
     ("dtypes: [float32]", "dtypes: [float32]\nchecks: [correctness, vmap]", 9, "checks", "a `vmap:` entry"),
     ("dtypes: [float32]", "dtypes: [float32]\nchecks: [large_index]", 9, "checks", "a `large_index:` entry"),
-    ("dtypes: [float32]", "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {x: {dtype: int32}},"
-     " error: RuntimeErr, match: m}", 10, "error_inputs[0].error", "built-in exception"),
-    ("dtypes: [float32]", "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {x: {dtype: int32}},"
-     " error: SystemExit, match: m}", 10, "error_inputs[0].error", "an Exception subclass"),
-    ("dtypes: [float32]", "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {y: {dtype: int32}},"
-     " error: RuntimeError, match: m}", 10, "error_inputs[0].inputs.y", "one of the spec's inputs"),
-    ("dtypes: [float32]", "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {x: {shape: 7}},"
-     " error: RuntimeError, match: m}", 10, "error_inputs[0].inputs.x.shape", "a shape"),
-    ("dtypes: [float32]", "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {x: {dtype: int32}},"
-     " error: RuntimeError, match: m}\n  - {description: D, inputs: {x: {dtype: int8}}, error: RuntimeError,"
-     " match: m}", 11, "error_inputs[1].description", "unlike the others"),
-    ("dtypes: [float32]", "dtypes: [float32]\nlarge_index: {shapes: {x: [2147483648]}, dtype: float32}", 9, "large_index.shapes",
-     "more than 2^31"),
-    ("dtypes: [float32]", "dtypes: [float32]\nlarge_index: {shapes: {}, dtype: float32}", 9, "large_index.shapes.x", "a 'x' entry"),
-    ("dtypes: [float32]", "dtypes: [float32]\nlarge_index: {shapes: {x: [2147483649]}}", 9, "large_index.dtype",
-     "one of the spec's dtypes"),
+    (
+        "dtypes: [float32]",
+        "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {x: {dtype: int32}},"
+        " error: RuntimeErr, match: m}",
+        10,
+        "error_inputs[0].error",
+        "built-in exception",
+    ),
+    (
+        "dtypes: [float32]",
+        "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {x: {dtype: int32}},"
+        " error: SystemExit, match: m}",
+        10,
+        "error_inputs[0].error",
+        "an Exception subclass",
+    ),
+    (
+        "dtypes: [float32]",
+        "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {y: {dtype: int32}},"
+        " error: RuntimeError, match: m}",
+        10,
+        "error_inputs[0].inputs.y",
+        "one of the spec's inputs",
+    ),
+    (
+        "dtypes: [float32]",
+        "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {x: {shape: 7}},"
+        " error: RuntimeError, match: m}",
+        10,
+        "error_inputs[0].inputs.x.shape",
+        "a shape",
+    ),
+    (
+        "dtypes: [float32]",
+        "dtypes: [float32]\nerror_inputs:\n  - {description: d, inputs: {x: {dtype: int32}},"
+        " error: RuntimeError, match: m}\n  - {description: D, inputs: {x: {dtype: int8}}, error: RuntimeError,"
+        " match: m}",
+        11,
+        "error_inputs[1].description",
+        "unlike the others",
+    ),
+    (
+        "dtypes: [float32]",
+        "dtypes: [float32]\nlarge_index: {shapes: {x: [2147483648]}, dtype: float32}",
+        9,
+        "large_index.shapes",
+        "more than 2^31",
+    ),
+    (
+        "dtypes: [float32]",
+        "dtypes: [float32]\nlarge_index: {shapes: {}, dtype: float32}",
+        9,
+        "large_index.shapes.x",
+        "a 'x' entry",
+    ),
+    (
+        "dtypes: [float32]",
+        "dtypes: [float32]\nlarge_index: {shapes: {x: [2147483649]}}",
+        9,
+        "large_index.dtype",
+        "one of the spec's dtypes",
+    ),
 ]
 
 
@@ -107,7 +158,7 @@ def test_broken_yaml_reports_its_line(tmp_path):
 
 
 def test_missing_required_key(tmp_path):
-    path = write(tmp_path, VALID.replace('reference: broken_ops:reference\n', ""))
+    path = write(tmp_path, VALID.replace("reference: broken_ops:reference\n", ""))
     with pytest.raises(SpecError, match="reference"):
         load_spec(path)
 
@@ -119,8 +170,12 @@ def test_tolerances_accept_yaml11_exponents(tmp_path):
 
 # Errors only the loaded op can reveal.
 LOAD_ERRORS = [
-    ('schema: "opforge_test::good(Tensor x) -> Tensor"', 'schema: "opforge_test::good(Tensor x, int n) -> Tensor"',
-     "schema", "registered schema"),
+    (
+        'schema: "opforge_test::good(Tensor x) -> Tensor"',
+        'schema: "opforge_test::good(Tensor x, int n) -> Tensor"',
+        "schema",
+        "registered schema",
+    ),
     ("python: [broken_ops]", "python: [no_such_module]", "load", "no module named 'no_such_module'"),
     ("reference: broken_ops:reference", "reference: broken_ops:nope", "reference", "a callable 'nope'"),
     ("op: opforge_test::good", "op: opforge_test::not_registered", "op", "no such operator"),
@@ -141,9 +196,12 @@ def test_claims_switch_their_checks_on_by_default(tmp_path):
     spec = load_spec(write(tmp_path, VALID))
     assert {"dtypes", "memory", "stream"} <= set(spec.checks)
     assert not {"vmap", "error_inputs", "large_index"} & set(spec.checks)
-    claimed = VALID.replace("dtypes: [float32]", "dtypes: [float16]\nvmap: true\nlarge_index: {shapes: {x: [2147483649]}}"
-                            "\nerror_inputs:\n  - {description: integer x, inputs: {x: {dtype: int32}}, "
-                            "error: RuntimeError, match: must be}")
+    claimed = VALID.replace(
+        "dtypes: [float32]",
+        "dtypes: [float16]\nvmap: true\nlarge_index: {shapes: {x: [2147483649]}}"
+        "\nerror_inputs:\n  - {description: integer x, inputs: {x: {dtype: int32}}, "
+        "error: RuntimeError, match: must be}",
+    )
     spec = load_spec(write(tmp_path, claimed))
     assert {"vmap", "error_inputs", "large_index"} <= set(spec.checks)
     assert spec.large_index.dtype == "float16" and not spec.large_index.enabled

@@ -11,32 +11,90 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import FIXTURES, REPO, SPECS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import FIXTURES, REPO, SPECS
 from opforge.errors import OpforgeError, SpecError
 from opforge.spec import load_spec
 
 # Bounded so CI stays fast. Derandomized: the same examples every run, so CI cannot fail on one it never saw
 # before (explore new ones locally with --hypothesis-seed=N; a seed also reproduces a failure).
 EXAMPLES = 200
-BASES = {path.name: path.read_text() for path in (SPECS / "leaky_swish.yaml", SPECS / "custom_loss.yaml",
-                                                   FIXTURES / "good.yaml", FIXTURES / "scale_.yaml")}
+BASES = {
+    path.name: path.read_text()
+    for path in (
+        SPECS / "leaky_swish.yaml",
+        SPECS / "custom_loss.yaml",
+        FIXTURES / "good.yaml",
+        FIXTURES / "scale_.yaml",
+    )
+}
 # Specs that need no build: the loaded-op checks (schema, modules, callables, inputs) are fuzzed on these too.
 PYTHON_ONLY = ("good.yaml", "scale_.yaml")
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
-                                                                                            max_size=3), max_leaves=6)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
 
 
 # Pieces of YAML that stress the parser and the value constructors (tags, anchors, dates, nesting), joined at random.
-YAML_PIECES = ("op: ", "schema: ", "inputs: ", "x: ", "shapes: ", "dtypes: ", "load: ", "python: ", "\n", "  ", "- ",
-               "[", "]", "{", "}", ", ", ": ", "? ", "&a ", "*a", "!!timestamp ", "!!binary ", "!!float ", "!!int ",
-               "!!str ", "!!python/object:os.system ", "!custom ", "2001-13-45", "2001-01-01", "0xZZ", "0x1F", "'",
-               '"', "~", ".nan", ".inf", "1e-3", "-0", "\t", "# c", "|\n", ">-\n", "<<: ", "%YAML 1.1\n", "---\n",
-               "...\n", "\x1f", "\ufeff", "float32", "cpu", "correctness")
+YAML_PIECES = (
+    "op: ",
+    "schema: ",
+    "inputs: ",
+    "x: ",
+    "shapes: ",
+    "dtypes: ",
+    "load: ",
+    "python: ",
+    "\n",
+    "  ",
+    "- ",
+    "[",
+    "]",
+    "{",
+    "}",
+    ", ",
+    ": ",
+    "? ",
+    "&a ",
+    "*a",
+    "!!timestamp ",
+    "!!binary ",
+    "!!float ",
+    "!!int ",
+    "!!str ",
+    "!!python/object:os.system ",
+    "!custom ",
+    "2001-13-45",
+    "2001-01-01",
+    "0xZZ",
+    "0x1F",
+    "'",
+    '"',
+    "~",
+    ".nan",
+    ".inf",
+    "1e-3",
+    "-0",
+    "\t",
+    "# c",
+    "|\n",
+    ">-\n",
+    "<<: ",
+    "%YAML 1.1\n",
+    "---\n",
+    "...\n",
+    "\x1f",
+    "\ufeff",
+    "float32",
+    "cpu",
+    "correctness",
+)
 yamlish = st.lists(st.sampled_from(YAML_PIECES) | st.text(max_size=4), max_size=40).map("".join)
 
 
@@ -86,13 +144,22 @@ def mutated_specs(draw) -> tuple[str, str]:
             container[key] = draw(values)
     text = yaml.safe_dump(data, sort_keys=False)
     if draw(st.integers(0, 3)) == 0:
-        text = text[:draw(st.integers(0, len(text)))]
+        text = text[: draw(st.integers(0, len(text)))]
     return name, text
 
 
-TRAPS = {"self-alias": "a: &a [*a]", "bad-date": "op: 2001-13-45", "bad-base64": "op: !!binary xyz",
-         "bad-int": "op: !!int 0xZZ", "empty-int": "!!int ", "empty-float": "!!float ", "empty-date": "!!timestamp ",
-         "deep": "[" * 3000, "control-char": "op: \x1f", "not-utf8": b"op: \x80"}
+TRAPS = {
+    "self-alias": "a: &a [*a]",
+    "bad-date": "op: 2001-13-45",
+    "bad-base64": "op: !!binary xyz",
+    "bad-int": "op: !!int 0xZZ",
+    "empty-int": "!!int ",
+    "empty-float": "!!float ",
+    "empty-date": "!!timestamp ",
+    "deep": "[" * 3000,
+    "control-char": "op: \x1f",
+    "not-utf8": b"op: \x80",
+}
 
 
 @pytest.mark.parametrize("text", TRAPS.values(), ids=TRAPS.keys())
@@ -111,15 +178,17 @@ def _assert_clean(path: Path, text: str | bytes) -> object | None:
         return None
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(yamlish | st.text(max_size=300) | st.binary(max_size=200))
 def test_random_text_loads_or_gives_a_spec_error(workdir, text):
     _assert_clean(workdir / "random.yaml", text)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(mutated_specs())
 def test_mutated_specs_load_or_give_a_spec_error(workdir, mutation):
     name, text = mutation
@@ -138,5 +207,4 @@ def _same_code(spec, name: str) -> bool:
     """Only modules the base spec names get imported: a mutation must not import an arbitrary module."""
     original = yaml.safe_load(BASES[name])
     modules = {ref.split(":")[0] for ref in (spec.reference, *(r for _, r in spec.implementations))}
-    return set(spec.python_modules) <= set(original["load"]["python"]) and \
-        modules <= set(original["load"]["python"])
+    return set(spec.python_modules) <= set(original["load"]["python"]) and modules <= set(original["load"]["python"])

@@ -68,24 +68,35 @@ def load_baseline(path: Path) -> dict:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
-        raise UsageError(what, "a readable file", exc.strerror or str(exc), "Pass the --json of an earlier run.") \
-            from None
+        raise UsageError(
+            what, "a readable file", exc.strerror or str(exc), "Pass the --json of an earlier run."
+        ) from None
     except ValueError as exc:
         raise UsageError(what, "JSON", f"invalid JSON ({exc})", "Pass the --json of an earlier run.") from None
     if not isinstance(data, dict) or data.get("kind") != "bench" or not isinstance(data.get("results"), list):
-        raise UsageError(what, "the --json of an `opforge bench` run", "another kind of file",
-                         "Pass a file written by `opforge bench ... --json`.")
+        raise UsageError(
+            what,
+            "the --json of an `opforge bench` run",
+            "another kind of file",
+            "Pass a file written by `opforge bench ... --json`.",
+        )
     if data.get("schema_version") != BENCH_SCHEMA_VERSION:
-        raise UsageError(what, f"bench schema version {BENCH_SCHEMA_VERSION}", repr(data.get("schema_version")),
-                         "Record the baseline again with this opforge version.")
+        raise UsageError(
+            what,
+            f"bench schema version {BENCH_SCHEMA_VERSION}",
+            repr(data.get("schema_version")),
+            "Record the baseline again with this opforge version.",
+        )
     return data
 
 
 def compare(run: BenchRun, baseline: dict, threshold_pct: float, path: str = "") -> Comparison:
     old = {r["id"]: r for r in baseline["results"] if r.get("status") == OK and _samples(r)}
-    comparison = Comparison(path, threshold_pct,
-                            environment_differences=environment.differences(baseline.get("environment", {}),
-                                                                             run.environment))
+    comparison = Comparison(
+        path,
+        threshold_pct,
+        environment_differences=environment.differences(baseline.get("environment", {}), run.environment),
+    )
     limit = 1 + threshold_pct / 100
     seen = set()
     for result in run.results:
@@ -102,8 +113,9 @@ def compare(run: BenchRun, baseline: dict, threshold_pct: float, path: str = "")
             continue
         interval = ratio_of_medians(result.timing.samples, _samples(previous))
         verdict = REGRESSION if interval.low > limit else FASTER if interval.high < 1 / limit else SAME
-        comparison.rows.append(CaseComparison(result.id, result.role, previous["median_s"], result.median_s,
-                                              interval, verdict))
+        comparison.rows.append(
+            CaseComparison(result.id, result.role, previous["median_s"], result.median_s, interval, verdict)
+        )
     comparison.only_old = [i for i in old if i not in seen]
     return comparison
 
@@ -111,8 +123,11 @@ def compare(run: BenchRun, baseline: dict, threshold_pct: float, path: str = "")
 def timing_differences(old: dict, new: Timing) -> list[str]:
     """`field: old -> new` for each TIMING_FIELDS entry that differs between a saved result and a new timing."""
     saved = old.get("timing") or {}
-    return [f"{name}: {saved.get(name)!r} -> {getattr(new, name)!r}" for name in TIMING_FIELDS
-            if saved.get(name) != getattr(new, name)]
+    return [
+        f"{name}: {saved.get(name)!r} -> {getattr(new, name)!r}"
+        for name in TIMING_FIELDS
+        if saved.get(name) != getattr(new, name)
+    ]
 
 
 def _samples(result: dict) -> list[float]:
@@ -124,12 +139,21 @@ def markdown(comparison: Comparison) -> str:
     """A summary for a CI job summary ($GITHUB_STEP_SUMMARY): verdict, environment warnings, then every case."""
     n = len(comparison.regressions)
     ci = f"{round(100 * comparison.rows[0].interval.confidence)}%" if comparison.rows else "95%"
-    title = f"❌ {n} regression{'s' if n != 1 else ''}" if n else \
-        "❌ nothing compared" if comparison.nothing_compared else "✅ no regression"
-    lines = [f"### opforge bench: {title}", "",
-             f"Against `{comparison.baseline_path}`; a case regresses when the {ci} confidence interval of "
-             f"new/old median lies entirely above {1 + comparison.threshold_pct / 100:.3g} "
-             f"(--max-regression {comparison.threshold_pct:g}%).", ""]
+    title = (
+        f"❌ {n} regression{'s' if n != 1 else ''}"
+        if n
+        else "❌ nothing compared"
+        if comparison.nothing_compared
+        else "✅ no regression"
+    )
+    lines = [
+        f"### opforge bench: {title}",
+        "",
+        f"Against `{comparison.baseline_path}`; a case regresses when the {ci} confidence interval of "
+        f"new/old median lies entirely above {1 + comparison.threshold_pct / 100:.3g} "
+        f"(--max-regression {comparison.threshold_pct:g}%).",
+        "",
+    ]
     if comparison.environment_differences:
         lines += ["> **Warning: the environments differ**; timings may not be comparable:", ">"]
         lines += [f"> - {d}" for d in comparison.environment_differences] + [""]
@@ -143,13 +167,19 @@ def markdown(comparison: Comparison) -> str:
         verdict = r.verdict if r.gated else f"{r.verdict} (baseline, not gated)"
         if r.verdict == REGRESSION and r.gated:
             verdict = f"**{verdict}**"
-        lines.append(f"| `{r.id}` | {format_seconds(r.old_median_s)} | {format_seconds(r.new_median_s)} | "
-                     f"{r.interval.ratio:.3f} | [{r.interval.low:.3f}, {r.interval.high:.3f}] | {verdict} |")
+        lines.append(
+            f"| `{r.id}` | {format_seconds(r.old_median_s)} | {format_seconds(r.new_median_s)} | "
+            f"{r.interval.ratio:.3f} | [{r.interval.low:.3f}, {r.interval.high:.3f}] | {verdict} |"
+        )
     if comparison.only_new:
         lines += ["", f"{len(comparison.only_new)} case(s) not in the baseline (not gated)."]
     if comparison.only_old:
-        lines += ["", f"{len(comparison.only_old)} case(s) of the baseline not run this time: "
-                      + ", ".join(f"`{i}`" for i in comparison.only_old) + "."]
+        lines += [
+            "",
+            f"{len(comparison.only_old)} case(s) of the baseline not run this time: "
+            + ", ".join(f"`{i}`" for i in comparison.only_old)
+            + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 

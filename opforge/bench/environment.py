@@ -9,10 +9,27 @@ import subprocess
 from pathlib import Path
 
 # Fields whose difference makes two runs' timings incomparable; the gate warns about each.
-COMPARED_FIELDS = ("cpu_model", "cpu_count", "torch_threads", "torch", "torch_cuda", "gpu_name", "gpu_driver",
-                   "gpu_clocks_max_sm_mhz", "gpu_clocks_max_mem_mhz")
-_SMI_FIELDS = ("name", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem",
-               "power.limit", "persistence_mode")
+COMPARED_FIELDS = (
+    "cpu_model",
+    "cpu_count",
+    "torch_threads",
+    "torch",
+    "torch_cuda",
+    "gpu_name",
+    "gpu_driver",
+    "gpu_clocks_max_sm_mhz",
+    "gpu_clocks_max_mem_mhz",
+)
+_SMI_FIELDS = (
+    "name",
+    "driver_version",
+    "clocks.sm",
+    "clocks.mem",
+    "clocks.max.sm",
+    "clocks.max.mem",
+    "power.limit",
+    "persistence_mode",
+)
 _COMMAND_TIMEOUT_S = 10
 
 
@@ -48,15 +65,17 @@ def gpu_fingerprint() -> dict:
         "gpu_count": torch.cuda.device_count(),
     }
     smi = nvidia_smi(gpu_smi_id(props))
-    env.update({
-        "gpu_driver": smi.get("driver_version"),
-        "gpu_clocks_sm_mhz": smi.get("clocks.sm"),
-        "gpu_clocks_mem_mhz": smi.get("clocks.mem"),
-        "gpu_clocks_max_sm_mhz": smi.get("clocks.max.sm"),
-        "gpu_clocks_max_mem_mhz": smi.get("clocks.max.mem"),
-        "gpu_power_limit_w": smi.get("power.limit"),
-        "gpu_persistence_mode": smi.get("persistence_mode"),
-    })
+    env.update(
+        {
+            "gpu_driver": smi.get("driver_version"),
+            "gpu_clocks_sm_mhz": smi.get("clocks.sm"),
+            "gpu_clocks_mem_mhz": smi.get("clocks.mem"),
+            "gpu_clocks_max_sm_mhz": smi.get("clocks.max.sm"),
+            "gpu_clocks_max_mem_mhz": smi.get("clocks.max.mem"),
+            "gpu_power_limit_w": smi.get("power.limit"),
+            "gpu_persistence_mode": smi.get("persistence_mode"),
+        }
+    )
     return env
 
 
@@ -98,10 +117,20 @@ def git_revision() -> str | None:
     """The opforge checkout's commit, with `-dirty` when it has uncommitted changes; None outside git."""
     root = Path(__file__).resolve().parent.parent.parent
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=_COMMAND_TIMEOUT_S, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=_COMMAND_TIMEOUT_S, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=_COMMAND_TIMEOUT_S,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=_COMMAND_TIMEOUT_S,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{head}-dirty" if dirty else head

@@ -7,11 +7,31 @@ import io
 from collections import defaultdict
 from pathlib import Path
 
-from opforge.bench.model import BASELINE, BenchRun, BenchResult, speedups
+from opforge.bench.model import BASELINE, BenchResult, BenchRun, speedups
 from opforge.results import dumps_json, write_atomically
 
-CSV_COLUMNS = ("id", "op", "impl", "role", "device", "dtype", "mode", "case", "elements", "status", "bytes",
-               "median_s", "iqr_s", "gbps", "pct_of_peak", "peak_gbps", "reps", "method", "threads", "message")
+CSV_COLUMNS = (
+    "id",
+    "op",
+    "impl",
+    "role",
+    "device",
+    "dtype",
+    "mode",
+    "case",
+    "elements",
+    "status",
+    "bytes",
+    "median_s",
+    "iqr_s",
+    "gbps",
+    "pct_of_peak",
+    "peak_gbps",
+    "reps",
+    "method",
+    "threads",
+    "message",
+)
 
 
 def write_json(run: BenchRun, path: Path) -> None:
@@ -47,8 +67,12 @@ def require_plotting() -> None:
     from opforge.errors import UsageError
 
     if importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("--plot", "matplotlib to be importable", "no module named matplotlib",
-                         "Install it (pip install 'opforge[plot]') or drop --plot.")
+        raise UsageError(
+            "--plot",
+            "matplotlib to be importable",
+            "no module named matplotlib",
+            "Install it (pip install 'opforge[plot]') or drop --plot.",
+        )
 
 
 def write_plot(run: BenchRun, path: Path) -> bool:
@@ -81,7 +105,7 @@ def write_plot(run: BenchRun, path: Path) -> bool:
         ax.set_title(f"{op} {mode} {dtype} {device}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,14 +11,22 @@ import ast
 import math
 import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 # What an expression may ask of a tensor, as `x.numel`, `x.numel()` or `numel(x)`.
 TENSOR_ATTRIBUTES = ("numel", "element_size", "nbytes", "ndim")
 FUNCTIONS: dict[str, Callable[..., Any]] = {"min": min, "max": max, "ceil": math.ceil, "floor": math.floor}
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 # Keeps `2 ** 10 ** 10` from hanging the loader; byte counts need no more than 2**63.
 MAX_EXPONENT = 64
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
@@ -62,8 +70,11 @@ def parse(text: str, names: set[str]) -> ast.Expression:
 
 def _check_node(node: ast.AST, names: set[str]) -> None:
     # Operator nodes (ast.Add, ...) are visited on their own by ast.walk after their BinOp/UnaryOp.
-    if isinstance(node, (ast.Expression, ast.Load, ast.BinOp, ast.UnaryOp)) or type(node) in _BINARY or \
-            type(node) in _UNARY:
+    if (
+        isinstance(node, (ast.Expression, ast.Load, ast.BinOp, ast.UnaryOp))
+        or type(node) in _BINARY
+        or type(node) in _UNARY
+    ):
         return
     if isinstance(node, ast.Constant):
         if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
@@ -80,8 +91,10 @@ def _check_node(node: ast.AST, names: set[str]) -> None:
     if isinstance(node, ast.Call):
         _check_call(node)
         return
-    raise ExpressionError(f"a {type(node).__name__} expression: only numbers, names, arithmetic, "
-                          f"<tensor>.{'/.'.join(TENSOR_ATTRIBUTES)} and {', '.join(FUNCTIONS)}() are allowed")
+    raise ExpressionError(
+        f"a {type(node).__name__} expression: only numbers, names, arithmetic, "
+        f"<tensor>.{'/.'.join(TENSOR_ATTRIBUTES)} and {', '.join(FUNCTIONS)}() are allowed"
+    )
 
 
 def _check_call(node: ast.Call) -> None:
@@ -117,8 +130,9 @@ def _eval(node: ast.AST, values: dict[str, Any]) -> Any:
         return node.value
     if isinstance(node, ast.Name):
         if node.id not in values:
-            raise ExpressionError(f"{node.id!r}, which this benchmark mode does not have "
-                                  f"(it has {', '.join(sorted(values))})")
+            raise ExpressionError(
+                f"{node.id!r}, which this benchmark mode does not have (it has {', '.join(sorted(values))})"
+            )
         return values[node.id]
     if isinstance(node, ast.BinOp):
         left, right = _number(node.left, values), _number(node.right, values)

@@ -69,8 +69,14 @@ class BenchResult:
 
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if k not in ("timing", "mismatch")}
-        data.update(id=self.id, median_s=self.median_s, iqr_s=self.iqr_s, gbps=self.gbps, pct_of_peak=self.pct_of_peak,
-                    mismatch=asdict(self.mismatch) if self.mismatch else None)
+        data.update(
+            id=self.id,
+            median_s=self.median_s,
+            iqr_s=self.iqr_s,
+            gbps=self.gbps,
+            pct_of_peak=self.pct_of_peak,
+            mismatch=asdict(self.mismatch) if self.mismatch else None,
+        )
         data["timing"] = None if self.timing is None else {**asdict(self.timing), "samples": list(self.timing.samples)}
         return data
 
@@ -80,8 +86,11 @@ def speedups(result: BenchResult, results: list[BenchResult]) -> dict[str, float
     mine = result.median_s
     if not mine:
         return {}
-    return {b.impl: b.median_s / mine for b in results
-            if b.role == BASELINE and b.case_key == result.case_key and b.timed and b is not result}
+    return {
+        b.impl: b.median_s / mine
+        for b in results
+        if b.role == BASELINE and b.case_key == result.case_key and b.timed and b is not result
+    }
 
 
 @dataclass

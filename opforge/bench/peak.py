@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from opforge.bench.timing import TimingOptions
 
@@ -49,8 +49,13 @@ def cache_file() -> Path:
     return cache_root() / "bench" / "peak.json"
 
 
-def peak_bandwidth(device: str, env: dict, refresh: bool = False, path: Path | None = None,
-                   measure: Callable[[str], tuple[float, str, int]] | None = None) -> Peak:
+def peak_bandwidth(
+    device: str,
+    env: dict,
+    refresh: bool = False,
+    path: Path | None = None,
+    measure: Callable[[str], tuple[float, str, int]] | None = None,
+) -> Peak:
     """The cached peak of this device, or a fresh measurement (stored). `measure(device)` returns
     (GB/s, method, bytes copied); tests pass a fake."""
     path = path or cache_file()

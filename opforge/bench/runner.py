@@ -11,9 +11,10 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from opforge.bench import expr
 from opforge.bench.model import BASELINE, ERROR, IMPLEMENTATION, OK, SKIP, WRONG, BenchResult, BenchRun
@@ -22,7 +23,7 @@ from opforge.cases import Case, CaseInputs, make_inputs
 from opforge.compare import CheckFailure, CheckSkipped, ReferenceFailure, as_tuple
 from opforge.errors import SpecError, UsageError
 from opforge.loading import LoadedOp, Target
-from opforge.spec import POWER_OF_TWO, FLOATING_DTYPES, BenchSpec, OpSpec, ScalarInput
+from opforge.spec import FLOATING_DTYPES, POWER_OF_TWO, BenchSpec, OpSpec, ScalarInput
 
 EAGER, COMPILE = "eager", "compile"
 
@@ -74,8 +75,12 @@ class Contender:
 
 def bench_section(spec: OpSpec, filters: BenchFilters) -> BenchSpec:
     if spec.bench is None and not filters.sizes:
-        raise UsageError(f"opforge bench {spec.name}", f"a `bench:` section in {spec.path}", "none",
-                         "Add one (see docs/specs.md, `bench`) or pass --sizes.")
+        raise UsageError(
+            f"opforge bench {spec.name}",
+            f"a `bench:` section in {spec.path}",
+            "none",
+            "Add one (see docs/specs.md, `bench`) or pass --sizes.",
+        )
     return spec.bench or BenchSpec()
 
 
@@ -91,12 +96,17 @@ def selected(spec: OpSpec, filters: BenchFilters) -> tuple[tuple[str, ...], tupl
     return devices, dtypes, modes
 
 
-def _choose(given: tuple[str, ...], default: tuple[str, ...], claimed: tuple[str, ...], option: str,
-            spec: OpSpec) -> tuple[str, ...]:
+def _choose(
+    given: tuple[str, ...], default: tuple[str, ...], claimed: tuple[str, ...], option: str, spec: OpSpec
+) -> tuple[str, ...]:
     for value in given:
         if value not in claimed:
-            raise UsageError(option, f"one of {', '.join(claimed)} (what {spec.name}'s spec claims)", repr(value),
-                             f"Pick one the op supports or add it to {spec.path.name}.")
+            raise UsageError(
+                option,
+                f"one of {', '.join(claimed)} (what {spec.name}'s spec claims)",
+                repr(value),
+                f"Pick one the op supports or add it to {spec.path.name}.",
+            )
     return given or default
 
 
@@ -107,8 +117,10 @@ def size_points(spec: OpSpec, filters: BenchFilters) -> list[tuple[str, tuple[tu
     sizes = filters.sizes or bench.sizes
     points = [(f"n={_size_label(n)}", tuple((name, (n,)) for name in tensors)) for n in sizes]
     if not filters.sizes:
-        points += [(",".join(f"{name}={'x'.join(map(str, shape)) or '0d'}" for name, shape in shapes), shapes)
-                   for shapes in bench.shapes]
+        points += [
+            (",".join(f"{name}={'x'.join(map(str, shape)) or '0d'}" for name, shape in shapes), shapes)
+            for shapes in bench.shapes
+        ]
     return points
 
 
@@ -120,8 +132,9 @@ def parse_sizes(texts: list[str]) -> tuple[int, ...]:
             match = POWER_OF_TWO.match(item)
             value = 2 ** int(match.group(1)) if match else int(item) if item.isdigit() else 0
             if value <= 0:
-                raise UsageError("--sizes", "element counts > 0 such as 65536 or 2**24", repr(item),
-                                 "Separate sizes with commas.")
+                raise UsageError(
+                    "--sizes", "element counts > 0 such as 65536 or 2**24", repr(item), "Separate sizes with commas."
+                )
             sizes.append(value)
     return tuple(sizes)
 
@@ -145,8 +158,10 @@ def plan_points(spec: OpSpec, filters: BenchFilters, devices: tuple[str, ...]) -
 
 
 def contenders(loaded: LoadedOp, filters: BenchFilters) -> list[Contender]:
-    everyone = [Contender(t.name, IMPLEMENTATION, t.fn, t) for t in loaded.targets] + \
-        [Contender(EAGER, BASELINE, loaded.reference), Contender(COMPILE, BASELINE, None)]
+    everyone = [Contender(t.name, IMPLEMENTATION, t.fn, t) for t in loaded.targets] + [
+        Contender(EAGER, BASELINE, loaded.reference),
+        Contender(COMPILE, BASELINE, None),
+    ]
     known = [c.name for c in everyone]
     for name in filters.impls:
         if name not in known:
@@ -181,8 +196,15 @@ class BenchHooks:
     progress: Callable[[int], AbstractContextManager[Callable[[BenchResult], None]]] = _no_progress
 
 
-def run_bench(specs: list[OpSpec], filters: BenchFilters, timing: TimingOptions, refresh_peak: bool = False,
-              cuda_arch: str | None = None, hooks: BenchHooks = BenchHooks(), timer: Timer | None = None) -> BenchRun:
+def run_bench(
+    specs: list[OpSpec],
+    filters: BenchFilters,
+    timing: TimingOptions,
+    refresh_peak: bool = False,
+    cuda_arch: str | None = None,
+    hooks: BenchHooks = BenchHooks(),
+    timer: Timer | None = None,
+) -> BenchRun:
     """Load each op, measure (or read) each device's peak bandwidth, then time every point of every op.
 
     `timer` replaces the timers (benchmarks/bench_fidelity.py times with do_bench)."""
@@ -204,27 +226,58 @@ def run_bench(specs: list[OpSpec], filters: BenchFilters, timing: TimingOptions,
     for device in used:
         with hooks.step(f"peak bandwidth of {device}"):
             peak = peak_bandwidth(device, env, refresh=refresh_peak)
-        run.peaks[device] = {"gbps": peak.gbps, "method": peak.method, "measured_at": peak.measured_at,
-                             "cached": peak.cached, "key": peak.key}
+        run.peaks[device] = {
+            "gbps": peak.gbps,
+            "method": peak.method,
+            "measured_at": peak.measured_at,
+            "cached": peak.cached,
+            "key": peak.key,
+        }
     total = sum(len(points) * len(chosen) for _, points, chosen in plans)
     with hooks.progress(total) as advance:
         for loaded, points, chosen in plans:
             for point in points:
-                run.results += run_point(loaded, point, chosen, timing, filters.seed,
-                                         run.peaks[point.device]["gbps"], on_result=advance, timer=timer)
+                run.results += run_point(
+                    loaded,
+                    point,
+                    chosen,
+                    timing,
+                    filters.seed,
+                    run.peaks[point.device]["gbps"],
+                    on_result=advance,
+                    timer=timer,
+                )
     run.seconds = time.perf_counter() - start
     return run
 
 
-def run_point(loaded: LoadedOp, point: BenchPoint, chosen: list[Contender], timing: TimingOptions, seed: int,
-              peak_gbps: float | None, on_result: Callable[[BenchResult], None] | None = None,
-              timer: Timer | None = None) -> list[BenchResult]:
+def run_point(
+    loaded: LoadedOp,
+    point: BenchPoint,
+    chosen: list[Contender],
+    timing: TimingOptions,
+    seed: int,
+    peak_gbps: float | None,
+    on_result: Callable[[BenchResult], None] | None = None,
+    timer: Timer | None = None,
+) -> list[BenchResult]:
     """Every contender on one point, each on the same input values (the same seed)."""
     results = []
 
     def emit(contender: Contender, status: str, **fields) -> None:
-        result = BenchResult(loaded.spec.name, contender.name, contender.role, point.device, point.dtype, point.mode,
-                             point.label, point.elements, status, peak_gbps=peak_gbps, **fields)
+        result = BenchResult(
+            loaded.spec.name,
+            contender.name,
+            contender.role,
+            point.device,
+            point.dtype,
+            point.mode,
+            point.label,
+            point.elements,
+            status,
+            peak_gbps=peak_gbps,
+            **fields,
+        )
         results.append(result)
         if on_result:
             on_result(result)
@@ -242,8 +295,7 @@ def run_point(loaded: LoadedOp, point: BenchPoint, chosen: list[Contender], timi
             emit(contender, ERROR, message=str(exc))
         return results
     for contender in chosen:
-        status, fields = _run_contender(loaded, point, contender, inputs, nbytes, timing, seed,
-                                        timer or time_callable)
+        status, fields = _run_contender(loaded, point, contender, inputs, nbytes, timing, seed, timer or time_callable)
         emit(contender, status, bytes=nbytes, **fields)
     return results
 
@@ -267,8 +319,16 @@ def input_source(loaded: LoadedOp, point: BenchPoint, seed: int) -> Callable[[],
     return lambda: shared
 
 
-def _run_contender(loaded: LoadedOp, point: BenchPoint, contender: Contender, inputs: Callable[[], CaseInputs],
-                   nbytes: int | None, timing: TimingOptions, seed: int, timer: Timer) -> tuple[str, dict]:
+def _run_contender(
+    loaded: LoadedOp,
+    point: BenchPoint,
+    contender: Contender,
+    inputs: Callable[[], CaseInputs],
+    nbytes: int | None,
+    timing: TimingOptions,
+    seed: int,
+    timer: Timer,
+) -> tuple[str, dict]:
     """(status, the row's fields). Whatever a contender raises costs its row, never the benchmark."""
     fields: dict = {}
     if contender.role == IMPLEMENTATION:
@@ -286,8 +346,13 @@ def _run_contender(loaded: LoadedOp, point: BenchPoint, contender: Contender, in
         copies = 1
         if timing.cuda_graph and point.device == "cuda" and reset is None:
             copies = graph_input_copies(nbytes, l2_bytes(point.device))
-            call = graph_rotation(call, [mode_callable(loaded, fn, _fresh_inputs(loaded, point, seed), point.mode,
-                                                       seed) for _ in range(copies - 1)])
+            call = graph_rotation(
+                call,
+                [
+                    mode_callable(loaded, fn, _fresh_inputs(loaded, point, seed), point.mode, seed)
+                    for _ in range(copies - 1)
+                ],
+            )
         measured = timer(call, point.device, timing, reset)
         if copies > 1:
             measured = replace(measured, method=f"{measured.method}, inputs rotated over {copies} copies")
@@ -312,8 +377,11 @@ def verify(loaded: LoadedOp, target: Target, point: BenchPoint, seed: int) -> tu
     from opforge.checks import CheckContext
     from opforge.checks.numerics import correctness, grad_lowp
 
-    checks = {"fwd": [("correctness", correctness)], "bwd": [("grad_lowp", grad_lowp)],
-              "fwd+bwd": [("correctness", correctness), ("grad_lowp", grad_lowp)]}[point.mode]
+    checks = {
+        "fwd": [("correctness", correctness)],
+        "bwd": [("grad_lowp", grad_lowp)],
+        "fwd+bwd": [("correctness", correctness), ("grad_lowp", grad_lowp)],
+    }[point.mode]
     context = CheckContext(loaded, seed)
     notes = []
     for name, check in checks:
@@ -341,8 +409,9 @@ def compiled_reference(loaded: LoadedOp) -> Callable[..., Any]:
     return torch.compile(loaded.reference, dynamic=False)
 
 
-def mode_callable(loaded: LoadedOp, fn: Callable[..., Any], inputs: CaseInputs, mode: str,
-                  seed: int) -> Callable[[], Any]:
+def mode_callable(
+    loaded: LoadedOp, fn: Callable[..., Any], inputs: CaseInputs, mode: str, seed: int
+) -> Callable[[], Any]:
     """What one timed call does. fwd: the call. bwd: autograd.grad through a graph built once (retain_graph), so
     only the backward runs. fwd+bwd: the call, then autograd.grad."""
     import torch
@@ -421,8 +490,12 @@ def bytes_moved(loaded: LoadedOp, mode: str, inputs: CaseInputs) -> int | None:
         return None
     expressions = dict(loaded.spec.bench.bytes) if loaded.spec.bench else {}
     parts = ("fwd", "bwd") if mode == "fwd+bwd" and mode not in expressions else (mode,)
-    return sum(_evaluate(loaded.spec, part, expressions[part], sizes) if part in expressions
-               else _default_bytes(loaded, part, sizes) for part in parts)
+    return sum(
+        _evaluate(loaded.spec, part, expressions[part], sizes)
+        if part in expressions
+        else _default_bytes(loaded, part, sizes)
+        for part in parts
+    )
 
 
 def _default_bytes(loaded: LoadedOp, mode: str, sizes: dict[str, Any]) -> int:
@@ -465,8 +538,9 @@ def _size_of(value: Any) -> Any:
     import torch
 
     if isinstance(value, torch.Tensor):
-        return expr.TensorSize(tuple(value.shape), value.element_size(),
-                               value.is_floating_point() or value.is_complex())
+        return expr.TensorSize(
+            tuple(value.shape), value.element_size(), value.is_floating_point() or value.is_complex()
+        )
     return value
 
 
@@ -493,8 +567,14 @@ def _evaluate(spec: OpSpec, mode: str, text: str, sizes: dict[str, Any]) -> int:
     try:
         value = expr.evaluate(expr.parse(text, set(sizes)), sizes)
     except (ValueError, ArithmeticError) as exc:  # ExpressionError is a ValueError; so is math.ceil(nan)
-        raise SpecError(spec.path, line, key, "an expression this point can evaluate", str(exc),
-                        "Use the names listed (see docs/specs.md, `bench.bytes`).") from None
+        raise SpecError(
+            spec.path,
+            line,
+            key,
+            "an expression this point can evaluate",
+            str(exc),
+            "Use the names listed (see docs/specs.md, `bench.bytes`).",
+        ) from None
     if value < 0:
         raise SpecError(spec.path, line, key, "a number of bytes >= 0", repr(value), "Fix the expression.")
     return int(value)

@@ -10,8 +10,8 @@ same stopping rule (measure_until_stable); the thread count is recorded.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from opforge.bench.stats import relative_iqr
 from opforge.cuda_spin import spin
@@ -92,8 +92,9 @@ def graph_input_copies(bytes_per_call: int | None, l2: int) -> int:
     return max(1, min(GRAPH_MAX_CALLS, -(-flush_bytes_for(l2) // bytes_per_call)))
 
 
-def warm_up(fn: Callable[[], object], seconds: float, sync: Callable[[], None],
-            clock: Callable[[], float] = time.perf_counter) -> int:
+def warm_up(
+    fn: Callable[[], object], seconds: float, sync: Callable[[], None], clock: Callable[[], float] = time.perf_counter
+) -> int:
     """Call fn until `seconds` have passed and at least MIN_WARMUP_CALLS were made; the number of calls."""
     start, calls = clock(), 0
     while calls < MIN_WARMUP_CALLS or clock() - start < seconds:
@@ -103,8 +104,9 @@ def warm_up(fn: Callable[[], object], seconds: float, sync: Callable[[], None],
     return calls
 
 
-def measure_until_stable(run_batch: Callable[[int], list[float]], options: TimingOptions,
-                         clock: Callable[[], float] = time.perf_counter) -> tuple[list[float], str]:
+def measure_until_stable(
+    run_batch: Callable[[int], list[float]], options: TimingOptions, clock: Callable[[], float] = time.perf_counter
+) -> tuple[list[float], str]:
     """Samples from batches of reps (`run_batch(n)` returns n samples) until the noise target or the budget.
 
     Batches grow geometrically so that a noisy op does not pay a synchronization per rep, and a quiet one stops
@@ -117,8 +119,11 @@ def measure_until_stable(run_batch: Callable[[int], list[float]], options: Timin
     batch = FIRST_BATCH
     while True:
         samples += run_batch(min(batch, options.max_reps - len(samples)))
-        if len(samples) >= options.min_reps and clock() - start >= options.min_time_s and \
-                relative_iqr(samples) < options.noise_target:
+        if (
+            len(samples) >= options.min_reps
+            and clock() - start >= options.min_time_s
+            and relative_iqr(samples) < options.noise_target
+        ):
             return samples, "noise"
         if clock() >= deadline:
             return samples, "budget"
@@ -151,8 +156,9 @@ class L2Flush:
             torch.ops.aten.zero_.default(self.buffer)
 
 
-def host_launch_seconds(fn: Callable[[], object], sync: Callable[[], None],
-                        clock: Callable[[], float] = time.perf_counter) -> float:
+def host_launch_seconds(
+    fn: Callable[[], object], sync: Callable[[], None], clock: Callable[[], float] = time.perf_counter
+) -> float:
     """The median host-side time of a call on an idle GPU: what the CPU spends queueing it."""
     import statistics
 
@@ -166,16 +172,19 @@ def host_launch_seconds(fn: Callable[[], object], sync: Callable[[], None],
     return statistics.median(times)
 
 
-def time_cuda(fn: Callable[[], object], options: TimingOptions, device="cuda",
-              reset: Callable[[], None] | None = None) -> Timing:
+def time_cuda(
+    fn: Callable[[], object], options: TimingOptions, device="cuda", reset: Callable[[], None] | None = None
+) -> Timing:
     """CUDA-event samples of `fn`. `reset`, when given, runs before every rep outside the timed region (and before
     the L2 flush, so what it writes is not left in L2): it restores the arguments a mutating op changes."""
     import torch
 
     if options.cuda_graph:
         if reset is not None:
-            raise ValueError("a CUDA graph replays many calls per sample, so the arguments the op mutates cannot be "
-                             "restored between them; time this op without --cuda-graph")
+            raise ValueError(
+                "a CUDA graph replays many calls per sample, so the arguments the op mutates cannot be "
+                "restored between them; time this op without --cuda-graph"
+            )
         return _time_cuda_graph(fn, options)
     flush = L2Flush(device)
     restore = reset or _nothing
@@ -203,8 +212,9 @@ def time_cuda(fn: Callable[[], object], options: TimingOptions, device="cuda",
         return [start.elapsed_time(end) / 1e3 for start, end in zip(starts, ends)]
 
     samples, stopped = measure_until_stable(run_batch, options)
-    return Timing(tuple(samples), "cuda-events", 1, stopped, flush_bytes=flush.nbytes, launch_cover_s=cover_s,
-                  host_s=host_s)
+    return Timing(
+        tuple(samples), "cuda-events", 1, stopped, flush_bytes=flush.nbytes, launch_cover_s=cover_s, host_s=host_s
+    )
 
 
 def graph_calls_for(seconds_per_call: float) -> int:
@@ -275,8 +285,9 @@ def time_cpu(fn: Callable[[], object], options: TimingOptions, reset: Callable[[
     return Timing(tuple(samples), "torch.utils.benchmark.Timer.timeit", calls, stopped, threads=threads)
 
 
-def _time_cpu_restored(fn: Callable[[], object], reset: Callable[[], None], options: TimingOptions,
-                       threads: int) -> Timing:
+def _time_cpu_restored(
+    fn: Callable[[], object], reset: Callable[[], None], options: TimingOptions, threads: int
+) -> Timing:
     def restored_call():
         reset()
         fn()
@@ -293,8 +304,7 @@ def _time_cpu_restored(fn: Callable[[], object], reset: Callable[[], None], opti
         return samples
 
     samples, stopped = measure_until_stable(run_batch, options)
-    return Timing(tuple(samples), "time.perf_counter, arguments restored before each call", 1, stopped,
-                  threads=threads)
+    return Timing(tuple(samples), "time.perf_counter, arguments restored before each call", 1, stopped, threads=threads)
 
 
 def cpu_block_calls(block_seconds: Callable[[int], float]) -> int:
@@ -305,8 +315,9 @@ def cpu_block_calls(block_seconds: Callable[[int], float]) -> int:
     return calls
 
 
-def time_callable(fn: Callable[[], object], device: str, options: TimingOptions,
-                  reset: Callable[[], None] | None = None) -> Timing:
+def time_callable(
+    fn: Callable[[], object], device: str, options: TimingOptions, reset: Callable[[], None] | None = None
+) -> Timing:
     return time_cuda(fn, options, reset=reset) if device == "cuda" else time_cpu(fn, options, reset=reset)
 
 

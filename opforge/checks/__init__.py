@@ -8,8 +8,8 @@ CheckSkipped becomes a SKIP row with its reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from opforge.cases import Case
 from opforge.compare import CheckFailure, PassNote
@@ -69,8 +69,11 @@ def floating_nonempty_first_values(loaded: LoadedOp, target: Target, cases: list
     def has_elements(shape: tuple[int, ...]) -> bool:
         return len(shape) > 0 and all(shape)
 
-    return [c for c in first_values(loaded, target, cases)
-            if c.dtype in FLOATING_DTYPES and c.layout == "contiguous" and all(has_elements(s) for _, s in c.shapes)]
+    return [
+        c
+        for c in first_values(loaded, target, cases)
+        if c.dtype in FLOATING_DTYPES and c.layout == "contiguous" and all(has_elements(s) for _, s in c.shapes)
+    ]
 
 
 def registered_op_first_values(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
@@ -108,16 +111,30 @@ def all_shapes_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> lis
 
 
 def registry() -> dict[str, Check]:
-    from opforge.checks import (compiled, contracts, gradients, large_index, numerics, placement, registration,
-                                resources, streams, transforms)
+    from opforge.checks import (
+        compiled,
+        contracts,
+        gradients,
+        large_index,
+        numerics,
+        placement,
+        registration,
+        resources,
+        streams,
+        transforms,
+    )
 
     checks = [
         Check("correctness", all_cases, numerics.correctness),
         Check("devices", cuda_cases, numerics.devices_agree),
         Check("determinism", deterministic_cases, numerics.determinism),
         Check("special_values", floating_nonempty_first_values, numerics.special_values),
-        Check("opcheck", registered_op_first_values, registration.opcheck,
-              rows=tuple(f"opcheck:{t}" for t in OPCHECK_SUBTESTS)),
+        Check(
+            "opcheck",
+            registered_op_first_values,
+            registration.opcheck,
+            rows=tuple(f"opcheck:{t}" for t in OPCHECK_SUBTESTS),
+        ),
         Check("gradcheck", float64_cases, gradients.gradcheck),
         Check("gradgradcheck", double_backward_cases, gradients.gradgradcheck),
         Check("grad_lowp", low_precision_cases, numerics.grad_lowp),

@@ -65,8 +65,9 @@ def differentiated(loaded: LoadedOp, inputs: CaseInputs) -> list[str]:
     return names
 
 
-def vector_jacobian_products(loaded: LoadedOp, target: Target, case: Case, base_seed: int, inputs: CaseInputs,
-                             names: list[str]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def vector_jacobian_products(
+    loaded: LoadedOp, target: Target, case: Case, base_seed: int, inputs: CaseInputs, names: list[str]
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """The op's and the reference's gradients with respect to `names`, for one random grad_output seeded by the
     case (drawn in float64, then rounded to each output's dtype, so both sides see the same values)."""
     import torch
@@ -80,9 +81,12 @@ def vector_jacobian_products(loaded: LoadedOp, target: Target, case: Case, base_
     except Exception as exc:
         raise CheckFailure(f"backward of {target.name} raised {short(exc)}") from exc
     try:
-        ref_grads = torch.autograd.grad(list(ref_outs[: len(outs)]),
-                                        [argument(inputs, loaded, n, reference=True) for n in names],
-                                        [g.double().cpu() for g in grad_outs], allow_unused=True)
+        ref_grads = torch.autograd.grad(
+            list(ref_outs[: len(outs)]),
+            [argument(inputs, loaded, n, reference=True) for n in names],
+            [g.double().cpu() for g in grad_outs],
+            allow_unused=True,
+        )
     except Exception as exc:
         raise ReferenceFailure(f"backward of the reference raised {short(exc)}") from exc
     return grads, ref_grads
@@ -124,19 +128,28 @@ def with_arguments(loaded: LoadedOp, inputs: CaseInputs, replacements: dict[str,
     return args, kwargs
 
 
-def paired(loaded: LoadedOp, got: tuple[Any, ...], mutated_now: dict[str, Any], expected: tuple[Any, ...],
-           expected_mutated: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+def paired(
+    loaded: LoadedOp,
+    got: tuple[Any, ...],
+    mutated_now: dict[str, Any],
+    expected: tuple[Any, ...],
+    expected_mutated: dict[str, Any],
+) -> list[tuple[str, Any, Any]]:
     """(name, got, expected) for each output, then each mutated argument ("x (mutated)"), after checking that the
     op returned as many values as expected (zip would silently compare fewer)."""
     if len(got) != len(expected):
-        raise CheckFailure(f"outputs: expected {len(expected)} value(s) (the schema's returns), got {len(got)}. "
-                           "Return exactly what the schema declares.")
+        raise CheckFailure(
+            f"outputs: expected {len(expected)} value(s) (the schema's returns), got {len(got)}. "
+            "Return exactly what the schema declares."
+        )
     return list(zip(output_names(loaded), got, expected)) + [
-        (f"{name}{MUTATED}", mutated_now[name], expected_mutated[name]) for name in loaded.mutated_arguments]
+        (f"{name}{MUTATED}", mutated_now[name], expected_mutated[name]) for name in loaded.mutated_arguments
+    ]
 
 
-def against_reference(loaded: LoadedOp, got: tuple[Any, ...], mutated_now: dict[str, Any],
-                      reference_result: tuple[Any, ...]) -> list[tuple[str, Any, Any]]:
+def against_reference(
+    loaded: LoadedOp, got: tuple[Any, ...], mutated_now: dict[str, Any], reference_result: tuple[Any, ...]
+) -> list[tuple[str, Any, Any]]:
     """The op's outputs and the mutated arguments' values now, paired with what the reference returned."""
     outputs, new_values = split_reference(loaded, reference_result)
     return paired(loaded, got, mutated_now, outputs, new_values)
@@ -158,8 +171,9 @@ def on_device(inputs: CaseInputs, device: Any) -> CaseInputs:
         moved = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=device)
         return moved.copy_(value.detach())
 
-    return replace(inputs, args=tuple(move(a) for a in inputs.args),
-                   kwargs={k: move(v) for k, v in inputs.kwargs.items()})
+    return replace(
+        inputs, args=tuple(move(a) for a in inputs.args), kwargs={k: move(v) for k, v in inputs.kwargs.items()}
+    )
 
 
 def output_names(loaded: LoadedOp) -> list[str]:

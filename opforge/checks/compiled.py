@@ -34,8 +34,9 @@ def compile_check(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
         try:
             got = as_tuple(compiled(*inputs.args, **inputs.kwargs))
         except Exception as exc:
-            raise CheckFailure(f"torch.compile(fullgraph=True) of {target.name} failed on {shaped.id}: {short(exc)}")\
-                from exc
+            raise CheckFailure(
+                f"torch.compile(fullgraph=True) of {target.name} failed on {shaped.id}: {short(exc)}"
+            ) from exc
         for i, (g, e) in enumerate(zip(got, eager)):
             check_result(f"compiled result[{i}] ({shaped.id})", g, e, tol, e.dtype, case.device)
     return {"compile": None}

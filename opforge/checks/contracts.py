@@ -13,8 +13,15 @@ from typing import Any
 
 from opforge.cases import Case, CaseInputs, sample
 from opforge.checks import CheckContext, Outcomes
-from opforge.checks.calls import (against_reference, call_reference, compared_dtype, inputs_for, mutated_values,
-                                  outputs_of, short)
+from opforge.checks.calls import (
+    against_reference,
+    call_reference,
+    compared_dtype,
+    inputs_for,
+    mutated_values,
+    outputs_of,
+    short,
+)
 from opforge.compare import CheckFailure, CheckSkipped, PassNote, ReferenceFailure, check_result, tolerance_for
 from opforge.loading import LoadedOp, Target
 from opforge.spec import ErrorInput, OpSpec, ScalarInput, Tolerance
@@ -49,8 +56,14 @@ def every_dtype_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> li
     dtypes = tuple(dict.fromkeys(spec.dtypes + TRIED_DTYPES))
     selected = []
     for device in dict.fromkeys(c.device for c in cases):
-        base = next((c for c in cases if c.device == device and c.layout == "contiguous" and c.values_index == 0
-                     and c.shape_index == wanted), None)
+        base = next(
+            (
+                c
+                for c in cases
+                if c.device == device and c.layout == "contiguous" and c.values_index == 0 and c.shape_index == wanted
+            ),
+            None,
+        )
         if base is not None:
             selected += [replace(base, dtype=dtype) for dtype in dtypes]
     return selected
@@ -71,12 +84,18 @@ def dtypes(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
         error = failure.__cause__
         if isinstance(error, CLEAR_ERRORS) and str(error).strip():
             return {"dtypes": None}  # rejected with a message: what an op should do with a dtype it does not support
-        raise CheckFailure(f"{case.dtype} is not claimed and the op fails on it without a clear error "
-                           f"({failure.message}). Reject it with TORCH_CHECK and a message.") from error
+        raise CheckFailure(
+            f"{case.dtype} is not claimed and the op fails on it without a clear error "
+            f"({failure.message}). Reject it with TORCH_CHECK and a message."
+        ) from error
     _compare_with_reference(loaded, case, returned, inputs, claimed=False)
     kinds = ", ".join(str(v.dtype).removeprefix("torch.") for v in returned if hasattr(v, "dtype")) or "nothing"
-    return {"dtypes": PassNote(f"{case.dtype} on {case.device} is not claimed, but works (returns {kinds}): claim "
-                               "it in the spec's dtypes, or reject it with a clear error")}
+    return {
+        "dtypes": PassNote(
+            f"{case.dtype} on {case.device} is not claimed, but works (returns {kinds}): claim "
+            "it in the spec's dtypes, or reject it with a clear error"
+        )
+    }
 
 
 def _compare_with_reference(loaded: LoadedOp, case: Case, got: tuple, inputs: CaseInputs, claimed: bool) -> None:
@@ -85,8 +104,9 @@ def _compare_with_reference(loaded: LoadedOp, case: Case, got: tuple, inputs: Ca
     import torch
 
     what = "" if claimed else f"{case.dtype} is not claimed, and instead of rejecting it the op returns wrong values: "
-    compared = against_reference(loaded, got, mutated_values(loaded, inputs),
-                                 call_reference(loaded, _real_valued_reference(loaded, inputs)))
+    compared = against_reference(
+        loaded, got, mutated_values(loaded, inputs), call_reference(loaded, _real_valued_reference(loaded, inputs))
+    )
     for name, g, e in compared:
         if not isinstance(g, torch.Tensor) or not isinstance(e, torch.Tensor):
             check_result(name, g, e, tolerance_for(loaded.spec, case.dtype), None, case.device)
@@ -111,8 +131,11 @@ def _real_valued_reference(loaded: LoadedOp, inputs: CaseInputs) -> CaseInputs:
         is_integral = isinstance(v, torch.Tensor) and not (v.is_floating_point() or v.is_complex())
         return v.to(torch.float64) if is_integral and name in follows_case else v
 
-    return replace(inputs, reference_args=tuple(real(names[i], a) for i, a in enumerate(inputs.reference_args)),
-                   reference_kwargs={k: real(k, v) for k, v in inputs.reference_kwargs.items()})
+    return replace(
+        inputs,
+        reference_args=tuple(real(names[i], a) for i, a in enumerate(inputs.reference_args)),
+        reference_kwargs={k: real(k, v) for k, v in inputs.reference_kwargs.items()},
+    )
 
 
 def _as_the_op_would(expected, dtype):
@@ -142,8 +165,12 @@ def error_input_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> li
     the mixed-device call on the CPU case, and a valid call on the CUDA one). So is an entry that pins a tensor to a
     device the run leaves out (`--device cpu` on a machine with a GPU): it would use the device the user excluded."""
     run = list(dict.fromkeys(c.device for c in cases))
-    return [_error_case(loaded.spec, entry, device) for entry in loaded.spec.error_inputs for device in run
-            if _pinned_devices(entry) != {device} and not _pins_an_excluded_device(loaded.spec, entry, run)]
+    return [
+        _error_case(loaded.spec, entry, device)
+        for entry in loaded.spec.error_inputs
+        for device in run
+        if _pinned_devices(entry) != {device} and not _pins_an_excluded_device(loaded.spec, entry, run)
+    ]
 
 
 def _pinned_devices(entry: ErrorInput) -> set[str]:
@@ -161,9 +188,16 @@ def _pins_an_excluded_device(spec: OpSpec, entry: ErrorInput, run: list[str]) ->
 def _error_case(spec: OpSpec, entry: ErrorInput, device: str) -> Case:
     tensors = _error_tensors(spec, entry, device)
     scalars = _error_scalars(spec, entry)
-    return Case(dtype=tensors[0][2] if tensors else spec.dtypes[0], device=device, layout="contiguous",
-                shapes=tuple((name, shape) for name, shape, _, _ in tensors), values=tuple(scalars.items()),
-                values_index=0, shape_index=representative_shape_index(spec), label=entry.label)
+    return Case(
+        dtype=tensors[0][2] if tensors else spec.dtypes[0],
+        device=device,
+        layout="contiguous",
+        shapes=tuple((name, shape) for name, shape, _, _ in tensors),
+        values=tuple(scalars.items()),
+        values_index=0,
+        shape_index=representative_shape_index(spec),
+        label=entry.label,
+    )
 
 
 def _error_tensors(spec: OpSpec, entry: ErrorInput, device: str) -> list[tuple[str, tuple[int, ...], str, str]]:
@@ -186,8 +220,10 @@ def _unreachable_pin(spec: OpSpec, entry: ErrorInput) -> str | None:
 
     for t in entry.tensors:
         if t.device and t.device not in spec.devices:
-            return (f"{entry.description}: puts {t.name} on {t.device}, which the spec's devices "
-                    f"({', '.join(spec.devices)}) do not include. Add {t.device} to devices to run this call.")
+            return (
+                f"{entry.description}: puts {t.name} on {t.device}, which the spec's devices "
+                f"({', '.join(spec.devices)}) do not include. Add {t.device} to devices to run this call."
+            )
         reason = t.device and device_unavailable(t.device)
         if reason:
             return f"{entry.description}: puts {t.name} on {t.device}: {reason}"
@@ -215,11 +251,15 @@ def error_inputs(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
         if not isinstance(exc, expected):
             raise CheckFailure(f"{entry.description}: expected {wanted}, got {short(exc)}") from exc
         if entry.match not in str(exc):
-            raise CheckFailure(f"{entry.description}: raised {type(exc).__name__} as expected, but its message lacks "
-                               f"{entry.match!r}: {short(exc)}") from exc
+            raise CheckFailure(
+                f"{entry.description}: raised {type(exc).__name__} as expected, but its message lacks "
+                f"{entry.match!r}: {short(exc)}"
+            ) from exc
         return {"error_inputs": None}
-    raise CheckFailure(f"{entry.description}: the op accepted this invalid call and returned {_describe(returned)}; "
-                       f"expected {wanted}. Check the arguments (TORCH_CHECK) before computing.")
+    raise CheckFailure(
+        f"{entry.description}: the op accepted this invalid call and returned {_describe(returned)}; "
+        f"expected {wanted}. Check the arguments (TORCH_CHECK) before computing."
+    )
 
 
 def _error_call(spec: OpSpec, entry: ErrorInput, case: Case, base_seed: int) -> dict[str, Any]:
@@ -239,5 +279,7 @@ def _error_call(spec: OpSpec, entry: ErrorInput, case: Case, base_seed: int) -> 
 
 def _describe(returned: Any) -> str:
     values = returned if isinstance(returned, (tuple, list)) else (returned,)
-    return ", ".join(f"a {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')} tensor" if hasattr(v, "shape")
-                     else repr(v) for v in values)
+    return ", ".join(
+        f"a {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')} tensor" if hasattr(v, "shape") else repr(v)
+        for v in values
+    )

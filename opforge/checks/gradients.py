@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from opforge.cases import Case
 from opforge.checks import CheckContext, Outcomes
-from opforge.checks.calls import (argument, differentiated, inputs_for, short, vector_jacobian_products,
-                                  with_arguments)
+from opforge.checks.calls import argument, differentiated, inputs_for, short, vector_jacobian_products, with_arguments
 from opforge.compare import CheckFailure, tolerance_for, worst_mismatch
 from opforge.loading import Target
 

@@ -70,8 +70,10 @@ def opted_out(loaded: LoadedOp, large: bool) -> str | None:
         return None
     # Only asked of a spec whose checks include large_index, which the spec loader allows only with the section.
     gib = _required_bytes(loaded, spec.large_index.dtype, dict(spec.large_index.shapes)) / 2**30
-    return (f"opt-in: large_index needs ~{gib:.0f} GiB of GPU memory; run `opforge check --large` or set "
-            "large_index.enabled: true in the spec")
+    return (
+        f"opt-in: large_index needs ~{gib:.0f} GiB of GPU memory; run `opforge check --large` or set "
+        "large_index.enabled: true in the spec"
+    )
 
 
 def large_index_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
@@ -86,8 +88,16 @@ def large_index_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> li
 def large_index(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     loaded = ctx.loaded
     build = loaded.build.plan.toolchain.cuda_archs if loaded.build else ()
-    job = Job(spec=str(loaded.spec.path), target=target.name, seed=case.seed(ctx.base_seed), dtype=case.dtype,
-              device=case.device, shapes=case.shapes, values=case.values, cuda_arch=";".join(build) or None)
+    job = Job(
+        spec=str(loaded.spec.path),
+        target=target.name,
+        seed=case.seed(ctx.base_seed),
+        dtype=case.dtype,
+        device=case.device,
+        shapes=case.shapes,
+        values=case.values,
+        cuda_arch=";".join(build) or None,
+    )
     return {"large_index": run_in_child(job, child_time_limit(ctx.time_limit))}
 
 
@@ -109,8 +119,13 @@ def run_in_child(job: Job, timeout_s: float = CHILD_TIMEOUT_S) -> CheckFailure |
         job_path = Path(tmp) / "job.json"
         job_path.write_text(json.dumps(asdict(job)))
         try:
-            done = subprocess.run([sys.executable, "-m", "opforge.checks.large_index", str(job_path)],
-                                  capture_output=True, text=True, timeout=timeout_s, env=_child_env())
+            done = subprocess.run(
+                [sys.executable, "-m", "opforge.checks.large_index", str(job_path)],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                env=_child_env(),
+            )
             returncode, stderr = done.returncode, done.stderr
         except subprocess.TimeoutExpired as exc:
             returncode, stderr = None, exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
@@ -130,8 +145,9 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def verdict(records: list[dict[str, Any]], returncode: int | None, stderr: str, timeout_s: float) \
-        -> CheckFailure | None:
+def verdict(
+    records: list[dict[str, Any]], returncode: int | None, stderr: str, timeout_s: float
+) -> CheckFailure | None:
     """The outcome from what the child wrote (its stages, then its verdict) and how it ended."""
     final = next((r for r in reversed(records) if "verdict" in r), None)
     if final is not None:
@@ -142,14 +158,17 @@ def verdict(records: list[dict[str, Any]], returncode: int | None, stderr: str, 
         if final["verdict"] == "error":
             raise ReferenceFailure(final["message"])
         mismatch = final.get("mismatch")
-        return CheckFailure(final["message"], Mismatch(**{**mismatch, "index": tuple(mismatch["index"])})
-                            if mismatch else None)
+        return CheckFailure(
+            final["message"], Mismatch(**{**mismatch, "index": tuple(mismatch["index"])}) if mismatch else None
+        )
     tail = "\n".join(line for line in stderr.splitlines() if line.strip())[-2000:].splitlines()[-STDERR_LINES:]
     how = f"did not finish within {timeout_s:g} s" if returncode is None else _death(returncode)
     if not any(r.get("stage") == "running" for r in records):
         raise ReferenceFailure(f"the large_index child process {how} before it ran the op:\n" + "\n".join(tail))
-    return CheckFailure(f"the op {how} on a tensor past 2^31 elements (in a child process of its own, so the run "
-                        "goes on). An int32 index or size overflows there. Index with int64_t.\n" + "\n".join(tail))
+    return CheckFailure(
+        f"the op {how} on a tensor past 2^31 elements (in a child process of its own, so the run "
+        "goes on). An int32 index or size overflows there. Index with int64_t.\n" + "\n".join(tail)
+    )
 
 
 def _death(returncode: int) -> str:
@@ -192,13 +211,19 @@ def child_main(job_path: str) -> int:
     except CheckSkipped as exc:
         record = {"verdict": "skip", "message": str(exc)}
     except CheckFailure as failure:
-        record = {"verdict": "fail", "message": failure.message,
-                  "mismatch": asdict(failure.mismatch) if failure.mismatch else None}
+        record = {
+            "verdict": "fail",
+            "message": failure.message,
+            "mismatch": asdict(failure.mismatch) if failure.mismatch else None,
+        }
     except ReferenceFailure as exc:
         record = {"verdict": "error", "message": str(exc)}
     except torch.OutOfMemoryError as exc:
-        record = {"verdict": "skip", "message": f"out of memory on {job.device} outside the op (its inputs past 2^31 "
-                                                f"elements, their windows): {_summary(exc)}"}
+        record = {
+            "verdict": "skip",
+            "message": f"out of memory on {job.device} outside the op (its inputs past 2^31 "
+            f"elements, their windows): {_summary(exc)}",
+        }
     except Exception as exc:  # a bug outside the op (loading, the windows, the reference): not the op's failure
         record = {"verdict": "error", "message": f"the large_index child process failed: {_summary(exc)}"}
     write(record)
@@ -238,12 +263,15 @@ def _child_run(job: Job, write) -> dict[str, Any]:
         if job.device == "cuda":
             torch.cuda.synchronize()
     except torch.OutOfMemoryError as exc:
-        raise CheckSkipped(f"out of memory on {job.device} while the op ran on a tensor past 2^31 elements (it "
-                           f"needs more than the inputs and outputs): {short(exc)}") from exc
+        raise CheckSkipped(
+            f"out of memory on {job.device} while the op ran on a tensor past 2^31 elements (it "
+            f"needs more than the inputs and outputs): {short(exc)}"
+        ) from exc
     except Exception as exc:
-        raise CheckFailure(f"{target.name} raised {short(exc)} on a tensor past 2^31 elements, where an int32 index "
-                           "or size overflows (an illegal memory access is the usual sign). Index with int64_t.") \
-            from exc
+        raise CheckFailure(
+            f"{target.name} raised {short(exc)} on a tensor past 2^31 elements, where an int32 index "
+            "or size overflows (an illegal memory access is the usual sign). Index with int64_t."
+        ) from exc
     _compare_windows(loaded, job, returned, kwargs, before)
     return {"verdict": "pass"}
 
@@ -257,8 +285,10 @@ def _check_memory(loaded: LoadedOp, job: Job, shapes: dict[str, tuple[int, ...]]
     else:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if needed > free:
-        raise CheckSkipped(f"not enough memory on {job.device}: large_index needs ~{needed / 2**30:.1f} GiB, "
-                           f"{free / 2**30:.1f} GiB are free")
+        raise CheckSkipped(
+            f"not enough memory on {job.device}: large_index needs ~{needed / 2**30:.1f} GiB, "
+            f"{free / 2**30:.1f} GiB are free"
+        )
 
 
 def _large_inputs(loaded: LoadedOp, job: Job, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
@@ -283,8 +313,9 @@ def _large_inputs(loaded: LoadedOp, job: Job, shapes: dict[str, tuple[int, ...]]
 
 def _window_bounds(job: Job, n: int) -> list[tuple[int, int]]:
     """[boundary - window, boundary + window) and the last `window` elements, merged where they overlap."""
-    spans = sorted({(max(0, job.boundary - job.window), min(n, job.boundary + job.window)),
-                    (max(0, n - job.window), n)})
+    spans = sorted(
+        {(max(0, job.boundary - job.window), min(n, job.boundary + job.window)), (max(0, n - job.window), n)}
+    )
     merged: list[tuple[int, int]] = []
     for lo, hi in spans:
         if merged and lo <= merged[-1][1]:
@@ -331,11 +362,15 @@ def _require_large(name: str, value: Any, shape: tuple[int, ...], dtype: Any) ->
     if not isinstance(value, torch.Tensor):
         raise CheckFailure(f"{name}: expected a Tensor, got {type(value).__name__}. Return a tensor.")
     if tuple(value.shape) != shape:
-        raise CheckFailure(f"{name}: expected shape {shape} (the inputs' shape; large_index assumes an elementwise "
-                           f"op), got {tuple(value.shape)}. Size outputs from the inputs with int64 sizes.")
+        raise CheckFailure(
+            f"{name}: expected shape {shape} (the inputs' shape; large_index assumes an elementwise "
+            f"op), got {tuple(value.shape)}. Size outputs from the inputs with int64 sizes."
+        )
     if value.dtype != dtype:
-        raise CheckFailure(f"{name}: expected dtype {dtype}, got {value.dtype} on a tensor past 2^31 elements. "
-                           "Allocate the output with the input's options.")
+        raise CheckFailure(
+            f"{name}: expected dtype {dtype}, got {value.dtype} on a tensor past 2^31 elements. "
+            "Allocate the output with the input's options."
+        )
 
 
 def _compare_window(name: str, part: Any, expected: Any, job: Job, lo: int, shape: tuple[int, ...], tol) -> None:
@@ -351,7 +386,9 @@ def _compare_window(name: str, part: Any, expected: Any, job: Job, lo: int, shap
     raise CheckFailure(
         f"{name}: {mismatch.mismatched} of {mismatch.total} elements in {lo}..{lo + part.numel() - 1} (around index "
         f"{job.boundary} and at the end) differ from the reference: an int32 index or size overflows. "
-        "Index with int64_t.", replace(mismatch, index=index))
+        "Index with int64_t.",
+        replace(mismatch, index=index),
+    )
 
 
 if __name__ == "__main__":

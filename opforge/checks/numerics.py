@@ -4,9 +4,20 @@ from __future__ import annotations
 
 from opforge.cases import Case
 from opforge.checks import CheckContext, Outcomes
-from opforge.checks.calls import (against_reference, argument, call_reference, compared_dtype, differentiated,
-                                  inputs_for, mutated_values, on_device, output_names, outputs_of, paired,
-                                  vector_jacobian_products)
+from opforge.checks.calls import (
+    against_reference,
+    argument,
+    call_reference,
+    compared_dtype,
+    differentiated,
+    inputs_for,
+    mutated_values,
+    on_device,
+    output_names,
+    outputs_of,
+    paired,
+    vector_jacobian_products,
+)
 from opforge.compare import EXACT, CheckFailure, check_result, tolerance_for
 from opforge.loading import Target
 
@@ -25,8 +36,10 @@ def correctness(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     for name, original in before.items():
         value = argument(inputs, loaded, name)
         if not value.equal(original) and not (value.isnan() & original.isnan()).any():
-            raise CheckFailure(f"{target.name} modified input {name} in place, but the schema does not declare it "
-                               f"mutable. Declare it as Tensor(a!) {name} or stop writing to it.")
+            raise CheckFailure(
+                f"{target.name} modified input {name} in place, but the schema does not declare it "
+                f"mutable. Declare it as Tensor(a!) {name} or stop writing to it."
+            )
     return {"correctness": None}
 
 
@@ -94,8 +107,21 @@ def _special_values(dtype):
 
     info = torch.finfo(dtype)
     subnormal = info.smallest_normal / 4
-    return torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, subnormal, -subnormal, info.max,
-                         -info.max, info.smallest_normal], dtype=torch.float64)
+    return torch.tensor(
+        [
+            float("nan"),
+            float("inf"),
+            -float("inf"),
+            -0.0,
+            0.0,
+            subnormal,
+            -subnormal,
+            info.max,
+            -info.max,
+            info.smallest_normal,
+        ],
+        dtype=torch.float64,
+    )
 
 
 def _outputs_and_mutations(loaded, target, inputs) -> list:
@@ -130,7 +156,12 @@ def grad_lowp(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
         t = argument(inputs, loaded, name)
         if g is None:
             raise CheckFailure(f"grad[{name}]: expected a gradient, got None. Return it from the backward formula.")
-        check_result(f"grad[{name}]", g, e if e is not None else torch.zeros_like(g, dtype=torch.float64),
-                     tol, t.dtype, case.device)
+        check_result(
+            f"grad[{name}]",
+            g,
+            e if e is not None else torch.zeros_like(g, dtype=torch.float64),
+            tol,
+            t.dtype,
+            case.device,
+        )
     return {"grad_lowp": None}
-

@@ -10,8 +10,16 @@ from __future__ import annotations
 
 from opforge.cases import Case
 from opforge.checks import CheckContext, Outcomes
-from opforge.checks.calls import (against_reference, call_reference, compared_dtype, inputs_for, mutated_values,
-                                  on_device, outputs_of, short)
+from opforge.checks.calls import (
+    against_reference,
+    call_reference,
+    compared_dtype,
+    inputs_for,
+    mutated_values,
+    on_device,
+    outputs_of,
+    short,
+)
 from opforge.compare import CheckFailure, CheckSkipped, check_result, tolerance_for
 from opforge.loading import Target
 
@@ -47,8 +55,9 @@ def far_device(count: int):
     import torch
 
     if count < MIN_GPUS:
-        raise CheckSkipped(f"needs {MIN_GPUS} GPUs to put the inputs on another GPU than the current one, "
-                           f"{count} visible")
+        raise CheckSkipped(
+            f"needs {MIN_GPUS} GPUs to put the inputs on another GPU than the current one, {count} visible"
+        )
     return torch.device("cuda", count - 1)
 
 
@@ -56,9 +65,11 @@ def require_device(name: str, value, device) -> None:
     import torch
 
     if isinstance(value, torch.Tensor) and value.device != device:
-        raise CheckFailure(f"{name}: expected the result on the input's device {device}, got one on {value.device}. "
-                           "Put `const c10::cuda::CUDAGuard guard(x.device());` first in the kernel's host function "
-                           "and allocate outputs with the input's options.")
+        raise CheckFailure(
+            f"{name}: expected the result on the input's device {device}, got one on {value.device}. "
+            "Put `const c10::cuda::CUDAGuard guard(x.device());` first in the kernel's host function "
+            "and allocate outputs with the input's options."
+        )
 
 
 def _synchronize(target: Target, device) -> None:
@@ -67,7 +78,8 @@ def _synchronize(target: Target, device) -> None:
     try:
         torch.cuda.synchronize(device)
     except Exception as exc:
-        raise CheckFailure(f"{target.name} with its inputs on another GPU than the current cuda:{HOME_DEVICE}: "
-                           f"expected it to run on the inputs' GPU, got a fault on {device}: {short(exc)}. Put "
-                           "`const c10::cuda::CUDAGuard guard(x.device());` first in the kernel's host function.") \
-            from exc
+        raise CheckFailure(
+            f"{target.name} with its inputs on another GPU than the current cuda:{HOME_DEVICE}: "
+            f"expected it to run on the inputs' GPU, got a fault on {device}: {short(exc)}. Put "
+            "`const c10::cuda::CUDAGuard guard(x.device());` first in the kernel's host function."
+        ) from exc

@@ -14,8 +14,9 @@ def opcheck(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     import torch
 
     inputs = inputs_for(ctx.loaded, case, ctx.base_seed, requires_grad=ctx.loaded.spec.differentiable)
-    verdicts = torch.library.opcheck(target.overload, inputs.args, inputs.kwargs, test_utils=OPCHECK_SUBTESTS,
-                                     raise_exception=False)
+    verdicts = torch.library.opcheck(
+        target.overload, inputs.args, inputs.kwargs, test_utils=OPCHECK_SUBTESTS, raise_exception=False
+    )
     return {f"opcheck:{name}": _outcome(verdicts.get(name, "SUCCESS")) for name in OPCHECK_SUBTESTS}
 
 

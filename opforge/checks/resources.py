@@ -38,8 +38,11 @@ def memory_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Ca
 def memory(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed)
-    measure, unit = (_cuda_allocated_bytes, "bytes stayed allocated") if case.device == "cuda" \
+    measure, unit = (
+        (_cuda_allocated_bytes, "bytes stayed allocated")
+        if case.device == "cuda"
         else (_live_tensors, "tensors stayed alive")
+    )
 
     def call() -> None:
         outputs_of(loaded, target, inputs)  # and drop what it returned
@@ -56,7 +59,8 @@ def memory(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
         raise CheckFailure(
             f"{growth[0]} then {growth[1]} {unit} over two windows of {CALLS_PER_WINDOW} calls whose results were "
             f"dropped ({growth[1] / CALLS_PER_WINDOW:g} per call): the op keeps what it allocates (a cache, a list, "
-            "a global). Free it, or bound the cache.")
+            "a global). Free it, or bound the cache."
+        )
     return {"memory": None}
 
 

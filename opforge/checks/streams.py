@@ -21,8 +21,17 @@ import math
 
 from opforge.cases import Case
 from opforge.checks import CheckContext, Outcomes, first_values
-from opforge.checks.calls import (against_reference, argument, call_reference, compared_dtype, inputs_for,
-                                  mutated_values, outputs_of, short, with_arguments)
+from opforge.checks.calls import (
+    against_reference,
+    argument,
+    call_reference,
+    compared_dtype,
+    inputs_for,
+    mutated_values,
+    outputs_of,
+    short,
+    with_arguments,
+)
 from opforge.compare import CheckFailure, check_result, tolerance_for
 from opforge.cuda_spin import spin
 from opforge.loading import LoadedOp, Target
@@ -36,8 +45,11 @@ PRODUCER_SLEEP_S = 0.05
 def stream_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
     """CUDA, contiguous, non-empty, first argument values: stream order does not depend on layout or values, and
     an empty tensor launches no kernel."""
-    return [c for c in first_values(loaded, target, cases)
-            if c.device == "cuda" and c.layout == "contiguous" and all(math.prod(s) for _, s in c.shapes)]
+    return [
+        c
+        for c in first_values(loaded, target, cases)
+        if c.device == "cuda" and c.layout == "contiguous" and all(math.prod(s) for _, s in c.shapes)
+    ]
 
 
 def stream(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
@@ -69,11 +81,17 @@ def _on_side_streams(ctx: CheckContext, target: Target, case: Case) -> None:
         seen = tuple(o.clone() for o in got)
         seen_mutated = {name: pending[name].clone() for name in loaded.mutated_arguments}
     torch.cuda.synchronize()
-    _compare(loaded, case, seen, seen_mutated, expected,
-             "on a side stream, inputs written by another stream just before it ran",
-             "The op does not run in the caller's stream order: launch every kernel on "
-             "at::cuda::getCurrentCUDAStream() (a <<<grid, block>>> launch without a stream uses the legacy "
-             "default stream).")
+    _compare(
+        loaded,
+        case,
+        seen,
+        seen_mutated,
+        expected,
+        "on a side stream, inputs written by another stream just before it ran",
+        "The op does not run in the caller's stream order: launch every kernel on "
+        "at::cuda::getCurrentCUDAStream() (a <<<grid, block>>> launch without a stream uses the legacy "
+        "default stream).",
+    )
 
 
 def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
@@ -99,20 +117,30 @@ def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
     except Exception as exc:
         _clear_stale_launch_error()
         message = exc.message if isinstance(exc, CheckFailure) else short(exc)
-        raise CheckFailure(f"CUDA-graph capture of {target.name} failed: {message}. A kernel launched on the legacy "
-                           "default stream (<<<grid, block>>> without a stream) cannot be captured; launch on "
-                           "at::cuda::getCurrentCUDAStream(), and keep host synchronization (.item(), .cpu()) out "
-                           "of the op.") from exc
+        raise CheckFailure(
+            f"CUDA-graph capture of {target.name} failed: {message}. A kernel launched on the legacy "
+            "default stream (<<<grid, block>>> without a stream) cannot be captured; launch on "
+            "at::cuda::getCurrentCUDAStream(), and keep host synchronization (.item(), .cpu()) out "
+            "of the op."
+        ) from exc
     for name, value in fresh.items():
         argument(captured_inputs, loaded, name).copy_(value)
     graph.replay()
     torch.cuda.synchronize()
-    _compare(loaded, case, got, mutated_values(loaded, captured_inputs), expected, "CUDA-graph replay on new inputs",
-             "A kernel that is not on the current stream is not captured, and its outputs are stale on replay.")
+    _compare(
+        loaded,
+        case,
+        got,
+        mutated_values(loaded, captured_inputs),
+        expected,
+        "CUDA-graph replay on new inputs",
+        "A kernel that is not on the current stream is not captured, and its outputs are stale on replay.",
+    )
 
 
-def _compare(loaded: LoadedOp, case: Case, got: tuple, mutated_now: dict, reference_result: tuple, how: str,
-             hint: str) -> None:
+def _compare(
+    loaded: LoadedOp, case: Case, got: tuple, mutated_now: dict, reference_result: tuple, how: str, hint: str
+) -> None:
     tol = tolerance_for(loaded.spec, case.dtype)
     for name, g, e in against_reference(loaded, got, mutated_now, reference_result):
         try:
@@ -126,8 +154,11 @@ def _sentinel_like(t):
     largest value for integers."""
     import torch
 
-    fill = float("nan") if t.is_floating_point() or t.is_complex() else (
-        True if t.dtype == torch.bool else torch.iinfo(t.dtype).max)
+    fill = (
+        float("nan")
+        if t.is_floating_point() or t.is_complex()
+        else (True if t.dtype == torch.bool else torch.iinfo(t.dtype).max)
+    )
     return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).fill_(fill)
 
 

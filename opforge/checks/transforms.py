@@ -39,14 +39,22 @@ def vmap(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     try:
         batched = as_tuple(torch.vmap(call)(*batched_inputs))
     except Exception as exc:
-        raise CheckFailure(f"torch.vmap of {target.name}: expected it to run batched, got {short(exc)}. Register a "
-                           "batching rule (torch.library.register_vmap) that returns out_dims for every output.") \
-            from exc
+        raise CheckFailure(
+            f"torch.vmap of {target.name}: expected it to run batched, got {short(exc)}. Register a "
+            "batching rule (torch.library.register_vmap) that returns out_dims for every output."
+        ) from exc
     tol = tolerance_for(loaded.spec, case.dtype)
     stacked = tuple(torch.stack(per_slice) for per_slice in zip(*looped))
     for name, got, expected in paired(loaded, batched, {}, stacked, {}):
-        check_result(f"{name} (vmap vs loop over {BATCH} slices)", got, expected, tol, expected.dtype, case.device,
-                     against=f"the op called on each of the {BATCH} slices")
+        check_result(
+            f"{name} (vmap vs loop over {BATCH} slices)",
+            got,
+            expected,
+            tol,
+            expected.dtype,
+            case.device,
+            against=f"the op called on each of the {BATCH} slices",
+        )
     return {"vmap": None}
 
 
