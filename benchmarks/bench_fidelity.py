@@ -92,8 +92,8 @@ def spread_misses(deviations: list[float]) -> list[str]:
     worst = max(deviations)
     return (
         [
-            f"spread: expected every case within ±{100 * SPREAD_TARGET:.0f}% of the runs' mean, got ±{100 * worst:.1f}% "
-            f"({sum(d > SPREAD_TARGET for d in deviations)} of {len(deviations)} cases outside)"
+            f"spread: expected every case within ±{100 * SPREAD_TARGET:.0f}% of the runs' mean, "
+            f"got ±{100 * worst:.1f}% ({sum(d > SPREAD_TARGET for d in deviations)} of {len(deviations)} cases outside)"
         ]
         if worst > SPREAD_TARGET
         else []
@@ -193,7 +193,7 @@ def do_bench_medians(
 
     from opforge.bench.runner import BenchFilters, parse_sizes, run_bench
     from opforge.bench.timing import Timing, TimingOptions, host_launch_seconds
-    from opforge.spec import find_spec, load_spec
+    from opforge.spec.load import find_spec, load_spec
 
     def timer(call, device, options, reset) -> Timing:
         if reset is not None:  # do_bench has no hook between reps to restore the arguments

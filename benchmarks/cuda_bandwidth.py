@@ -268,7 +268,7 @@ def markdown(rows: list[dict]) -> str:
     ]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
-        lines.append("| " + " | ".join(str(r.get(c, "–")) for c in columns) + " |")
+        lines.append("| " + " | ".join(str(r.get(c, "-")) for c in columns) + " |")
     return "\n".join(lines)
 
 

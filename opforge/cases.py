@@ -13,7 +13,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from opforge.spec import OpSpec, ScalarInput, TensorInput
+from opforge.spec.model import Avoid, OpSpec, ScalarInput, TensorInput
 
 # The spec's `noncontiguous` layout expands into both kinds of non-contiguous view, since kernels get them wrong in
 # different ways: a transpose is dense with permuted strides, a strided slice has gaps.
@@ -103,7 +103,7 @@ def make_inputs(
     values64 = {t.name: sample(t, shapes[t.name], case.dtype, generator) for t in spec.tensor_inputs()}
     for t in spec.tensor_inputs():
         if t.avoid:
-            _apply_avoid(t, values64, case.dtype)
+            _apply_avoid(t, t.avoid, values64, case.dtype)
     given = {i.name: i for i in spec.inputs}
     scalars = dict(case.values)
     args, kwargs, ref_args, ref_kwargs, positional = [], {}, [], {}, True
@@ -159,18 +159,17 @@ def sample(t: TensorInput, shape: tuple[int, ...], case_dtype: str, generator):
     return values.to(dtype).to(torch.float64)
 
 
-def _apply_avoid(t: TensorInput, values64: dict[str, Any], case_dtype: str) -> None:
+def _apply_avoid(t: TensorInput, avoid: Avoid, values64: dict[str, Any], case_dtype: str) -> None:
     """Move values closer than `margin` to an avoided point out to 1.5 margins (rounded to the dtype again)."""
     import torch
 
-    avoid = t.avoid
     dtype = _torch_dtype(t.dtype or case_dtype)
     this = values64[t.name]
     other = values64[avoid.relative_to] if avoid.relative_to else torch.zeros(())
     shape = torch.broadcast_shapes(this.shape, other.shape)
     if this.shape == shape:
         moved, adjusted, base, sign = t.name, this.clone(), other.expand(shape), 1.0
-    elif other.shape == shape:
+    elif other.shape == shape and avoid.relative_to:
         moved, adjusted, base, sign = avoid.relative_to, other.clone(), this.expand(shape), -1.0
     else:
         raise ValueError(

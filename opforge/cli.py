@@ -7,16 +7,20 @@ spec, 3 a build failed, 4 an internal error (a bug in opforge: rerun with --debu
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
-from opforge import report
+from opforge.checks.catalog import CATALOG
 from opforge.errors import (
     EXIT_FAILED,
     EXIT_INTERNAL,
@@ -27,17 +31,11 @@ from opforge.errors import (
     OpforgeError,
     UsageError,
 )
-from opforge.spec import (
-    BENCH_MODES,
-    KNOWN_CHECKS,
-    KNOWN_DEVICES,
-    KNOWN_DTYPES,
-    OPCHECK_SUBTESTS,
-    OpSpec,
-    find_spec,
-    list_specs,
-    load_spec,
-)
+from opforge.reporters import BENCH_FORMATS, CHECK_FORMATS
+from opforge.reporters import console as out
+from opforge.reporters.base import NotWritten, Reporter, ReportFormat
+from opforge.spec.load import find_spec, list_specs, load_spec
+from opforge.spec.model import BENCH_MODES, KNOWN_DEVICES, KNOWN_DTYPES, OpSpec
 
 app = typer.Typer(
     name="opforge",
@@ -48,9 +46,15 @@ app = typer.Typer(
 )
 _state = {"debug": False}
 
+# Options shared by several commands, declared once.
+Targets = Annotated[list[str] | None, typer.Argument(help="Op names (see `opforge list`) or paths to spec files.")]
+Devices = Annotated[list[str], typer.Option("--device", help="Only these devices (repeatable).")]
+Dtypes = Annotated[list[str], typer.Option("--dtype", help="Only these dtypes (repeatable).")]
+CudaArch = Annotated[str | None, typer.Option("--cuda-arch", help="CUDA archs to build for, e.g. 9.0.")]
+
 
 @app.callback()
-def _main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks.")) -> None:
+def _main(debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")] = False) -> None:
     _state["debug"] = debug
 
 
@@ -61,20 +65,52 @@ def _guarded(command: Callable[[], int]) -> None:
     except OpforgeError as exc:
         if _state["debug"]:
             raise
-        report.error(str(exc))
+        out.error(str(exc))
         code = exc.exit_code
     except KeyboardInterrupt:
-        report.error("interrupted")
+        out.error("interrupted")
         code = EXIT_INTERRUPTED
     except Exception as exc:  # a bug in opforge: say so briefly, keep the traceback for --debug
         if _state["debug"]:
             worker_traceback = getattr(exc, "worker_traceback", "")
             if worker_traceback:
-                report.error(f"the worker's traceback:\n{worker_traceback.rstrip()}")
+                out.error(f"the worker's traceback:\n{worker_traceback.rstrip()}")
             raise
-        report.error(f"internal error: {type(exc).__name__}: {exc}. Rerun with --debug and report the traceback.")
+        out.error(f"internal error: {type(exc).__name__}: {exc}. Rerun with --debug and report the traceback.")
         code = EXIT_INTERNAL
     raise typer.Exit(code)
+
+
+def with_report_options(formats: tuple[ReportFormat, ...]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command one `--option PATH` per report format of `formats`; the command receives them as
+    `reports={format: path or None}`."""
+
+    def param_name(fmt: ReportFormat) -> str:
+        return "report_" + fmt.option.lstrip("-").replace("-", "_")
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(command, eval_str=True)
+        params = [p for p in signature.parameters.values() if p.name != "reports"]
+        options = [
+            inspect.Parameter(
+                param_name(fmt),
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None,
+                annotation=Annotated[Path | None, typer.Option(fmt.option, help=fmt.help)],
+            )
+            for fmt in formats
+        ]
+
+        @functools.wraps(command)
+        def with_reports(**kwargs: Any) -> None:
+            reports = {fmt: kwargs.pop(param_name(fmt)) for fmt in formats}
+            command(**kwargs, reports=reports)
+
+        with_reports.__signature__ = signature.replace(parameters=params + options)  # type: ignore[attr-defined]
+        with_reports.__annotations__ = {p.name: p.annotation for p in params + options}
+        return with_reports
+
+    return decorate
 
 
 def _specs(targets: list[str], all_specs: bool) -> list[Path]:
@@ -94,92 +130,99 @@ def _validate(values: list[str], known: tuple[str, ...], option: str) -> tuple[s
     return tuple(values)
 
 
+# ------------------------------------------------------------------------------------------------------- check
+
+
 @app.command()
+@with_report_options(CHECK_FORMATS)
 def check(
-    targets: list[str] = typer.Argument(None, help="Op names (see `opforge list`) or paths to spec files."),
-    all_specs: bool = typer.Option(False, "--all", help="Check every bundled spec."),
-    dtype: list[str] = typer.Option([], "--dtype", help="Only these dtypes (repeatable)."),
-    device: list[str] = typer.Option([], "--device", help="Only these devices (repeatable)."),
-    check_: list[str] = typer.Option([], "--check", help="Only these checks (repeatable)."),
-    keyword: str | None = typer.Option(None, "-k", help="Only results whose id contains this substring."),
-    last_failed: bool = typer.Option(
-        False, "--last-failed", "--lf", help="Only what failed last time (all of it when nothing is recorded)."
-    ),
-    seed: int = typer.Option(0, "--seed", help="Base seed; each case derives its own from it and its id."),
-    fail_fast: bool = typer.Option(False, "--fail-fast", "-x", help="Stop at the first failure."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="List every result."),
-    json_path: Path | None = typer.Option(None, "--json", help="Write a JSON report here."),
-    junit_path: Path | None = typer.Option(None, "--junit", help="Write a JUnit XML report here."),
-    markdown_path: Path | None = typer.Option(
-        None, "--markdown", help="Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)."
-    ),
-    timeout: float | None = typer.Option(
-        None,
-        "--timeout",
-        help="Seconds one check on one case may take before "
-        "it is killed (TIMEOUT); overrides the specs' `timeout:`. Default 300.",
-    ),
-    jobs: int = typer.Option(
-        1,
-        "--jobs",
-        "-j",
-        help="Check this many ops at once, each in its own process (each "
-        "with its own share of the GPUs where there are several).",
-    ),
-    no_isolation: bool = typer.Option(
-        False,
-        "--no-isolation",
-        help="Run the checks in this process (for a debugger); a crash then ends the run and --timeout does not apply.",
-    ),
-    cuda_arch: str | None = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
-    large: bool = typer.Option(
-        False, "--large", help="Also run large_index (tensors past 2^31 elements: GBs of GPU memory)."
-    ),
+    targets: Targets = None,
+    all_specs: Annotated[bool, typer.Option("--all", help="Check every bundled spec.")] = False,
+    dtype: Dtypes = [],  # noqa: B006 (typer copies it)
+    device: Devices = [],  # noqa: B006
+    check_: Annotated[list[str], typer.Option("--check", help="Only these checks (repeatable).")] = [],  # noqa: B006
+    keyword: Annotated[str | None, typer.Option("-k", help="Only results whose id contains this substring.")] = None,
+    last_failed: Annotated[
+        bool,
+        typer.Option("--last-failed", "--lf", help="Only what failed last time (all of it when nothing is recorded)."),
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Base seed; each case derives its own from it and its id.")] = 0,
+    fail_fast: Annotated[bool, typer.Option("--fail-fast", "-x", help="Stop at the first failure.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="List every result.")] = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            help="Seconds one check on one case may take before it is killed (TIMEOUT); overrides the specs' "
+            "`timeout:`. Default 300.",
+        ),
+    ] = None,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs",
+            "-j",
+            help="Check this many ops at once, each in its own process (each with its own share of the GPUs where "
+            "there are several).",
+        ),
+    ] = 1,
+    no_isolation: Annotated[
+        bool,
+        typer.Option(
+            "--no-isolation",
+            help="Run the checks in this process (for a debugger); a crash then ends the run and --timeout does not "
+            "apply.",
+        ),
+    ] = False,
+    cuda_arch: CudaArch = None,
+    large: Annotated[
+        bool, typer.Option("--large", help="Also run large_index (tensors past 2^31 elements: GBs of GPU memory).")
+    ] = False,
+    *,
+    reports: dict[ReportFormat, Path | None],
 ) -> None:
     """Build an op's kernels and run every check its spec declares."""
 
     def body() -> int:
+        from opforge.engine.plan import Filters
+        from opforge.reporters.lastfailed import LastFailedReport
+        from opforge.reporters.terminal import TerminalReport
         from opforge.results import RunReport
-        from opforge.runner import Filters
 
         _validate_run_options(timeout, jobs, no_isolation)
-        dtypes = _validate(dtype, KNOWN_DTYPES, "--dtype")
-        devices = _validate(device, KNOWN_DEVICES, "--device")
-        checks = _validate(check_, KNOWN_CHECKS + tuple(f"opcheck:{t}" for t in OPCHECK_SUBTESTS), "--check")
-        outputs = {"--json": json_path, "--junit": junit_path, "--markdown": markdown_path}
-        _check_outputs(outputs)
-        only_ids, paths = _selection(last_failed, targets or [], all_specs)
         filters = Filters(
-            dtypes=dtypes,
-            devices=devices,
-            checks=checks,
+            dtypes=_validate(dtype, KNOWN_DTYPES, "--dtype"),
+            devices=_validate(device, KNOWN_DEVICES, "--device"),
+            checks=_validate(check_, CATALOG.names + CATALOG.sub_rows, "--check"),
             keyword=keyword,
             seed=seed,
             fail_fast=fail_fast,
-            ids=only_ids,
             large=large,
         )
+        files = _file_reporters(reports)
+        only_ids, paths = _selection(last_failed, targets or [], all_specs)
+        filters = dataclasses.replace(filters, ids=only_ids)
         specs = [load_spec(p) for p in paths]
         run = RunReport(environment={}, seed=seed)
+        terminal = TerminalReport(verbose)
         with _sigterm_interrupts():
             start = time.perf_counter()
             try:
-                _run(specs, filters, cuda_arch, timeout, jobs, no_isolation, run)
+                _run(specs, filters, cuda_arch, timeout, jobs, no_isolation, run, [terminal, *files.values()])
             except KeyboardInterrupt:
                 run.incomplete = True
             run.seconds = time.perf_counter() - start
             if not run.environment:
-                from opforge.runner import environment
+                from opforge.environment import host_environment
 
-                run.environment = environment()
-            report.render_run(run, verbose)
-            _report_load_errors(run)
+                run.environment = host_environment()
+            terminal.finish(run)
             code = _exit_code(run)
-            if not _write_reports(run, outputs):
+            if not _finish_files(files, run):
                 code = max(code, EXIT_USAGE)
-            _record_failures(run, filters)
+            _record_failures(LastFailedReport(Path.cwd(), filters), run)
         if run.incomplete:
-            report.error("interrupted: the results above and the reports written are incomplete")
+            out.error("interrupted: the results above and the reports written are incomplete")
             return EXIT_INTERRUPTED
         return code
 
@@ -219,57 +262,85 @@ def _validate_run_options(timeout: float | None, jobs: int, no_isolation: bool) 
         )
 
 
-def _check_outputs(outputs: dict[str, Path | None]) -> None:
-    """Refuse a report path that cannot be written before the run, not after it (and before the other reports)."""
-    from opforge.results import check_writable
+def _file_reporters(reports: dict[ReportFormat, Path | None]) -> dict[tuple[ReportFormat, Path], Reporter]:
+    """A reporter per report asked for. A path that cannot be written, or a format that cannot be written here, is
+    refused before the run, not after it (and before the other reports)."""
+    from opforge.files import check_writable
 
-    for option, path in outputs.items():
-        if path is None:
-            continue
+    asked = {fmt: path for fmt, path in reports.items() if path is not None}
+    for fmt, path in asked.items():
+        if fmt.preflight is not None:
+            fmt.preflight()
         try:
             check_writable(path)
         except OSError as exc:
             raise UsageError(
-                option,
+                fmt.option,
                 "a path a report can be written to",
                 f"{path} ({exc.strerror or exc})",
-                f"Point {option} at a file in a directory you can write to.",
+                f"Point {fmt.option} at a file in a directory you can write to.",
             ) from None
+    return {(fmt, path): fmt.make(path) for fmt, path in asked.items()}
+
+
+def _finish_files(files: dict[tuple[ReportFormat, Path], Reporter], run: Any) -> bool:
+    """Write every report asked for; False if one could not be written (the others still are)."""
+    written = True
+    for (fmt, path), reporter in files.items():
+        try:
+            reporter.finish(run)
+        except NotWritten as why:
+            out.warning(f"{fmt.option} {path}: not written, {why}")
+            continue
+        except OSError as exc:
+            out.error(f"{fmt.option}: expected to write {path}, got {exc}. Point {fmt.option} at a writable path.")
+            written = False
+            continue
+        out.info(f"{fmt.title}: {path}")
+    return written
 
 
 def _selection(last_failed: bool, targets: list[str], all_specs: bool) -> tuple[tuple[str, ...], list[Path]]:
     """(result ids to keep, spec paths to run)."""
     if not last_failed:
         return (), _specs(targets, all_specs)
-    from opforge.lastfailed import select
+    from opforge.reporters.lastfailed import select
 
     chosen = _specs(targets, all_specs) if targets or all_specs else None
     selection = select(Path.cwd(), chosen)
     for note in selection.notes:
-        report.info(note)
+        out.info(note)
     if selection.paths is not None:
         return selection.ids, selection.paths
     return selection.ids, chosen if chosen is not None else _specs([], False)
 
 
 def _run(
-    specs: list[OpSpec], filters, cuda_arch: str | None, timeout: float | None, jobs: int, no_isolation: bool, run
+    specs: list[OpSpec],
+    filters: Any,
+    cuda_arch: str | None,
+    timeout: float | None,
+    jobs: int,
+    no_isolation: bool,
+    run: Any,
+    reporters: list[Reporter],
 ) -> None:
-    from opforge.runner import Events
+    from opforge.reporters.base import fan_out
 
-    with report.run_progress() as bar:
-        events = Events(step=report.info, planned=bar.planned, result=bar.result)
-        if no_isolation:
-            from opforge.runner import run_in_process
+    events = fan_out(reporters)
+    for reporter in reporters:
+        reporter.start()
+    if no_isolation:
+        from opforge.engine.inprocess import run_in_process
 
-            run_in_process(specs, filters, cuda_arch, run, events)
-        else:
-            from opforge.isolation import Isolation, run_isolated
+        run_in_process(specs, filters, cuda_arch, run, events)
+    else:
+        from opforge.engine.isolated import Isolation, run_isolated
 
-            run_isolated(specs, filters, Isolation(jobs=jobs, timeout=timeout, cuda_arch=cuda_arch), run, events)
+        run_isolated(specs, filters, Isolation(jobs=jobs, timeout=timeout, cuda_arch=cuda_arch), run, events)
 
 
-def _exit_code(run) -> int:
+def _exit_code(run: Any) -> int:
     """1 when a check failed; an op that could not load (a bad spec: 2, a failed build: 3) raises it."""
     return max(
         [EXIT_FAILED if run.failed else EXIT_OK]
@@ -277,47 +348,14 @@ def _exit_code(run) -> int:
     )
 
 
-def _report_load_errors(run) -> None:
-    """Each op that could not load gets its error as a line of its own, as a single op's error would be shown."""
-    for op in run.ops:
-        if op.load_exit_code is not None:
-            report.error(op.results[-1].message)
-
-
-def _write_reports(run, outputs: dict[str, Path | None]) -> bool:
-    """Write every report asked for; False if one could not be written (the others still are)."""
-    from opforge.results import write_atomically, write_json, write_junit
-    from opforge.summary import render_markdown
-
-    writers = {
-        "--json": lambda path: write_json(run, path),
-        "--junit": lambda path: write_junit(run, path),
-        "--markdown": lambda path: write_atomically(path, render_markdown(run)),
-    }
-    written = True
-    for option, path in outputs.items():
-        if path is None:
-            continue
-        try:
-            writers[option](path)
-        except OSError as exc:
-            report.error(f"{option}: expected to write {path}, got {exc}. Point {option} at a writable path.")
-            written = False
-            continue
-        report.info(f"{_REPORT_NAMES[option]}: {path}")
-    return written
-
-
-_REPORT_NAMES = {"--json": "JSON report", "--junit": "JUnit report", "--markdown": "Markdown summary"}
-
-
-def _record_failures(run, filters) -> None:
-    from opforge.lastfailed import record
-
+def _record_failures(reporter: Reporter, run: Any) -> None:
     try:
-        record(Path.cwd(), run, filters)
+        reporter.finish(run)
     except OSError as exc:  # a read-only checkout must not fail the run; --last-failed then reruns everything
-        report.info(f"could not record the failures for --last-failed: {exc}")
+        out.info(f"could not record the failures for --last-failed: {exc}")
+
+
+# ------------------------------------------------------------------------------------------------ list, build
 
 
 @app.command("list")
@@ -325,11 +363,13 @@ def list_() -> None:
     """List the bundled op specs."""
 
     def body() -> int:
+        from opforge.reporters.terminal import render_spec_list
+
         rows = []
         for path in list_specs():
             spec = load_spec(path)
             rows.append((spec.op, str(path.name), spec.description.strip().splitlines()[0] if spec.description else ""))
-        report.render_spec_list(rows)
+        render_spec_list(rows)
         return EXIT_OK
 
     _guarded(body)
@@ -337,16 +377,21 @@ def list_() -> None:
 
 @app.command()
 def build(
-    targets: list[str] = typer.Argument(None, help="Op names or spec paths; all bundled specs when none."),
-    cuda_arch: str | None = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
-    require_cuda: bool = typer.Option(
-        False, "--require-cuda", help="Fail (exit 3) if CUDA sources cannot be built here: a compile-only gate."
-    ),
+    targets: Annotated[
+        list[str] | None,
+        typer.Argument(help="Op names or spec paths; all bundled specs when none."),
+    ] = None,
+    cuda_arch: CudaArch = None,
+    require_cuda: Annotated[
+        bool,
+        typer.Option("--require-cuda", help="Fail (exit 3) if CUDA sources cannot be built here: a compile-only gate."),
+    ] = False,
 ) -> None:
     """Compile (or find in the cache) the C++/CUDA sources of op specs."""
 
     def body() -> int:
         from opforge.build import build, detect_toolchain, plan_build
+        from opforge.reporters.terminal import render_builds
 
         rows = []
         for path in _specs(targets or [], all_specs=not targets):
@@ -357,8 +402,8 @@ def build(
             plan = plan_build(spec.sources, detect_toolchain(cuda_arch))
             if require_cuda and plan.skipped_sources:
                 raise BuildError(spec.name, plan.log, [f"CUDA sources left out: {plan.toolchain.skip_reason}"])
-            with report.spinner(f"building {spec.name}"):
-                result = build(plan, on_step=report.info)
+            with out.spinner(f"building {spec.name}"):
+                result = build(plan, on_step=out.info)
             status = f"cached ({result.seconds:.2f} s)" if result.cached else f"built in {result.seconds:.1f} s"
             if result.plan.skipped_sources:
                 status += (
@@ -366,54 +411,74 @@ def build(
                     f"{result.plan.toolchain.skip_reason}"
                 )
             rows.append((spec.op, str(result.plan.library), status))
-        report.render_builds(rows)
+        render_builds(rows)
         return EXIT_OK
 
     _guarded(body)
 
 
+# ------------------------------------------------------------------------------------------------------- bench
+
+
 @app.command()
+@with_report_options(BENCH_FORMATS)
 def bench(
-    targets: list[str] = typer.Argument(None, help="Op names (see `opforge list`) or paths to spec files."),
-    all_specs: bool = typer.Option(False, "--all", help="Benchmark every bundled spec that has a bench: section."),
-    device: list[str] = typer.Option([], "--device", help="Only these devices (repeatable)."),
-    dtype: list[str] = typer.Option([], "--dtype", help="Only these dtypes (repeatable)."),
-    mode: list[str] = typer.Option([], "--mode", help="fwd, bwd or fwd+bwd (repeatable)."),
-    impl: list[str] = typer.Option(
-        [], "--impl", help="Only these contenders: native, a spec implementation, eager, compile (repeatable)."
-    ),
-    sizes: list[str] = typer.Option(
-        [], "--sizes", help="Elements per tensor input, e.g. 2**20,2**24 (replaces the spec's sizes and shapes)."
-    ),
-    json_path: Path | None = typer.Option(
-        None, "--json", help="Write every result with its raw samples and the environment here."
-    ),
-    csv_path: Path | None = typer.Option(None, "--csv", help="Write one CSV row per result here."),
-    plot_path: Path | None = typer.Option(None, "--plot", help="Plot GB/s against size into this PNG."),
-    baseline: Path | None = typer.Option(None, "--baseline", help="A --json of an earlier run to gate against."),
-    max_regression: float = typer.Option(5.0, "--max-regression", help="Percent slower (beyond noise) that fails."),
-    markdown_path: Path | None = typer.Option(
-        None, "--markdown", help="Also write the gate's Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)."
-    ),
-    budget: float = typer.Option(2.0, "--budget", help="Seconds of timing per contender and case, at most."),
-    warmup: float = typer.Option(0.2, "--warmup", help="Seconds of warm-up per contender and case."),
-    noise: float = typer.Option(0.02, "--noise", help="Stop timing once IQR/median is below this."),
-    min_reps: int = typer.Option(25, "--min-reps", help="Samples taken before the noise target may stop timing."),
-    cuda_graph: bool = typer.Option(
-        False,
-        "--cuda-graph",
-        help="Time CUDA-graph replays whose calls go round cold copies of the inputs: for microsecond ops.",
-    ),
-    refresh_peak: bool = typer.Option(False, "--refresh-peak", help="Measure the peak bandwidth again."),
-    threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the benchmark inputs."),
-    cuda_arch: str | None = typer.Option(None, "--cuda-arch", help="CUDA archs to build for, e.g. 9.0."),
+    targets: Targets = None,
+    all_specs: Annotated[
+        bool, typer.Option("--all", help="Benchmark every bundled spec that has a bench: section.")
+    ] = False,
+    device: Devices = [],  # noqa: B006 (typer copies it)
+    dtype: Dtypes = [],  # noqa: B006
+    mode: Annotated[list[str], typer.Option("--mode", help="fwd, bwd or fwd+bwd (repeatable).")] = [],  # noqa: B006
+    impl: Annotated[
+        list[str],
+        typer.Option(
+            "--impl", help="Only these contenders: native, a spec implementation, eager, compile (repeatable)."
+        ),
+    ] = [],  # noqa: B006
+    sizes: Annotated[
+        list[str],
+        typer.Option(
+            "--sizes", help="Elements per tensor input, e.g. 2**20,2**24 (replaces the spec's sizes and shapes)."
+        ),
+    ] = [],  # noqa: B006
+    baseline: Annotated[
+        Path | None,
+        typer.Option("--baseline", help="A --json of an earlier run to gate against."),
+    ] = None,
+    max_regression: Annotated[
+        float, typer.Option("--max-regression", help="Percent slower (beyond noise) that fails.")
+    ] = 5.0,
+    markdown_path: Annotated[
+        Path | None,
+        typer.Option("--markdown", help="Also write the gate's Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)."),
+    ] = None,
+    budget: Annotated[float, typer.Option("--budget", help="Seconds of timing per contender and case, at most.")] = 2.0,
+    warmup: Annotated[float, typer.Option("--warmup", help="Seconds of warm-up per contender and case.")] = 0.2,
+    noise: Annotated[float, typer.Option("--noise", help="Stop timing once IQR/median is below this.")] = 0.02,
+    min_reps: Annotated[
+        int, typer.Option("--min-reps", help="Samples taken before the noise target may stop timing.")
+    ] = 25,
+    cuda_graph: Annotated[
+        bool,
+        typer.Option(
+            "--cuda-graph",
+            help="Time CUDA-graph replays whose calls go round cold copies of the inputs: for microsecond ops.",
+        ),
+    ] = False,
+    refresh_peak: Annotated[bool, typer.Option("--refresh-peak", help="Measure the peak bandwidth again.")] = False,
+    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads for torch (default: torch's).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the benchmark inputs.")] = 0,
+    cuda_arch: CudaArch = None,
+    *,
+    reports: dict[ReportFormat, Path | None],
 ) -> None:
     """Time an op's implementations against its eager reference and torch.compile of it; gate regressions."""
 
     def body() -> int:
         from opforge.bench.runner import BenchFilters, BenchHooks, parse_sizes, run_bench
         from opforge.bench.timing import TimingOptions
+        from opforge.reporters import bench_terminal
 
         _check_bench_options(budget, warmup, noise, min_reps, max_regression, threads)
         filters = BenchFilters(
@@ -424,10 +489,7 @@ def bench(
             sizes=parse_sizes(sizes),
             seed=seed,
         )
-        if plot_path:
-            from opforge.bench.export import require_plotting
-
-            require_plotting()
+        files = _file_reporters(reports)
         timing = TimingOptions(
             budget_s=budget, warmup_s=warmup, noise_target=noise, min_reps=min_reps, cuda_graph=cuda_graph
         )
@@ -443,23 +505,24 @@ def bench(
             import torch
 
             torch.set_num_threads(threads)
-        hooks = BenchHooks(step=report.spinner, info=report.info, progress=report.bench_progress)
+        hooks = BenchHooks(step=out.spinner, info=out.info, progress=bench_terminal.bench_progress)
         run = run_bench(specs, filters, timing, refresh_peak, cuda_arch, hooks)
-        report.render_bench(run)
+        bench_terminal.render_bench(run)
         comparison = None
         if old is not None:
             from opforge.bench.baseline import compare, markdown
 
             comparison = compare(run, old, max_regression, str(baseline))
             summary = markdown(comparison)
-            report.render_comparison(comparison, summary)
+            bench_terminal.render_comparison(comparison, summary)
             if markdown_path:
-                from opforge.results import write_atomically
+                from opforge.files import write_atomically
 
                 write_atomically(markdown_path, summary)
-        _write_bench_outputs(run, json_path, csv_path, plot_path)
-        report.render_bench_totals(run, comparison)
-        return EXIT_FAILED if run.failed or (comparison is not None and comparison.failed) else EXIT_OK
+        written = _finish_files(files, run)
+        bench_terminal.render_bench_totals(run, comparison)
+        failed = run.failed or (comparison is not None and comparison.failed)
+        return max(EXIT_FAILED if failed else EXIT_OK, EXIT_OK if written else EXIT_USAGE)
 
     _guarded(body)
 
@@ -484,22 +547,6 @@ def _check_bench_options(
     for option, ok, expected, got, hint in rules:
         if not ok:
             raise UsageError(option, expected, repr(got), hint)
-
-
-def _write_bench_outputs(run, json_path: Path | None, csv_path: Path | None, plot_path: Path | None) -> None:
-    from opforge.bench import export
-
-    if json_path:
-        export.write_json(run, json_path)
-        report.info(f"JSON: {json_path}")
-    if csv_path:
-        export.write_csv(run, csv_path)
-        report.info(f"CSV: {csv_path}")
-    if plot_path:
-        if export.write_plot(run, plot_path):
-            report.info(f"plot: {plot_path}")
-        else:
-            report.warning(f"--plot {plot_path}: not written, no case has a GB/s figure to plot")
 
 
 def main() -> None:

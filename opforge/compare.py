@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from opforge.outcomes import CheckFailure
 from opforge.results import Mismatch
-from opforge.spec import OpSpec, Tolerance
+from opforge.spec.model import OpSpec, Tolerance
 
 # torch.testing.assert_close's defaults, which users already know.
 DEFAULT_TOLERANCES = {
@@ -18,31 +19,6 @@ DEFAULT_TOLERANCES = {
     "complex64": Tolerance(atol=1e-5, rtol=1.3e-6),
 }
 EXACT = Tolerance(atol=0.0, rtol=0.0)
-
-
-class CheckFailure(Exception):
-    """The op under test did something wrong. Becomes a FAIL result."""
-
-    def __init__(self, message: str, mismatch: Mismatch | None = None):
-        super().__init__(message)
-        self.message = message
-        self.mismatch = mismatch
-
-
-class PassNote:
-    """A pass with something to report (a dtype the spec does not claim that works anyway)."""
-
-    def __init__(self, message: str):
-        self.message = message
-
-
-class ReferenceFailure(Exception):
-    """The spec's reference (not the op) failed. Becomes an ERROR result."""
-
-
-class CheckSkipped(Exception):
-    """The check cannot run this case here (no GPU memory for it, a device that is missing). Becomes a SKIP result
-    with the message as its reason."""
 
 
 def tolerance_for(spec: OpSpec, dtype: str, grad: bool = False) -> Tolerance:

@@ -4,7 +4,6 @@ other implementations, and check the registered schema and the spec's inputs aga
 from __future__ import annotations
 
 import importlib
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,7 +11,8 @@ from typing import Any
 
 from opforge.build import BuildResult, build_sources
 from opforge.errors import BuildError, SpecError
-from opforge.spec import OpSpec, ScalarInput, TensorInput
+from opforge.schema import canonical, is_tensor_type
+from opforge.spec.model import OpSpec, ScalarInput, TensorInput
 
 NATIVE = "native"
 
@@ -53,9 +53,7 @@ def load_op(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[str],
     targets = (Target(NATIVE, overload, overload),) + tuple(
         _target(spec, name, ref) for name, ref in spec.implementations
     )
-    loaded = LoadedOp(spec, overload, targets, resolve_callable(spec, "reference", spec.reference), build)
-    _check_vmap_claim(loaded)
-    return loaded
+    return LoadedOp(spec, overload, targets, resolve_callable(spec, "reference", spec.reference), build)
 
 
 def _import_modules(spec: OpSpec) -> None:
@@ -146,27 +144,13 @@ def _check_schema(spec: OpSpec, overload: Any) -> None:
             "Write it as `ns::name(Tensor x, float alpha=0.1) -> Tensor`.",
         ) from None
     actual = overload._schema
-    if _canonical(expected) != _canonical(actual):
+    if canonical(expected) != canonical(actual):
         raise spec.error(
             "schema",
             f"the registered schema {actual}",
             repr(spec.schema),
             "Update the spec's schema, or the op's definition if the spec is right.",
         )
-
-
-def _canonical(schema: Any) -> str:
-    """The schema after the op name (a spec may leave out the namespace), alias sets renamed in order of first
-    appearance: `Tensor(a!)` and torch.library.custom_op's `Tensor(a0!)` mean the same."""
-    text = str(schema)
-    text = text.split("(", 1)[1] if "(" in text else text
-    names: dict[str, str] = {}
-
-    def rename(match: re.Match) -> str:
-        alias = names.setdefault(match.group(1), f"alias{len(names)}")
-        return f"Tensor({alias}{match.group(2)})"
-
-    return re.sub(r"Tensor\((\w+)(!?)\)", rename, text)
 
 
 def _check_inputs(spec: OpSpec, overload: Any) -> None:
@@ -179,7 +163,7 @@ def _check_inputs(spec: OpSpec, overload: Any) -> None:
                 repr(entry.name),
                 "Name each input after its schema argument.",
             )
-        is_tensor = _is_tensor_type(arguments[entry.name].type)
+        is_tensor = is_tensor_type(arguments[entry.name].type)
         if is_tensor and isinstance(entry, ScalarInput):
             raise spec.error(
                 f"inputs.{entry.name}",
@@ -203,20 +187,3 @@ def _check_inputs(spec: OpSpec, overload: Any) -> None:
                 "none",
                 f"Add `{name}:` under inputs.",
             )
-
-
-def _check_vmap_claim(loaded: LoadedOp) -> None:
-    """The vmap check compares with a loop over slices of fresh inputs; an op that writes its arguments would need
-    the batched writes compared too, which it does not do: refuse the claim rather than check nothing."""
-    mutated = loaded.mutated_arguments
-    if loaded.spec.vmap and mutated:
-        raise loaded.spec.error(
-            "vmap",
-            "vmap: true only for an op that mutates none of its arguments",
-            f"vmap: true on an op that mutates {', '.join(mutated)}",
-            "Drop `vmap: true`: opforge checks vmap of functional ops only.",
-        )
-
-
-def _is_tensor_type(t: Any) -> bool:
-    return str(t).startswith("Tensor")

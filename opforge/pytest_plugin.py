@@ -20,7 +20,7 @@ import pytest
 
 from opforge.errors import OpforgeError
 from opforge.results import CaseResult, Status, failure_text
-from opforge.spec import SPEC_SUFFIXES
+from opforge.spec.model import SPEC_SUFFIXES
 
 # The loaded ops and the results of the rows run so far, for this process.
 _SESSION = pytest.StashKey["_Session"]()
@@ -60,22 +60,22 @@ class _Session:
 
     @property
     def filters(self):
-        from opforge.runner import Filters
+        from opforge.engine.plan import Filters
 
         return Filters(seed=self.seed)
 
     def load(self, path: Path):
-        from opforge.loading import load_op
-        from opforge.spec import load_spec
+        from opforge.engine.plan import load_checked
+        from opforge.spec.load import load_spec
 
         if path not in self.loaded:
-            self.loaded[path] = load_op(load_spec(path), self.cuda_arch)
+            self.loaded[path] = load_checked(load_spec(path), self.cuda_arch)
         return self.loaded[path]
 
     def result(self, path: Path, index: int, row, name: str) -> CaseResult:
         """Runs a planned row once per process; its other result rows (opcheck's sub-tests) come from the cache."""
-        from opforge.checks import CheckContext
-        from opforge.runner import run_row
+        from opforge.checks.base import CheckContext
+        from opforge.engine.rows import run_row
 
         key = (path, index)
         if key not in self.results:
@@ -86,7 +86,7 @@ class _Session:
 
 class SpecFile(pytest.File):
     def collect(self) -> Iterator[pytest.Collector]:
-        from opforge.runner import plan_op, reported_rows
+        from opforge.engine.plan import plan_op, reported_rows
 
         session = self.config.stash[_SESSION]
         try:
@@ -155,4 +155,5 @@ class OpforgeItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, None, f"{self.parent.name}::{self.name}"
+        parent = self.parent.name if self.parent is not None else ""
+        return self.path, None, f"{parent}::{self.name}"

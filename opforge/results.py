@@ -9,10 +9,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 JSON_SCHEMA_VERSION = 1
@@ -192,79 +189,6 @@ def result_json(r: CaseResult) -> dict[str, Any]:
     data["status"] = r.status.value
     data["id"] = r.full_id
     return data
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a reader never sees half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        # mkstemp creates the file 0600 whatever the umask: a report is for others (a CI upload, a team) to read,
-        # so it gets the mode a plain open() would have given it.
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    # The only way to read it is to set it; set it straight back.
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def check_writable(path: Path) -> None:
-    """Create `path`'s directory and prove a file can be written there, before a run whose report would otherwise
-    be lost at its end. Raises OSError."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_dir():
-        raise IsADirectoryError(21, "is a directory", str(path))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    os.unlink(tmp)
-
-
-def write_json(report: RunReport, path: Path) -> None:
-    write_atomically(path, dumps_json(report.to_json()))
-
-
-def write_junit(report: RunReport, path: Path) -> None:
-    from xml.etree import ElementTree as ET
-
-    suites = ET.Element("testsuites", name="opforge", time=f"{report.seconds:.3f}")
-    for op in report.ops:
-        counts = op.counts()
-        suite = ET.SubElement(
-            suites,
-            "testsuite",
-            name=op.op,
-            tests=str(len(op.results)),
-            failures=str(counts["fail"] + counts["xpass"]),
-            errors=str(sum(counts[s.value] for s in Status if s.unfinished)),
-            skipped=str(counts["skip"] + counts["xfail"]),
-            time=f"{op.seconds:.3f}",
-        )
-        for r in op.results:
-            case = ET.SubElement(
-                suite, "testcase", classname=f"{op.op}.{r.target}.{r.check}", name=r.case_id, time=f"{r.seconds:.3f}"
-            )
-            detail = failure_text(r)
-            if r.status in (Status.FAIL, Status.XPASS):
-                ET.SubElement(
-                    case, "failure", message=r.message.splitlines()[0] if r.message else r.status.value
-                ).text = detail
-            elif r.status.unfinished:
-                ET.SubElement(
-                    case, "error", message=r.message.splitlines()[0] if r.message else r.status.value
-                ).text = detail
-            elif r.status in (Status.SKIP, Status.XFAIL):
-                ET.SubElement(case, "skipped", message=r.message)
-    ET.indent(suites)
-    write_atomically(path, ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n")
 
 
 def failure_details(r: CaseResult) -> list[tuple[str, str]]:

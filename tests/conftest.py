@@ -6,15 +6,16 @@ from pathlib import Path
 
 import pytest
 
-# opforge's consoles take their width when opforge.report is first imported: from COLUMNS when it is set, else
-# 140 columns when stdout is no terminal. pytest-xdist's workers set COLUMNS=80, which wraps the tables the CLI tests
-# read; one width for every run, serial or not, set before any test module imports the CLI.
+# opforge's consoles take their width when opforge.reporters.console is first imported: from COLUMNS when it is set,
+# else 140 columns when stdout is no terminal. pytest-xdist's workers set COLUMNS=80, which wraps the tables the CLI
+# tests read; one width for every run, serial or not, set before any test module imports the CLI.
 os.environ["COLUMNS"] = "250"
 
+from opforge.engine.inprocess import run_op
+from opforge.engine.plan import Filters
 from opforge.loading import load_op
 from opforge.results import OpReport, Status
-from opforge.runner import Filters, run_op
-from opforge.spec import load_spec
+from opforge.spec.load import load_spec
 
 # Absolute: every test runs in its own temporary directory (below).
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

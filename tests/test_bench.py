@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, SPECS, requires_cuda
@@ -277,10 +278,10 @@ def test_gate_passes_a_noisy_run_whose_interval_includes_the_threshold(tmp_path,
 
 def test_gate_warns_when_the_environments_differ(tmp_path, fake_timer):
     baseline = record_baseline(tmp_path, fake_timer)
-    data = json.loads(open(baseline).read())
+    data = json.loads(Path(baseline).read_text())
     data["environment"]["torch"] = "2.0.0"
     data["environment"]["cpu_model"] = "another CPU"
-    open(baseline, "w").write(json.dumps(data))
+    Path(baseline).write_text(json.dumps(data))
     result = gate(baseline)
     assert result.exit_code == 0, result.output
     assert "warning: environment differs from the baseline: torch: '2.0.0' ->" in result.output
@@ -302,12 +303,12 @@ def test_gate_warns_about_baseline_cases_not_run_and_fails_when_none_ran(tmp_pat
 
 def test_gate_does_not_compare_cases_timed_differently(tmp_path, fake_timer):
     baseline = record_baseline(tmp_path, fake_timer)
-    data = json.loads(open(baseline).read())
+    data = json.loads(Path(baseline).read_text())
     for row in data["results"]:
         if row["impl"] == "native":
             row["timing"]["threads"] = 64
             row["timing"]["samples"] = [s * 2 for s in row["timing"]["samples"]]  # would be a regression
-    open(baseline, "w").write(json.dumps(data))
+    Path(baseline).write_text(json.dumps(data))
     fake_timer["seed"] = 0
     result = gate(baseline)
     assert result.exit_code == 0, result.output
@@ -334,8 +335,8 @@ def test_gpu_is_named_to_nvidia_smi_by_uuid():
 
 
 def test_plot_series_separate_shapes_from_sizes():
-    from opforge.bench.export import series_label
     from opforge.bench.model import BenchResult
+    from opforge.reporters.plot import series_label
 
     def row(case: str) -> BenchResult:
         return BenchResult("custom_loss", "native", "implementation", "cpu", "float32", "fwd", case, 2**24, "ok")
@@ -372,7 +373,7 @@ def test_bytes_of_a_broadcasting_two_input_op():
     from opforge.bench.runner import BenchFilters, bytes_moved, plan_points
     from opforge.cases import make_inputs
     from opforge.loading import load_op
-    from opforge.spec import load_spec
+    from opforge.spec.load import load_spec
 
     loaded = load_op(load_spec(SPECS / "custom_loss.yaml"))
     point = next(p for p in plan_points(loaded.spec, BenchFilters(), ("cpu",)) if "target=4096" in p.label)
@@ -399,7 +400,7 @@ def copy_fixture(tmp_path, name: str, edit=lambda text: text):
 
 def test_a_bytes_expression_using_a_gradient_in_fwd_is_refused_at_load(tmp_path):
     from opforge.errors import SpecError
-    from opforge.spec import load_spec
+    from opforge.spec.load import load_spec
 
     path = copy_fixture(
         tmp_path,
@@ -462,7 +463,7 @@ def test_a_bytes_expression_failing_on_a_point_is_an_error_row(tmp_path, bytes_l
 def loaded_point(spec_path, mode: str = "fwd", sizes=(1024,)):
     from opforge.bench.runner import BenchFilters, plan_points
     from opforge.loading import load_op
-    from opforge.spec import load_spec
+    from opforge.spec.load import load_spec
 
     loaded = load_op(load_spec(spec_path))
     point = plan_points(loaded.spec, BenchFilters(sizes=sizes, modes=(mode,)), ("cpu",))[0]
@@ -574,11 +575,13 @@ def test_bench_of_a_mutating_op_times_every_contender(tmp_path):
 
 
 def test_a_contender_raising_while_verified_or_timed_costs_its_row(tmp_path, monkeypatch):
-    from opforge.bench import runner as bench_runner
-    from opforge.checks import numerics
-    from opforge.compare import CheckSkipped
+    from dataclasses import replace
 
-    real_check, real_timer = numerics.correctness, bench_runner.time_callable
+    from opforge.bench import runner as bench_runner
+    from opforge.checks.catalog import CATALOG
+    from opforge.outcomes import CheckSkipped
+
+    real_check, real_timer = CATALOG.get("correctness").run, bench_runner.time_callable
 
     def correctness(context, target, case):  # what a check can raise besides a mismatch
         if target.name == "scaled":
@@ -594,7 +597,7 @@ def test_a_contender_raising_while_verified_or_timed_costs_its_row(tmp_path, mon
         return real_timer(call, device, options, reset)
 
     timer.calls = 0
-    monkeypatch.setattr(numerics, "correctness", correctness)
+    monkeypatch.setitem(CATALOG._checks, "correctness", replace(CATALOG.get("correctness"), run=correctness))
     monkeypatch.setattr(bench_runner, "time_callable", timer)
     out = tmp_path / "run.json"
     result = invoke(
@@ -662,7 +665,7 @@ def test_a_run_that_times_nothing_fails_and_says_why(tmp_path):
 def test_default_modes_are_fwd_only_without_an_input_that_requires_grad(tmp_path):
     from opforge.bench.runner import BenchFilters, selected
     from opforge.errors import UsageError
-    from opforge.spec import load_spec
+    from opforge.spec.load import load_spec
 
     path = copy_fixture(
         tmp_path,

@@ -7,9 +7,10 @@ import shutil
 import pytest
 from conftest import FIXTURES, SPECS
 
-from opforge.bench.expr import ExpressionError, TensorSize, evaluate, parse, return_names
 from opforge.errors import SpecError
-from opforge.spec import load_spec
+from opforge.schema import return_names
+from opforge.spec.bytes_expr import ExpressionError, TensorSize, evaluate, parse
+from opforge.spec.load import load_spec
 
 BASE = """\
 op: opforge_test::good

@@ -143,7 +143,7 @@ def test_quiet_op_stops_on_the_noise_target_after_the_minimums():
 def test_noisy_op_stops_at_the_budget():
     clock = FakeClock()
     run_batch, _ = batches_of(lambda i: 1e-3 * (1 + (i % 2)), clock)  # 1 ms, 2 ms, 1 ms, ...: IQR/median ~ 0.67
-    samples, stopped = measure_until_stable(run_batch, TimingOptions(budget_s=0.5), clock)
+    _, stopped = measure_until_stable(run_batch, TimingOptions(budget_s=0.5), clock)
     assert stopped == "budget"
     assert 0.5 <= clock.now < 0.6  # the last batch was sized to the time left
 

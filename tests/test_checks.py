@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from conftest import FIXTURES, REPO, describe, failures_by_check, requires_cuda, run_spec, spec_variant
 
-from opforge.checks.contracts import TRIED_DTYPES
+from opforge.checks.dtypes import TRIED_DTYPES
 from opforge.loading import load_op
 from opforge.results import Status
-from opforge.spec import load_spec
+from opforge.spec.load import load_spec
 
 
 def test_declared_nondeterministic_op_skips_determinism(tmp_path):
@@ -110,7 +110,7 @@ def test_an_op_returning_fewer_values_than_expected_fails_instead_of_comparing_f
     import torch
 
     from opforge.checks.calls import paired
-    from opforge.compare import CheckFailure
+    from opforge.outcomes import CheckFailure
 
     loaded = load_op(load_spec(FIXTURES / "good.yaml"))
     with pytest.raises(CheckFailure, match=r"outputs: expected 2 value\(s\) \(the schema's returns\), got 1\."):
@@ -224,10 +224,10 @@ def test_error_inputs_run_once_per_device_with_unpinned_tensors_there(tmp_path):
 
 
 def test_error_input_pinned_to_a_device_the_run_leaves_out_is_not_called(tmp_path, monkeypatch):
-    from opforge import runner
+    from opforge.checks import error_inputs
 
     # A machine with a GPU (pretended), checked with --device cpu: the cases are the CPU ones only.
-    monkeypatch.setattr(runner, "device_unavailable", lambda device: None)
+    monkeypatch.setattr(error_inputs, "device_unavailable", lambda device: None)
     path = _pinned_to(tmp_path, "cuda", "[cpu, cuda]")
     labels = {c.label.split("_")[2] for c in _planned(path, "error_inputs", devices=("cpu",))}
     assert labels == {"x"}, "the entry that puts y on cuda would use the GPU the run excluded"
@@ -268,11 +268,12 @@ def test_unclaimed_integer_dtype_keeps_a_pinned_index_input_for_the_reference():
 
 
 def test_vmap_claim_on_an_op_that_mutates_an_argument_is_a_spec_error(tmp_path):
+    from opforge.engine.plan import load_checked
     from opforge.errors import SpecError
 
     path = spec_variant(tmp_path, "scale_", "vmap: true\n")
     with pytest.raises(SpecError, match="vmap: true on an op that mutates x"):
-        load_op(load_spec(path))
+        load_checked(load_spec(path))
 
 
 def test_out_argument_gets_the_case_layout():
@@ -292,11 +293,11 @@ no_cuda = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="th
 def _planned(path, check, devices=("cpu", "cuda")):
     """The cases `check` would run for the spec's op if these devices were all available."""
     from opforge.cases import build_matrix
-    from opforge.checks import registry
+    from opforge.checks.catalog import CATALOG
 
     loaded = load_op(load_spec(path))
     matrix = build_matrix(loaded.spec, loaded.spec.dtypes, devices)
-    return registry()[check].select(loaded, loaded.targets[0], matrix)
+    return CATALOG.get(check).cases(loaded, loaded.targets[0], matrix)
 
 
 def test_stream_runs_on_cuda_contiguous_nonempty_cases_only():
@@ -323,8 +324,8 @@ def test_multi_gpu_is_skipped_with_a_reason_without_cuda(fixture):
 
 
 def test_multi_gpu_with_one_gpu_skips_and_says_why():
-    from opforge.checks.placement import far_device
-    from opforge.compare import CheckSkipped
+    from opforge.checks.multi_gpu import far_device
+    from opforge.outcomes import CheckSkipped
 
     for visible in (0, 1):
         with pytest.raises(CheckSkipped, match=f"needs 2 GPUs .*, {visible} visible"):
@@ -335,11 +336,12 @@ def test_multi_gpu_with_one_gpu_skips_and_says_why():
 def test_multi_gpu_flags_a_result_on_another_device_than_the_inputs():
     import torch
 
-    from opforge.checks.placement import require_device
-    from opforge.compare import CheckFailure
+    from opforge.checks.multi_gpu import require_device
+    from opforge.outcomes import CheckFailure
 
     require_device("result", torch.ones(3), torch.device("cpu"))
-    with pytest.raises(CheckFailure, match="expected the result on the input's device cpu, got one on meta.*CUDAGuard"):
+    wrong_device = r"expected the result on the input's device cpu, got one on meta.*CUDAGuard"
+    with pytest.raises(CheckFailure, match=wrong_device):
         require_device("result", torch.empty(3, device="meta"), torch.device("cpu"))
 
 
@@ -492,7 +494,7 @@ def test_large_index_child_fails_an_output_shorter_than_the_inputs():
 
 def test_large_index_child_that_runs_out_of_memory_in_the_op_is_skipped():
     from opforge.checks.large_index import run_in_child
-    from opforge.compare import CheckSkipped
+    from opforge.outcomes import CheckSkipped
 
     with pytest.raises(CheckSkipped, match="out of memory on cpu while the op ran"):
         run_in_child(_small_index_job("oom"))
@@ -502,9 +504,9 @@ def test_large_index_child_that_breaks_outside_the_op_is_an_error_with_where():
     from dataclasses import replace
 
     from opforge.checks.large_index import run_in_child
-    from opforge.compare import ReferenceFailure
+    from opforge.outcomes import ReferenceFailure
 
-    with pytest.raises(ReferenceFailure, match=r"child process failed: StopIteration.*\(at large_index.py:\d+"):
+    with pytest.raises(ReferenceFailure, match=r"child process failed: StopIteration.*\(at large_index_child.py:\d+"):
         run_in_child(replace(_small_index_job("good"), target="no_such_implementation"))
 
 
@@ -519,7 +521,7 @@ def test_large_index_child_time_limit_fits_in_the_rows():
 
 def test_large_index_child_skips_when_memory_is_short():
     from opforge.checks.large_index import run_in_child
-    from opforge.compare import CheckSkipped
+    from opforge.outcomes import CheckSkipped
 
     with pytest.raises(CheckSkipped, match="not enough memory on cpu"):
         run_in_child(_small_index_job("good", shape=(2**45,)))
@@ -527,7 +529,7 @@ def test_large_index_child_skips_when_memory_is_short():
 
 def test_large_index_child_that_hangs_or_dies_early_is_reported():
     from opforge.checks.large_index import verdict
-    from opforge.compare import ReferenceFailure
+    from opforge.outcomes import ReferenceFailure
 
     hung = verdict([{"stage": "running"}], None, "", 600)
     assert "did not finish within 600 s" in hung.message

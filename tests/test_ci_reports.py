@@ -12,7 +12,9 @@ from conftest import FIXTURES
 from typer.testing import CliRunner
 
 from opforge.cli import app
-from opforge.lastfailed import STORE, record, recorded
+from opforge.files import write_atomically
+from opforge.reporters.lastfailed import STORE, record, recorded
+from opforge.reporters.markdown import MAX_FAILURES, render_markdown
 from opforge.results import (
     CaseResult,
     Mismatch,
@@ -22,9 +24,7 @@ from opforge.results import (
     dumps_json,
     result_from_json,
     result_json,
-    write_atomically,
 )
-from opforge.summary import MAX_FAILURES, render_markdown
 
 runner = CliRunner()
 

@@ -18,8 +18,9 @@ from conftest import FIXTURES, REPO, requires_cuda
 from typer.testing import CliRunner
 
 from opforge.cli import app
-from opforge.errors import SpecError
-from opforge.isolation import (
+from opforge.engine.events import Events
+from opforge.engine.inprocess import run_op
+from opforge.engine.isolated import (
     DEFAULT_CHECK_TIMEOUT,
     Isolation,
     Supervisor,
@@ -32,10 +33,12 @@ from opforge.isolation import (
     time_limit,
     visible_gpus,
 )
+from opforge.engine.plan import Filters
+from opforge.engine.protocol import Loaded, RowHeader
+from opforge.errors import SpecError
 from opforge.loading import load_op
 from opforge.results import OpReport, RunReport, Status
-from opforge.runner import Events, Filters, run_op
-from opforge.spec import load_spec
+from opforge.spec.load import load_spec
 
 runner = CliRunner()
 
@@ -285,10 +288,10 @@ def test_a_fresh_worker_that_plans_other_rows_crashes_the_rest_of_the_op_not_the
     spec = load_spec(FIXTURES / "good.yaml")
     run = RunReport({})
     supervisor = Supervisor([], Filters(), Isolation(), run, Events(), environ={})
-    row = {"target": "native", "case_id": "c", "dtype": "float32", "device": "cuda", "seed": 1, "rows": ["correctness"]}
-    op = _OpRun(spec, OpReport("good", str(spec.path)), 10.0, 0, rows=[row, row, row], next_index=1, worker=Closed())
+    row = RowHeader(target="native", case_id="c", dtype="float32", device="cuda", seed=1, rows=("correctness",))
+    op = _OpRun(spec, OpReport("good", str(spec.path)), 10.0, 0, rows=(row, row, row), next_index=1, spawned=Closed())
     supervisor.active[0] = op
-    supervisor._loaded(op, {"event": "loaded", "count": 2})
+    supervisor._loaded(op, Loaded(count=2))
     assert [r.status for r in op.report.results] == [Status.CRASH, Status.CRASH]
     assert "planned 2 rows where the first one planned 3" in op.report.results[0].message
     assert not supervisor.active

@@ -9,7 +9,7 @@ from conftest import FIXTURES, SPECS
 
 from opforge.errors import SpecError
 from opforge.loading import load_op
-from opforge.spec import load_spec
+from opforge.spec.load import load_spec
 
 VALID = """\
 op: opforge_test::good

@@ -100,7 +100,8 @@ def compare(run: BenchRun, baseline: dict, threshold_pct: float, path: str = "")
     limit = 1 + threshold_pct / 100
     seen = set()
     for result in run.results:
-        if not result.timed:
+        new_median = result.median_s
+        if result.timing is None or new_median is None:
             continue
         seen.add(result.id)
         previous = old.get(result.id)
@@ -111,10 +112,10 @@ def compare(run: BenchRun, baseline: dict, threshold_pct: float, path: str = "")
         if differences:
             comparison.incomparable.append((result.id, differences))
             continue
-        interval = ratio_of_medians(result.timing.samples, _samples(previous))
+        interval = ratio_of_medians(result.samples, _samples(previous))
         verdict = REGRESSION if interval.low > limit else FASTER if interval.high < 1 / limit else SAME
         comparison.rows.append(
-            CaseComparison(result.id, result.role, previous["median_s"], result.median_s, interval, verdict)
+            CaseComparison(result.id, result.role, previous["median_s"], new_median, interval, verdict)
         )
     comparison.only_old = [i for i in old if i not in seen]
     return comparison

@@ -46,16 +46,20 @@ class BenchResult:
         return self.op, self.device, self.dtype, self.mode, self.case
 
     @property
+    def samples(self) -> list[float]:
+        return list(self.timing.samples) if self.timing is not None else []
+
+    @property
     def timed(self) -> bool:
-        return self.timing is not None and bool(self.timing.samples)
+        return bool(self.samples)
 
     @property
     def median_s(self) -> float | None:
-        return median(self.timing.samples) if self.timed else None
+        return median(self.samples) if self.timed else None
 
     @property
     def iqr_s(self) -> float | None:
-        return iqr(self.timing.samples) if self.timed else None
+        return iqr(self.samples) if self.timed else None
 
     @property
     def gbps(self) -> float | None:
@@ -86,11 +90,12 @@ def speedups(result: BenchResult, results: list[BenchResult]) -> dict[str, float
     mine = result.median_s
     if not mine:
         return {}
-    return {
-        b.impl: b.median_s / mine
-        for b in results
-        if b.role == BASELINE and b.case_key == result.case_key and b.timed and b is not result
-    }
+    ratios = {}
+    for b in results:
+        theirs = b.median_s
+        if b.role == BASELINE and b.case_key == result.case_key and theirs is not None and b is not result:
+            ratios[b.impl] = theirs / mine
+    return ratios
 
 
 @dataclass

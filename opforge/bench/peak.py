@@ -36,6 +36,7 @@ class Peak:
 
 
 def device_key(device: str, env: dict) -> str:
+    parts: tuple[object, ...]
     if device == "cuda":
         parts = (env.get("gpu_name"), env.get("gpu_driver"), env.get("torch"), env.get("torch_cuda"))
     else:
@@ -66,7 +67,7 @@ def peak_bandwidth(
     gbps, method, nbytes = (measure or measure_copy)(device)
     peak = Peak(device, key, gbps, method, nbytes, datetime.datetime.now(datetime.timezone.utc).isoformat())
     cache[key] = {k: v for k, v in asdict(peak).items() if k != "cached"}
-    from opforge.results import write_atomically
+    from opforge.files import write_atomically
 
     write_atomically(path, json.dumps(cache, indent=1) + "\n")
     return peak

@@ -8,6 +8,7 @@ reference run eagerly in the benchmark's dtype and `torch.compile` of it, are ti
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -16,14 +17,22 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
-from opforge.bench import expr
 from opforge.bench.model import BASELINE, ERROR, IMPLEMENTATION, OK, SKIP, WRONG, BenchResult, BenchRun
 from opforge.bench.timing import Timing, TimingOptions, graph_input_copies, l2_bytes, time_callable
 from opforge.cases import Case, CaseInputs, make_inputs
-from opforge.compare import CheckFailure, CheckSkipped, ReferenceFailure, as_tuple
+from opforge.checks.base import CheckContext
+from opforge.checks.calls import argument, differentiated, output_names
+from opforge.checks.catalog import CATALOG
+from opforge.compare import as_tuple
+from opforge.engine.rows import apply_xfail, check_verdicts
+from opforge.environment import device_unavailable
 from opforge.errors import SpecError, UsageError
 from opforge.loading import LoadedOp, Target
-from opforge.spec import FLOATING_DTYPES, POWER_OF_TWO, BenchSpec, OpSpec, ScalarInput
+from opforge.outcomes import short
+from opforge.results import Status
+from opforge.spec import bytes_expr as expr
+from opforge.spec.bench import POWER_OF_TWO
+from opforge.spec.model import FLOATING_DTYPES, BenchSpec, OpSpec, ScalarInput
 
 EAGER, COMPILE = "eager", "compile"
 
@@ -115,7 +124,9 @@ def size_points(spec: OpSpec, filters: BenchFilters) -> list[tuple[str, tuple[tu
     bench = bench_section(spec, filters)
     tensors = [t.name for t in spec.tensor_inputs()]
     sizes = filters.sizes or bench.sizes
-    points = [(f"n={_size_label(n)}", tuple((name, (n,)) for name in tensors)) for n in sizes]
+    points: list[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]] = [
+        (f"n={_size_label(n)}", tuple((name, (n,)) for name in tensors)) for n in sizes
+    ]
     if not filters.sizes:
         points += [
             (",".join(f"{name}={'x'.join(map(str, shape)) or '0d'}" for name, shape in shapes), shapes)
@@ -286,7 +297,7 @@ def run_point(
         inputs = input_source(loaded, point, seed)
     except Exception as exc:
         for contender in chosen:
-            emit(contender, ERROR, message=f"could not make the inputs: {_short(exc)}")
+            emit(contender, ERROR, message=f"could not make the inputs: {short(exc)}")
         return results
     try:
         nbytes = bytes_moved(loaded, point.mode, inputs())
@@ -331,11 +342,11 @@ def _run_contender(
 ) -> tuple[str, dict]:
     """(status, the row's fields). Whatever a contender raises costs its row, never the benchmark."""
     fields: dict = {}
-    if contender.role == IMPLEMENTATION:
+    if contender.role == IMPLEMENTATION and contender.target is not None:
         try:
             status, fields = verify(loaded, contender.target, point, seed)
         except Exception as exc:
-            return ERROR, {"message": f"{contender.name} raised {_short(exc)} while being verified"}
+            return ERROR, {"message": f"{contender.name} raised {short(exc)} while being verified"}
         if status is not None:
             return status, fields
     try:
@@ -358,7 +369,7 @@ def _run_contender(
             measured = replace(measured, method=f"{measured.method}, inputs rotated over {copies} copies")
         return OK, {**fields, "timing": measured}
     except Exception as exc:
-        return ERROR, {"message": f"{contender.name} raised {_short(exc)} while being timed"}
+        return ERROR, {"message": f"{contender.name} raised {short(exc)} while being timed"}
 
 
 def graph_rotation(first: Callable[[], Any], others: list[Callable[[], Any]]) -> Callable[[], Any]:
@@ -370,32 +381,26 @@ def graph_rotation(first: Callable[[], Any], others: list[Callable[[], Any]]) ->
 
 
 def verify(loaded: LoadedOp, target: Target, point: BenchPoint, seed: int) -> tuple[str | None, dict]:
-    """(None, fields) when the implementation may be timed, else (WRONG, ERROR or SKIP, the row's fields).
-
-    A mismatch the spec declares as xfail (for this implementation, check, dtype, device) is timed, with a note.
-    """
-    from opforge.checks import CheckContext
-    from opforge.checks.numerics import correctness, grad_lowp
-
-    checks = {
-        "fwd": [("correctness", correctness)],
-        "bwd": [("grad_lowp", grad_lowp)],
-        "fwd+bwd": [("correctness", correctness), ("grad_lowp", grad_lowp)],
-    }[point.mode]
+    """(None, fields) when the implementation may be timed, else (WRONG, ERROR or SKIP, the row's fields): the
+    point's checks (correctness for a forward, grad_lowp for a backward) through the engine's own outcome and xfail
+    mapping. A mismatch the spec declares as xfail (for this implementation, check, dtype, device) is timed, with a
+    note. What a check raises besides its outcomes propagates: the caller makes it the row's ERROR."""
+    names = {"fwd": ("correctness",), "bwd": ("grad_lowp",), "fwd+bwd": ("correctness", "grad_lowp")}[point.mode]
     context = CheckContext(loaded, seed)
     notes = []
-    for name, check in checks:
-        try:
-            check(context, target, point.case)
-        except CheckFailure as failure:
+    for name in names:
+        check = CATALOG.get(name)
+        verdict = check_verdicts(check, functools.partial(check.run, context, target, point.case))[name]
+        verdict = apply_xfail(loaded.spec, target.name, name, point.case, verdict)
+        if verdict.status == Status.FAIL:
+            return WRONG, {"message": f"{name}: {verdict.message}", "mismatch": verdict.mismatch}
+        if verdict.status == Status.ERROR:
+            return ERROR, {"message": verdict.message}
+        if verdict.status == Status.SKIP:
+            return SKIP, {"message": f"{name} skipped: {verdict.message}"}
+        if verdict.status == Status.XFAIL:
             xfail = loaded.spec.xfail_for(target.name, name, point.dtype, point.device)
-            if xfail is None:
-                return WRONG, {"message": f"{name}: {failure.message}", "mismatch": failure.mismatch}
-            notes.append(f"{name} xfail: {xfail.reason}")
-        except ReferenceFailure as exc:
-            return ERROR, {"message": str(exc)}
-        except CheckSkipped as exc:
-            return SKIP, {"message": f"{name} skipped: {exc}"}
+            notes.append(f"{name} xfail: {xfail.reason if xfail else verdict.message}")
     return None, {"message": "; ".join(notes)} if notes else {}
 
 
@@ -421,8 +426,6 @@ def mode_callable(
 
     if mode == "fwd":
         return call
-    from opforge.checks.calls import argument, differentiated
-
     wrt = [argument(inputs, loaded, name) for name in differentiated(loaded, inputs)]
     outputs = _differentiable(call())
     if not outputs:
@@ -438,8 +441,6 @@ def argument_restorer(loaded: LoadedOp, inputs: CaseInputs, mode: str) -> Callab
     computes on the inputs' values, not on the previous rep's result (which compounds: x.mul_(2) reaches inf, and
     subnormals slow a CPU down). None when the op mutates nothing, and for `bwd`, which does not call the op."""
     import torch
-
-    from opforge.checks.calls import argument
 
     if not loaded.mutated_arguments or mode == "bwd":
         return None
@@ -465,12 +466,6 @@ def _random_like(t, seed: int):
 
     generator = torch.Generator(device=t.device).manual_seed(seed)
     return torch.randn(t.shape, generator=generator, dtype=t.dtype, device=t.device)
-
-
-def _short(exc: BaseException) -> str:
-    from opforge.checks.calls import short
-
-    return short(exc)
 
 
 # ----------------------------------------------------------------------------------------------- bytes moved
@@ -514,8 +509,6 @@ def _sizes(loaded: LoadedOp, inputs: CaseInputs, with_gradients: bool) -> dict[s
     outputs) and grad_<input> (inputs with requires_grad), the same sizes, for the modes that run a backward."""
     import torch
 
-    from opforge.checks.calls import argument
-
     names = _input_names(loaded)
     values = {n: _size_of(argument(inputs, loaded, n)) for n in names}
     try:
@@ -549,8 +542,6 @@ def _input_names(loaded: LoadedOp) -> list[str]:
 
 
 def _output_names(loaded: LoadedOp) -> list[str]:
-    from opforge.checks.calls import output_names
-
     return output_names(loaded)
 
 
@@ -562,8 +553,9 @@ def _written_outputs(loaded: LoadedOp) -> list[str]:
 
 
 def _evaluate(spec: OpSpec, mode: str, text: str, sizes: dict[str, Any]) -> int:
-    key = dict(spec.bench.keys).get(mode, f"bench.bytes.{mode}")
-    line = dict(spec.bench.lines).get(mode)
+    bench = spec.bench or BenchSpec()
+    key = dict(bench.keys).get(mode, f"bench.bytes.{mode}")
+    line = dict(bench.lines).get(mode)
     try:
         value = expr.evaluate(expr.parse(text, set(sizes)), sizes)
     except (ValueError, ArithmeticError) as exc:  # ExpressionError is a ValueError; so is math.ceil(nan)
@@ -582,8 +574,6 @@ def _evaluate(spec: OpSpec, mode: str, text: str, sizes: dict[str, Any]) -> int:
 
 def runnable_devices(spec: OpSpec, filters: BenchFilters) -> tuple[tuple[str, ...], dict[str, str]]:
     """(devices to run, {device: why it is skipped})."""
-    from opforge.runner import device_unavailable
-
     devices, _, _ = selected(spec, filters)
     reasons = {d: device_unavailable(d) for d in devices}
     return tuple(d for d in devices if reasons[d] is None), {d: r for d, r in reasons.items() if r}

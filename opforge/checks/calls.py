@@ -6,19 +6,13 @@ from dataclasses import replace
 from typing import Any
 
 from opforge.cases import Case, CaseInputs, make_inputs
-from opforge.compare import CheckFailure, ReferenceFailure, as_tuple
+from opforge.compare import as_tuple
 from opforge.loading import LoadedOp, Target
+from opforge.outcomes import CheckFailure, ReferenceFailure, short
+from opforge.schema import return_names
 
-# Lines of an exception message kept in a result; the rest is noise (C++ stack frames, dispatcher dumps).
-MESSAGE_LINES = 6
 # How a mutated argument is named among the compared values.
 MUTATED = " (mutated)"
-
-
-def short(exc: BaseException) -> str:
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    text = "\n".join(lines[:MESSAGE_LINES])
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def inputs_for(loaded: LoadedOp, case: Case, base_seed: int, requires_grad: bool = False) -> CaseInputs:
@@ -178,8 +172,6 @@ def on_device(inputs: CaseInputs, device: Any) -> CaseInputs:
 
 def output_names(loaded: LoadedOp) -> list[str]:
     """The outputs' names as failure messages and `bench.bytes` expressions both show them."""
-    from opforge.bench.expr import return_names
-
     return list(return_names(str(loaded.overload._schema)))
 
 

@@ -9,7 +9,7 @@ from conftest import SPECS, describe, requires_cuda, run_spec
 from opforge.compare import worst_mismatch
 from opforge.ops.custom_loss import custom_loss, reference
 from opforge.results import describe_mismatch
-from opforge.spec import Tolerance
+from opforge.spec.model import Tolerance
 
 DTYPES = [
     (torch.float32, 1e-5, 1.3e-6),

@@ -1,8 +1,12 @@
-"""A compact Markdown account of a run, for a CI job summary or a pull-request comment. Data to text: nothing here
-prints; the CLI writes it with --markdown."""
+"""The Markdown format of `opforge check`: a compact account of a run, for a CI job summary or a pull-request
+comment (`--markdown "$GITHUB_STEP_SUMMARY"`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from opforge.files import write_atomically
+from opforge.reporters.base import Reporter
 from opforge.results import RunReport, Status, failure_details
 
 # Failures listed in full; a CI summary should stay readable, the JSON/JUnit reports hold the rest.
@@ -19,6 +23,14 @@ _COLUMNS = (
     Status.XFAIL,
     Status.SKIP,
 )
+
+
+class MarkdownReport(Reporter):
+    def __init__(self, path: Path):
+        self.path = path
+
+    def finish(self, run: RunReport) -> None:
+        write_atomically(self.path, render_markdown(run))
 
 
 def render_markdown(run: RunReport) -> str:

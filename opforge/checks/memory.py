@@ -10,13 +10,13 @@ holds on to at::Tensors.
 from __future__ import annotations
 
 import gc
+import itertools
 
 from opforge.cases import Case
-from opforge.checks import CheckContext, Outcomes
+from opforge.checks.base import Check, CheckContext, Outcomes, representative_cases
 from opforge.checks.calls import inputs_for, outputs_of
-from opforge.checks.contracts import representative_shape_index
-from opforge.compare import CheckFailure
 from opforge.loading import LoadedOp, Target
+from opforge.outcomes import CheckFailure
 
 # Calls before measuring, so lazily created state (a kernel cache, an allocator's first block) is not counted.
 WARMUP_CALLS = 2
@@ -27,12 +27,7 @@ CALLS_PER_WINDOW = 8
 def memory_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
     """One case per device: the representative contiguous case in the first dtype. A full scan of the garbage
     collector's objects costs ~0.1 s on CPU, and a leak does not depend on the dtype."""
-    wanted = representative_shape_index(loaded.spec)
-    selected: dict[str, Case] = {}
-    for case in cases:
-        if case.layout == "contiguous" and case.values_index == 0 and case.shape_index == wanted:
-            selected.setdefault(case.device, case)
-    return list(selected.values())
+    return list(representative_cases(loaded, cases).values())
 
 
 def memory(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
@@ -54,7 +49,7 @@ def memory(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
         for _ in range(CALLS_PER_WINDOW):
             call()
         marks.append(measure())
-    growth = [after - before for before, after in zip(marks, marks[1:])]
+    growth = [after - before for before, after in itertools.pairwise(marks)]
     if all(g > 0 for g in growth):
         raise CheckFailure(
             f"{growth[0]} then {growth[1]} {unit} over two windows of {CALLS_PER_WINDOW} calls whose results were "
@@ -78,3 +73,13 @@ def _live_tensors() -> int:
     gc.collect()
     # type() rather than isinstance: isinstance reads __class__, which some lazily imported modules intercept.
     return sum(1 for o in gc.get_objects() if issubclass(type(o), torch.Tensor))
+
+
+CHECKS = (
+    Check(
+        "memory",
+        "calling the op again and again does not grow what stays allocated (a cache, a list, a global)",
+        memory_cases,
+        memory,
+    ),
+)

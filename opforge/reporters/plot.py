@@ -1,63 +1,22 @@
-"""Writing a benchmark run: JSON (everything, raw samples included), CSV (one row per result), a plot."""
+"""`opforge bench --plot`: GB/s against size, one panel per (op, device, dtype, mode), one line per implementation,
+the device's measured peak as a dashed line. Needs matplotlib (`pip install 'opforge[plot]'`)."""
 
 from __future__ import annotations
 
-import csv
-import io
 from collections import defaultdict
 from pathlib import Path
 
-from opforge.bench.model import BASELINE, BenchResult, BenchRun, speedups
-from opforge.results import dumps_json, write_atomically
-
-CSV_COLUMNS = (
-    "id",
-    "op",
-    "impl",
-    "role",
-    "device",
-    "dtype",
-    "mode",
-    "case",
-    "elements",
-    "status",
-    "bytes",
-    "median_s",
-    "iqr_s",
-    "gbps",
-    "pct_of_peak",
-    "peak_gbps",
-    "reps",
-    "method",
-    "threads",
-    "message",
-)
+from opforge.bench.model import BenchResult, BenchRun
+from opforge.reporters.base import NotWritten, Reporter
 
 
-def write_json(run: BenchRun, path: Path) -> None:
-    write_atomically(path, dumps_json(run.to_json(), indent=1))
+class BenchPlotReport(Reporter):
+    def __init__(self, path: Path):
+        self.path = path
 
-
-def write_csv(run: BenchRun, path: Path) -> None:
-    baselines = sorted({r.impl for r in run.results if r.role == BASELINE})
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS + tuple(f"speedup_vs_{b}" for b in baselines))
-    for r in run.results:
-        row = r.to_json()
-        timing = row["timing"] or {}
-        row.update(reps=len(timing.get("samples") or []), method=timing.get("method"), threads=timing.get("threads"))
-        ups = speedups(r, run.results)
-        writer.writerow([_cell(row.get(c)) for c in CSV_COLUMNS] + [_cell(ups.get(b)) for b in baselines])
-    write_atomically(path, out.getvalue())
-
-
-def _cell(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
+    def finish(self, run: BenchRun) -> None:
+        if not write_plot(run, self.path):
+            raise NotWritten("no case has a GB/s figure to plot")
 
 
 def require_plotting() -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from opforge.cases import Case, layout_applies
-from opforge.checks import CheckContext, Outcomes
-from opforge.checks.calls import inputs_for, outputs_of, short
-from opforge.compare import CheckFailure, as_tuple, check_result, tolerance_for
-from opforge.loading import Target
+from opforge.checks.base import Check, CheckContext, Outcomes, first_values
+from opforge.checks.calls import inputs_for, outputs_of
+from opforge.compare import as_tuple, check_result, tolerance_for
+from opforge.loading import LoadedOp, Target
+from opforge.outcomes import CheckFailure, short
 
 
 def compile_check(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
@@ -16,7 +17,6 @@ def compile_check(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
 
     spec = ctx.loaded.spec
     tensors = spec.tensor_inputs()
-    n_shapes = len(tensors[0].shapes) if tensors else 1
     torch._dynamo.reset()  # a fresh cache, so earlier cases' graphs neither help nor hit the recompile limit
 
     def call(*args, **kwargs):
@@ -24,7 +24,7 @@ def compile_check(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
 
     compiled = torch.compile(call, fullgraph=True, dynamic=True, backend="inductor")
     tol = tolerance_for(spec, case.dtype)
-    for shape_index in range(n_shapes):
+    for shape_index in range(spec.shape_count):
         shapes = tuple((t.name, t.shapes[shape_index]) for t in tensors)
         if not all(layout_applies(case.layout, s) for _, s in shapes):
             continue
@@ -40,3 +40,22 @@ def compile_check(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
         for i, (g, e) in enumerate(zip(got, eager)):
             check_result(f"compiled result[{i}] ({shaped.id})", g, e, tol, e.dtype, case.device)
     return {"compile": None}
+
+
+def all_shapes_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    """One case per dtype/device/layout that runs every shape through one compiled function (dynamic shapes)."""
+    seen: dict[str, Case] = {}
+    for case in first_values(loaded, target, cases):
+        merged = replace(case, shapes=(), shape_index=-1)
+        seen.setdefault(merged.id, merged)
+    return list(seen.values())
+
+
+CHECKS = (
+    Check(
+        "compile",
+        "torch.compile(fullgraph=True, dynamic=True) with inductor over every shape, against eager",
+        all_shapes_cases,
+        compile_check,
+    ),
+)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from opforge.cases import Case
-from opforge.checks import CheckContext, Outcomes
-from opforge.checks.calls import argument, differentiated, inputs_for, short, vector_jacobian_products, with_arguments
-from opforge.compare import CheckFailure, tolerance_for, worst_mismatch
-from opforge.loading import Target
+from opforge.checks.base import Check, CheckContext, Outcomes
+from opforge.checks.calls import argument, differentiated, inputs_for, vector_jacobian_products, with_arguments
+from opforge.compare import tolerance_for, worst_mismatch
+from opforge.loading import LoadedOp, Target
+from opforge.outcomes import CheckFailure, short
 
 # Above this many elements across the differentiated inputs, gradcheck's exact mode builds an n x n Jacobian one
 # perturbation at a time; fast mode checks random projections of it instead (torch's own recommendation).
@@ -60,3 +63,36 @@ def _gradient_mismatch(ctx, target, case, names):
             if mismatch:
                 return mismatch
     return None
+
+
+def float64_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    """gradcheck runs in float64 whatever dtypes the op claims: one case per device/layout/shape/values point."""
+    if not loaded.spec.differentiable:
+        return []
+    seen: dict[str, Case] = {}
+    for case in cases:
+        as64 = replace(case, dtype="float64")
+        seen.setdefault(as64.id, as64)
+    return list(seen.values())
+
+
+def double_backward_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    return float64_cases(loaded, target, cases) if loaded.spec.double_backward else []
+
+
+CHECKS = (
+    Check(
+        "gradcheck",
+        "gradients against finite differences (torch.autograd.gradcheck in float64)",
+        float64_cases,
+        gradcheck,
+        default_when=("differentiable",),
+    ),
+    Check(
+        "gradgradcheck",
+        "second derivatives against finite differences of the gradient (torch.autograd.gradgradcheck)",
+        double_backward_cases,
+        gradgradcheck,
+        default_when=("differentiable", "double_backward"),
+    ),
+)

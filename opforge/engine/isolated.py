@@ -1,22 +1,23 @@
 """Running each op's checks in a worker process, so that a crash or a hang costs one row, not the run.
 
 One worker per op (importing torch and loading the op cost seconds: once per op, not per row). The worker streams
-results as it goes (opforge._worker); the parent knows which (check, case) row is in flight, so when the worker dies
-(SIGSEGV, abort, a fatal signal from a native library) that row becomes a CRASH row naming the signal and the tail of
-the worker's stderr, and when it runs past its time limit the worker's whole process group is killed and the row
-becomes TIMEOUT. Either way the op's remaining rows go on in a fresh worker, then the next op. A CUDA fault (a
-device-side assert, an illegal memory access) does not kill the worker: it raises, so its row is FAIL or ERROR, and
-because it leaves the CUDA context unusable the worker asks for a fresh process for the rows after it. A fresh
-process per op also means a CUDA error in one op cannot poison the next. A spec or build error is the op's ERROR
-load row; the other ops still run. With `jobs` > 1, several ops run at once, each worker slot with its own share
-of the GPUs.
+results as it goes (opforge.engine.worker, the typed events of opforge.engine.protocol); the parent knows which
+(check, case) row is in flight, so when the worker dies (SIGSEGV, abort, a fatal signal from a native library) that
+row becomes a CRASH row naming the signal and the tail of the worker's stderr, and when it runs past its time limit
+the worker's whole process group is killed and the row becomes TIMEOUT. Either way the op's remaining rows go on in
+a fresh worker, then the next op. A CUDA fault (a device-side assert, an illegal memory access) does not kill the
+worker: it raises, so its row is FAIL or ERROR, and because it leaves the CUDA context unusable the worker asks for
+a fresh process for the rows after it. A fresh process per op also means a CUDA error in one op cannot poison the
+next. A spec or build error is the op's ERROR load row; the other ops still run. With `jobs` > 1, several ops run at
+once, each worker slot with its own share of the GPUs.
 
-POSIX only (process groups, select on pipes); `opforge check --no-isolation` runs everything in-process.
+POSIX only (process groups, select on pipes); `opforge check --no-isolation` runs everything in-process. This parent
+never imports torch: what it needs to know of the GPUs it asks a child process.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import select
 import signal
@@ -28,12 +29,30 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from opforge.checks.catalog import CATALOG
+from opforge.engine.events import Events
+from opforge.engine.plan import Filters, load_row
+from opforge.engine.protocol import (
+    Done,
+    End,
+    EnvironmentEvent,
+    Event,
+    Internal,
+    Job,
+    Loaded,
+    LoadError,
+    Restart,
+    Result,
+    RowHeader,
+    Start,
+    Step,
+    decode,
+)
+from opforge.engine.rows import repro_command, stops_run
 from opforge.errors import WorkerInternalError
-from opforge.results import CaseResult, OpReport, RunReport, Status, result_from_json
-from opforge.runner import Events, Filters, load_row, repro_command, stops_run
-from opforge.spec import OpSpec
+from opforge.results import CaseResult, OpReport, RunReport, Status
+from opforge.spec.model import OpSpec
 
 # Per-check time limit when neither the spec (`timeout:`) nor --timeout sets one. Generous: the slowest row measured
 # on the 2-core CI VM (`compile`, every leaky_swish shape through inductor, cold inductor cache) takes ~30 s.
@@ -56,11 +75,18 @@ READ_CHUNK = 64 * 1024
 EXIT_GRACE = 10.0
 # How often the supervisor looks whether such a dying worker has exited, while it goes on serving the others.
 EXIT_POLL = 0.05
+# Seconds a child may take to import torch and count the GPUs (about 2 s on CI's 2-core VM); past it the run
+# treats the machine as having none, which only costs -j its GPU split.
+GPU_PROBE_TIMEOUT = 60
 # The worker's entry point, run with -c so that sys.path[0] is the '' Python adds (the current directory) and can be
 # dropped: a checkout's or a spec directory's `opforge/` or `torch.py` in the cwd must not shadow the installed ones
 # (PYTHONPATH still comes first). `python -P` does the same, but only from Python 3.11 on.
 _WORKER_BOOTSTRAP = (
-    "import sys\nif sys.path and sys.path[0] == '':\n    del sys.path[0]\nfrom opforge._worker import main\nmain()\n"
+    "import sys\n"
+    "if sys.path and sys.path[0] == '':\n"
+    "    del sys.path[0]\n"
+    "from opforge.engine.worker import main\n"
+    "main()\n"
 )
 
 
@@ -77,13 +103,22 @@ def time_limit(spec: OpSpec, override: float | None) -> float:
 
 def visible_gpus(environ: Mapping[str, str]) -> list[str]:
     """The GPU ids workers may use: CUDA_VISIBLE_DEVICES' entries as given (they may be physical ids or UUIDs),
-    else every device torch sees."""
+    else every device torch sees (counted by a child process: this one stays torch-free)."""
     value = environ.get("CUDA_VISIBLE_DEVICES")
     if value is not None:
         return [v.strip() for v in value.split(",") if v.strip()]
-    import torch
+    return [str(i) for i in range(_count_gpus(environ))]
 
-    return [str(i) for i in range(torch.cuda.device_count())]
+
+def _count_gpus(environ: Mapping[str, str]) -> int:
+    probe = "import torch; print(torch.cuda.device_count())"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, env=dict(environ), timeout=GPU_PROBE_TIMEOUT
+        )
+        return int(done.stdout.strip() or 0) if done.returncode == 0 else 0
+    except (subprocess.TimeoutExpired, ValueError):
+        return 0
 
 
 def gpus_per_slot(jobs: int, gpus: list[str]) -> list[str | None]:
@@ -98,21 +133,22 @@ def gpus_per_slot(jobs: int, gpus: list[str]) -> list[str | None]:
 
 
 def multi_gpu_note(specs: list[OpSpec], filters: Filters, slots: list[str | None]) -> str | None:
-    """A warning when -j leaves a worker fewer than two GPUs of a machine that has them and multi_gpu is to run:
-    the check would skip on every op, silently losing its coverage."""
+    """A warning when -j leaves a worker fewer GPUs than a check that needs several (multi_gpu) is to run with, on
+    a machine that has them: the check would skip on every op, silently losing its coverage."""
     visible = {gpu for slot in slots if slot for gpu in slot.split(",")}
     fewest = min((len(slot.split(",")) for slot in slots if slot), default=0)
-    wanted = (
-        any("multi_gpu" in spec.checks and "cuda" in spec.devices for spec in specs)
-        and filters.wants_check("multi_gpu")
-        and (not filters.devices or "cuda" in filters.devices)
-    )
-    if not wanted or len(visible) < 2 or fewest >= 2:
-        return None
-    return (
-        f"-j {len(slots)} leaves a worker {fewest} of the {len(visible)} visible GPUs, so multi_gpu (which needs "
-        f"2) skips: run with -j {max(1, len(visible) // 2)} or fewer for it to run."
-    )
+    for check in (c for c in CATALOG if c.gpus > 1):
+        wanted = (
+            any(check.name in spec.checks and "cuda" in spec.devices for spec in specs)
+            and filters.wants_check(check.name)
+            and (not filters.devices or "cuda" in filters.devices)
+        )
+        if wanted and len(visible) >= check.gpus and fewest < check.gpus:
+            return (
+                f"-j {len(slots)} leaves a worker {fewest} of the {len(visible)} visible GPUs, so {check.name} (which "
+                f"needs {check.gpus}) skips: run with -j {max(1, len(visible) // check.gpus)} or fewer for it to run."
+            )
+    return None
 
 
 def threads_per_worker(jobs: int, cpus: int | None) -> int:
@@ -133,8 +169,9 @@ def describe_exit(returncode: int) -> str:
 
 
 class _Worker:
-    def __init__(self, job: dict, env: dict[str, str]):
-        self.stderr = tempfile.TemporaryFile()
+    def __init__(self, job: Job, env: dict[str, str]):
+        # Kept open for the worker's life and closed by close(): the tail is read after the worker is gone.
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115
         # Its own session: Ctrl-C at a terminal reaches the parent only, and a timeout kills the worker's whole
         # process group (inductor's compile workers included).
         self.proc = subprocess.Popen(
@@ -145,35 +182,35 @@ class _Worker:
             env=env,
             start_new_session=True,
         )
-        self.proc.stdin.write((json.dumps(job) + "\n").encode())
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both asked for as PIPE
+        self.proc.stdin.write(job.to_line().encode())
         self.proc.stdin.close()
+        self.stdout = self.proc.stdout
         self._buffer = b""
 
     def fileno(self) -> int:
-        return self.proc.stdout.fileno()
+        return self.stdout.fileno()
 
-    def read_events(self) -> list[dict] | None:
+    def read_events(self) -> list[Event] | None:
         """The complete events available now; None at end of stream."""
         chunk = os.read(self.fileno(), READ_CHUNK)
         if not chunk:
             return None
         self._buffer += chunk
         *lines, self._buffer = self._buffer.split(b"\n")
-        return [json.loads(line) for line in lines if line.strip()]
+        return [decode(line) for line in lines if line.strip()]
 
     def kill(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
     def close(self) -> None:
-        if self.proc.stdout.closed:
+        if self.stdout.closed:
             return
         # Whatever the worker left running in its group (compile workers, a stray thread) goes with it.
         self.kill()
         self.proc.wait()
-        self.proc.stdout.close()
+        self.stdout.close()
         self.stderr.close()
 
     def stderr_tail(self) -> str:
@@ -192,16 +229,22 @@ class _OpRun:
     report: OpReport
     limit: float
     slot: int
-    rows: list[dict] | None = None
+    rows: tuple[RowHeader, ...] | None = None
     next_index: int = 0
     in_flight: int | None = None
     since: float = field(default_factory=time.monotonic)
-    worker: _Worker | None = None
+    spawned: _Worker | None = None
     progressed: bool = False
     done: bool = False
     # When the worker closed its protocol pipe without `done`: it is dying, and its exit status says how.
     dying_since: float | None = None
     started: float = field(default_factory=time.monotonic)
+
+    @property
+    def worker(self) -> _Worker:
+        if self.spawned is None:
+            raise RuntimeError(f"no worker was started for {self.spec.name}")
+        return self.spawned
 
     def remaining(self) -> bool:
         return self.rows is not None and self.next_index < len(self.rows)
@@ -268,16 +311,11 @@ class Supervisor:
 
     def _spawn(self, op: _OpRun) -> None:
         env = dict(self.env)
-        if self.gpus[op.slot] is not None:
-            env["CUDA_VISIBLE_DEVICES"] = self.gpus[op.slot]
-        job = {
-            "spec": str(op.spec.path),
-            "cuda_arch": self.isolation.cuda_arch,
-            "filters": self.filters.to_json(),
-            "start": op.next_index,
-            "time_limit": op.limit,
-        }
-        op.worker = _Worker(job, env)
+        gpus = self.gpus[op.slot]
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpus
+        job = Job(str(op.spec.path), self.filters, op.next_index, op.limit, self.isolation.cuda_arch)
+        op.spawned = _Worker(job, env)
         op.in_flight, op.since, op.progressed, op.dying_since = None, time.monotonic(), False, None
 
     def _step(self) -> None:
@@ -303,47 +341,46 @@ class Supervisor:
 
     # ------------------------------------------------------------------------------------------ events from a worker
 
-    def _handle(self, op: _OpRun, event: dict[str, Any]) -> None:
-        kind = event["event"]
-        if kind == "environment":
-            self.run.environment = self.run.environment or event["environment"]
-        elif kind == "step":
-            self.events.step(event["message"])
-        elif kind == "loaded":
+    def _handle(self, op: _OpRun, event: Event) -> None:
+        if isinstance(event, EnvironmentEvent):
+            self.run.environment = self.run.environment or event.environment
+        elif isinstance(event, Step):
+            self.events.step(event.message)
+        elif isinstance(event, Loaded):
             self._loaded(op, event)
-        elif kind == "start":
-            op.in_flight, op.since = event["index"], time.monotonic()
-        elif kind == "result":
-            self._add(op, result_from_json(event["result"]))
-        elif kind == "end":
+        elif isinstance(event, Start):
+            op.in_flight, op.since = event.index, time.monotonic()
+        elif isinstance(event, Result):
+            self._add(op, event.result)
+        elif isinstance(event, End):
             op.in_flight, op.since, op.progressed = None, time.monotonic(), True
-            op.next_index = event["index"] + 1
-        elif kind == "restart":
-            self.events.step(f"{op.spec.name}: going on in a fresh process ({event['reason']})")
-        elif kind == "done":
+            op.next_index = event.index + 1
+        elif isinstance(event, Restart):
+            self.events.step(f"{op.spec.name}: going on in a fresh process ({event.reason})")
+        elif isinstance(event, Done):
             op.done = True
-        elif kind == "error":
+        elif isinstance(event, LoadError):
             # A spec or build error of this op: its load row says why, the other ops go on.
-            op.report.load_exit_code = event["exit_code"]
-            self._add(op, load_row(op.spec, Status.ERROR, event["message"], time.monotonic() - op.since))
+            op.report.load_exit_code = event.exit_code
+            self._add(op, load_row(op.spec, Status.ERROR, event.message, time.monotonic() - op.since))
             self._finish(op)
-        elif kind == "internal":
-            raise WorkerInternalError(f"{event['message']} (in the worker for {op.spec.name})", event["traceback"])
+        elif isinstance(event, Internal):
+            raise WorkerInternalError(f"{event.message} (in the worker for {op.spec.name})", event.traceback)
 
-    def _loaded(self, op: _OpRun, event: dict[str, Any]) -> None:
-        if "rows" in event:
-            op.rows = event["rows"]
-            op.report.build = event["build"]
-            self.events.planned(op.spec.name, len(event["skipped"]) + sum(len(r["rows"]) for r in op.rows))
-            for data in event["skipped"]:
-                self._add(op, result_from_json(data))
-        elif op.rows is None or event["count"] != len(op.rows):
+    def _loaded(self, op: _OpRun, event: Loaded) -> None:
+        if event.rows is not None:
+            op.rows = event.rows
+            op.report.build = event.build
+            self.events.planned(op.spec.name, len(event.skipped) + sum(len(r.rows) for r in op.rows))
+            for result in event.skipped:
+                self._add(op, result)
+        elif op.rows is None or event.count != len(op.rows):
             how = (
-                f"a fresh worker planned {event['count']} rows where the first one planned "
-                f"{len(op.rows or [])}: what it can run changed (a GPU lost after a fault?), so this row and the "
+                f"a fresh worker planned {event.count} rows where the first one planned "
+                f"{len(op.rows or ())}: what it can run changed (a GPU lost after a fault?), so this row and the "
                 "op's other remaining rows did not run"
             )
-            for index in range(op.next_index, len(op.rows or [])):
+            for index in range(op.next_index, len(op.rows or ())):
                 self._lost_row(op, index, Status.CRASH, how, seconds=0.0)
             self._finish(op)
 
@@ -361,7 +398,7 @@ class Supervisor:
     def _reap(self, op: _OpRun, now: float) -> None:
         returncode = op.worker.proc.poll()
         if returncode is None:
-            if now < op.dying_since + EXIT_GRACE:
+            if op.dying_since is not None and now < op.dying_since + EXIT_GRACE:
                 return
             op.worker.kill()
             returncode = op.worker.proc.wait()
@@ -393,23 +430,23 @@ class Supervisor:
 
     def _lost_row(self, op: _OpRun, index: int, status: Status, message: str, seconds: float | None = None) -> None:
         """A planned row that never reported: one result per row name it would have reported."""
-        row = op.rows[index]
+        row = (op.rows or ())[index]
         seconds = time.monotonic() - op.since if seconds is None else seconds
-        for name in row["rows"]:
+        for name in row.rows:
             self._add(
                 op,
                 CaseResult(
                     op=op.spec.name,
-                    target=row["target"],
+                    target=row.target,
                     check=name,
-                    case_id=row["case_id"],
-                    dtype=row["dtype"],
-                    device=row["device"],
+                    case_id=row.case_id,
+                    dtype=row.dtype,
+                    device=row.device,
                     status=status,
                     seconds=seconds,
                     message=message,
-                    seed=row["seed"],
-                    repro=repro_command(op.spec, row["target"], name, row["case_id"], self.filters.seed),
+                    seed=row.seed,
+                    repro=repro_command(op.spec, row.target, name, row.case_id, self.filters.seed),
                 ),
             )
         op.next_index = index + 1
@@ -455,7 +492,7 @@ def _with_stderr(how: str, worker: _Worker) -> str:
 def _worker_env(environ: dict[str, str], jobs: int) -> dict[str, str]:
     env = dict(environ)
     # The worker imports this opforge, wherever it came from (an install, a checkout, a test's sys.path).
-    package_root = str(Path(__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     if jobs > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(threads_per_worker(jobs, os.cpu_count()))

@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from opforge.results import OpReport, RunReport, write_atomically
-
-if TYPE_CHECKING:
-    from opforge.runner import Filters
+from opforge.engine.plan import LOAD_CHECK, Filters, load_row_id
+from opforge.files import write_atomically
+from opforge.reporters.base import Reporter
+from opforge.results import OpReport, RunReport
 
 STORE = Path(".opforge") / "lastfailed.json"
 
@@ -28,6 +27,17 @@ class Selection:
     ids: tuple[str, ...] = ()
     paths: list[Path] | None = None
     notes: list[str] = field(default_factory=list)
+
+
+class LastFailedReport(Reporter):
+    """Records the run's failures under `root` for the next `--last-failed` (always on)."""
+
+    def __init__(self, root: Path, filters: Filters):
+        self.root = root
+        self.filters = filters
+
+    def finish(self, run: RunReport) -> None:
+        record(self.root, run, self.filters)
 
 
 def recorded(root: Path) -> dict[str, str]:
@@ -69,8 +79,6 @@ def record(root: Path, run: RunReport, filters: Filters | None = None) -> dict[s
     A recorded id that an op ran in full (see _ran_in_full) did not produce belongs to a renamed or removed op,
     case or check: it is forgotten, else --last-failed would "rerun" it forever, running nothing. So are the
     failures of specs that no longer exist."""
-    from opforge.runner import LOAD_CHECK, load_row_id
-
     failed = {ident: spec for ident, spec in recorded(root).items() if _exists(root, spec)}
     for op in run.ops:
         if _ran_in_full(run, op, filters):
@@ -94,8 +102,6 @@ def record(root: Path, run: RunReport, filters: Filters | None = None) -> dict[s
 def _ran_in_full(run: RunReport, op: OpReport, filters: Filters | None) -> bool:
     """Whether the op ran every row a recorded id of it could name: it loaded, nothing stopped it early, and no
     filter but --last-failed's own ids narrowed it."""
-    from opforge.runner import LOAD_CHECK
-
     if filters is None or run.incomplete or (filters.fail_fast and run.failed):
         return False
     if filters.dtypes or filters.devices or filters.checks or filters.keyword:

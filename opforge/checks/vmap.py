@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from opforge.cases import Case, in_layout
-from opforge.checks import CheckContext, Outcomes, first_values
-from opforge.checks.calls import argument, inputs_for, outputs_of, paired, short, with_arguments
-from opforge.compare import CheckFailure, as_tuple, check_result, tolerance_for
+from opforge.checks.base import Check, CheckContext, Outcomes, first_values
+from opforge.checks.calls import argument, inputs_for, outputs_of, paired, with_arguments
+from opforge.compare import as_tuple, check_result, tolerance_for
 from opforge.loading import LoadedOp, Target
+from opforge.outcomes import CheckFailure, short
 
 # Batch size: more than one slice so a rule that mixes or reorders slices shows, and odd so no pairing hides it.
 BATCH = 3
@@ -15,10 +16,8 @@ BATCHABLE_LAYOUTS = ("contiguous", "transposed", "strided")
 
 
 def vmap_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
-    """Every case with the first argument values, when the spec claims vmap (loading refuses the claim for an op
-    that mutates arguments: vmap of an in-place op is a different contract)."""
-    if not loaded.spec.vmap:
-        return []
+    """Every case with the first argument values (refuse_mutating_op refuses the claim for an op that mutates
+    arguments: vmap of an in-place op is a different contract)."""
     return [c for c in first_values(loaded, target, cases) if c.layout in BATCHABLE_LAYOUTS]
 
 
@@ -65,3 +64,28 @@ def _batched(loaded: LoadedOp, slices, name: str, case: Case):
 
     stacked = torch.stack([argument(inputs, loaded, name) for inputs in slices])
     return in_layout(stacked.to(torch.float64), case.layout, stacked.dtype, case.device)
+
+
+def refuse_mutating_op(loaded: LoadedOp) -> None:
+    """The vmap check compares with a loop over slices of fresh inputs; an op that writes its arguments would need
+    the batched writes compared too, which it does not do: refuse the claim rather than check nothing."""
+    mutated = loaded.mutated_arguments
+    if loaded.spec.vmap and mutated:
+        raise loaded.spec.error(
+            "vmap",
+            "vmap: true only for an op that mutates none of its arguments",
+            f"vmap: true on an op that mutates {', '.join(mutated)}",
+            "Drop `vmap: true`: opforge checks vmap of functional ops only.",
+        )
+
+
+CHECKS = (
+    Check(
+        "vmap",
+        "torch.vmap over a new batch dimension against a loop over the batch (needs `vmap: true`)",
+        vmap_cases,
+        vmap,
+        claim="vmap",
+        validate=refuse_mutating_op,
+    ),
+)

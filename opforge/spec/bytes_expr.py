@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import math
 import operator
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 # What an expression may ask of a tensor, as `x.numel`, `x.numel()` or `numel(x)`.
 TENSOR_ATTRIBUTES = ("numel", "element_size", "nbytes", "ndim")
 FUNCTIONS: dict[str, Callable[..., Any]] = {"min": min, "max": max, "ceil": math.ceil, "floor": math.floor}
-_BINARY = {
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
@@ -29,7 +28,7 @@ _BINARY = {
 }
 # Keeps `2 ** 10 ** 10` from hanging the loader; byte counts need no more than 2**63.
 MAX_EXPONENT = 64
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
 class ExpressionError(ValueError):
@@ -146,12 +145,13 @@ def _eval(node: ast.AST, values: dict[str, Any]) -> Any:
     if isinstance(node, ast.Call):
         if isinstance(node.func, ast.Attribute):
             return _eval(node.func, values)
-        if node.func.id in TENSOR_ATTRIBUTES:
-            return _attribute(_eval(node.args[0], values), node.func.id)
+        name = node.func.id if isinstance(node.func, ast.Name) else ""  # parse() allows no other callee
+        if name in TENSOR_ATTRIBUTES:
+            return _attribute(_eval(node.args[0], values), name)
         args = [_number(a, values) for a in node.args]
         if not args:
-            raise ExpressionError(f"{node.func.id}() without arguments")
-        return FUNCTIONS[node.func.id](*args)
+            raise ExpressionError(f"{name}() without arguments")
+        return FUNCTIONS[name](*args)
     raise ExpressionError(f"a {type(node).__name__} expression")  # parse() let nothing else through
 
 
@@ -170,34 +170,3 @@ def _attribute(value: Any, name: str) -> int:
     if not isinstance(value, TensorSize):
         raise ExpressionError(f".{name} of a non-tensor ({value!r})")
     return getattr(value, name)
-
-
-def return_names(schema: str) -> tuple[str, ...]:
-    """The names expressions use for an op's outputs: `result` for one, the schema's names (else result0,
-    result1, ...) for several, none for an op that returns nothing. Read from the schema text."""
-    returns = schema.split("->", 1)[1].strip() if "->" in schema else "()"
-    if returns.startswith("("):
-        returns = returns[1:-1]
-    parts = [p.strip() for p in _split_top_level(returns) if p.strip()]
-    if len(parts) == 1:
-        return ("result",)
-    names = []
-    for i, part in enumerate(parts):
-        words = re.sub(r"\(.*?\)", "", part).split()
-        names.append(words[1] if len(words) > 1 else f"result{i}")
-    return tuple(names)
-
-
-def _split_top_level(text: str) -> list[str]:
-    parts, depth, current = [], 0, ""
-    for ch in text:
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += ch
-    return parts + [current]

@@ -9,7 +9,7 @@ device; this check checks the values too.
 from __future__ import annotations
 
 from opforge.cases import Case
-from opforge.checks import CheckContext, Outcomes
+from opforge.checks.base import Check, CheckContext, Outcomes, all_cases
 from opforge.checks.calls import (
     against_reference,
     call_reference,
@@ -20,8 +20,9 @@ from opforge.checks.calls import (
     outputs_of,
     short,
 )
-from opforge.compare import CheckFailure, CheckSkipped, check_result, tolerance_for
+from opforge.compare import check_result, tolerance_for
 from opforge.loading import Target
+from opforge.outcomes import CheckFailure, CheckSkipped
 
 # The current device while the op runs: the inputs live elsewhere.
 HOME_DEVICE = 0
@@ -83,3 +84,15 @@ def _synchronize(target: Target, device) -> None:
             f"expected it to run on the inputs' GPU, got a fault on {device}: {short(exc)}. Put "
             "`const c10::cuda::CUDAGuard guard(x.device());` first in the kernel's host function."
         ) from exc
+
+
+CHECKS = (
+    Check(
+        "multi_gpu",
+        "inputs on another GPU than the current one: a missing device guard (needs 2 GPUs)",
+        all_cases,
+        multi_gpu,
+        devices=("cuda",),
+        gpus=MIN_GPUS,
+    ),
+)

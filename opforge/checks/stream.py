@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from opforge.cases import Case
-from opforge.checks import CheckContext, Outcomes, first_values
+from opforge.checks.base import Check, CheckContext, Outcomes, first_values
 from opforge.checks.calls import (
     against_reference,
     argument,
@@ -32,9 +32,10 @@ from opforge.checks.calls import (
     short,
     with_arguments,
 )
-from opforge.compare import CheckFailure, check_result, tolerance_for
+from opforge.compare import check_result, tolerance_for
 from opforge.cuda_spin import spin
 from opforge.loading import LoadedOp, Target
+from opforge.outcomes import CheckFailure
 
 # How long the producer stream sleeps before it writes the inputs: long enough that a kernel which does not wait
 # for it has certainly run first (a kernel launch is ~10 us; the ops under test run in well under a millisecond at
@@ -43,12 +44,12 @@ PRODUCER_SLEEP_S = 0.05
 
 
 def stream_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
-    """CUDA, contiguous, non-empty, first argument values: stream order does not depend on layout or values, and
+    """Contiguous, non-empty, first argument values: stream order does not depend on layout or values, and
     an empty tensor launches no kernel."""
     return [
         c
         for c in first_values(loaded, target, cases)
-        if c.device == "cuda" and c.layout == "contiguous" and all(math.prod(s) for _, s in c.shapes)
+        if c.layout == "contiguous" and all(math.prod(s) for _, s in c.shapes)
     ]
 
 
@@ -181,3 +182,14 @@ def _clear_stale_launch_error() -> None:
             return
         except RuntimeError:
             continue
+
+
+CHECKS = (
+    Check(
+        "stream",
+        "the caller's stream order (inputs written on a side stream) and CUDA-graph capture",
+        stream_cases,
+        stream,
+        devices=("cuda",),
+    ),
+)

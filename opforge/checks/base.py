@@ -1,0 +1,95 @@
+"""What a check is: one object holding everything the rest of opforge needs to know about it (its rows, when it
+applies, which cases it runs, how it runs one, how a failure is rerun), and the case selections several checks share.
+
+A check's `run` takes one case and returns one outcome per result row it owns (opforge.outcomes): the engine turns
+a missing or unknown row into an ERROR row, so a typo cannot turn a failure into a pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from opforge.outcomes import Outcome
+
+if TYPE_CHECKING:
+    from opforge.cases import Case
+    from opforge.loading import LoadedOp, Target
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    loaded: LoadedOp
+    base_seed: int
+    # The row's time limit in seconds when a parent process enforces one (isolated runs), for a check that must
+    # end its own work first (large_index's child process); None in process.
+    time_limit: float | None = None
+
+
+Outcomes = dict[str, Outcome]
+Selector = Callable[["LoadedOp", "Target", list["Case"]], list["Case"]]
+Runner = Callable[[CheckContext, "Target", "Case"], Outcomes]
+# Why a costly check does not run for this op unless asked (None: it runs); given the op and `--large`.
+OptIn = Callable[["LoadedOp", bool], "str | None"]
+# Raises SpecError when the loaded op cannot honour what the spec claims for this check.
+Validator = Callable[["LoadedOp"], None]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    # One line for `--help` and docs: the bug it catches.
+    summary: str
+    select: Selector
+    run: Runner
+    # The result rows it produces, when more than its own name (opcheck: one per sub-test).
+    rows: tuple[str, ...] = ()
+    # Spec claims that must all hold for it to run when the spec lists no `checks:` (differentiable, ...).
+    default_when: tuple[str, ...] = ()
+    # The spec key its cases come from: the check runs only when the spec gives it (vmap, error_inputs, ...).
+    claim: str | None = None
+    # The devices its cases run on; empty: every device of the matrix.
+    devices: tuple[str, ...] = ()
+    # GPUs one of its cases needs at once (multi_gpu: 2); a run that gives a worker fewer says so.
+    gpus: int = 0
+    opted_out: OptIn | None = None
+    validate: Validator | None = None
+    # What a rerun command of one of its failures adds (an opt-in flag).
+    rerun_flags: tuple[str, ...] = ()
+    # It also visits dtypes the spec does not claim (the terminal folds those into one column).
+    visits_unclaimed_dtypes: bool = False
+
+    def row_names(self) -> tuple[str, ...]:
+        return self.rows or (self.name,)
+
+    def runs_by_default(self, claims: dict[str, bool]) -> bool:
+        return all(claims[c] for c in self.default_when) and (self.claim is None or claims[self.claim])
+
+    def cases(self, loaded: LoadedOp, target: Target, matrix: list[Case]) -> list[Case]:
+        """The cases it runs of `matrix`: its selection of those on its devices."""
+        on_its_devices = [c for c in matrix if not self.devices or c.device in self.devices]
+        return self.select(loaded, target, on_its_devices)
+
+
+# ------------------------------------------------------------------------------------------ shared selections
+
+
+def all_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    return cases
+
+
+def first_values(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    """Registration and compilation do not depend on argument values: the first combination is enough."""
+    return [c for c in cases if c.values_index == 0]
+
+
+def representative_cases(loaded: LoadedOp, cases: list[Case]) -> dict[str, Case]:
+    """Per device, the representative contiguous case (the spec's representative shapes, the first argument
+    values, the first dtype): what a check that runs once per device uses."""
+    wanted = loaded.spec.representative_shape_index()
+    selected: dict[str, Case] = {}
+    for case in cases:
+        if case.layout == "contiguous" and case.values_index == 0 and case.shape_index == wanted:
+            selected.setdefault(case.device, case)
+    return selected

@@ -1,0 +1,90 @@
+"""Every check opforge knows, in the order results are shown. The one list: the spec loader (which checks a spec may
+name and which run by default), the engine (planning, running, rerun commands), the reporters and the CLI
+(`--check`) all read it. Importing it does not import torch.
+
+Adding a check: a module in opforge/checks/ that defines `CHECKS` (see opforge.checks.base.Check), and one line
+below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from opforge.checks import (
+    compile,
+    correctness,
+    determinism,
+    devices,
+    dtypes,
+    error_inputs,
+    grad_lowp,
+    gradcheck,
+    large_index,
+    memory,
+    multi_gpu,
+    opcheck,
+    special_values,
+    stream,
+    vmap,
+)
+from opforge.checks.base import Check
+
+
+class Catalog:
+    """Checks by name, and the result rows they produce."""
+
+    def __init__(self, checks: Iterable[Check]):
+        self._checks = {c.name: c for c in checks}
+        self._by_row = {row: c for c in self._checks.values() for row in c.row_names()}
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._checks)
+
+    @property
+    def rows(self) -> tuple[str, ...]:
+        """Every result row a check can produce (a check's name, or its sub-rows such as opcheck:test_schema)."""
+        return tuple(self._by_row)
+
+    @property
+    def sub_rows(self) -> tuple[str, ...]:
+        """The rows that are not a check's own name: what `--check` and `xfail` accept besides the names."""
+        return tuple(row for row in self._by_row if row not in self._checks)
+
+    def __iter__(self):
+        return iter(self._checks.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._checks
+
+    def get(self, name: str) -> Check:
+        return self._checks[name]
+
+    def of_row(self, row: str) -> Check:
+        """The check that produces result row `row`."""
+        return self._by_row[row]
+
+    def default_checks(self, claims: Mapping[str, bool]) -> tuple[str, ...]:
+        """The checks a spec runs when it lists none: those whose claims its spec makes."""
+        return tuple(c.name for c in self if c.runs_by_default(dict(claims)))
+
+
+CATALOG = Catalog(
+    (
+        *correctness.CHECKS,
+        *devices.CHECKS,
+        *determinism.CHECKS,
+        *special_values.CHECKS,
+        *opcheck.CHECKS,
+        *gradcheck.CHECKS,
+        *grad_lowp.CHECKS,
+        *compile.CHECKS,
+        *dtypes.CHECKS,
+        *error_inputs.CHECKS,
+        *vmap.CHECKS,
+        *memory.CHECKS,
+        *stream.CHECKS,
+        *large_index.CHECKS,
+        *multi_gpu.CHECKS,
+    )
+)

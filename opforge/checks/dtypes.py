@@ -1,0 +1,139 @@
+"""dtypes: the op's representative case in every floating, integer and bool dtype (OpInfo's test_dtypes idea): a
+claimed dtype must work; an unclaimed one may work (a pass that says so) or raise a clear error, but must never
+return silently wrong values."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from opforge.cases import Case, CaseInputs
+from opforge.checks.base import Check, CheckContext, Outcomes, representative_cases
+from opforge.checks.calls import (
+    against_reference,
+    call_reference,
+    compared_dtype,
+    inputs_for,
+    mutated_values,
+    outputs_of,
+)
+from opforge.compare import check_result, tolerance_for
+from opforge.loading import LoadedOp, Target
+from opforge.outcomes import CheckFailure, PassNote
+from opforge.spec.model import Tolerance
+
+# Every dtype an unclaimed call is tried in. Complex is left out: a real op's reference says nothing about it.
+TRIED_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool")
+
+
+# How an op may refuse a dtype: TORCH_CHECK raises RuntimeError (TORCH_CHECK_TYPE TypeError, TORCH_CHECK_VALUE
+# ValueError), AT_DISPATCH's "not implemented for 'Int'" is a NotImplementedError.
+CLEAR_ERRORS = (RuntimeError, TypeError, ValueError, NotImplementedError)
+
+
+# An integer result may round, floor or truncate the real value: any of them is within one unit.
+INTEGER_ROUNDING = Tolerance(atol=1.0, rtol=0.0)
+
+
+def every_dtype_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    """Per device, the representative contiguous case (first argument values) in each claimed and tried dtype."""
+    dtypes = tuple(dict.fromkeys(loaded.spec.dtypes + TRIED_DTYPES))
+    return [replace(base, dtype=dtype) for base in representative_cases(loaded, cases).values() for dtype in dtypes]
+
+
+def dtypes(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+    loaded = ctx.loaded
+    inputs = inputs_for(loaded, case, ctx.base_seed)
+    if case.dtype in loaded.spec.dtypes:
+        try:
+            _compare_with_reference(loaded, case, outputs_of(loaded, target, inputs), inputs, claimed=True)
+        except CheckFailure as failure:
+            raise CheckFailure(f"{case.dtype} is claimed, but {failure.message}", failure.mismatch) from failure
+        return {"dtypes": None}
+    try:
+        returned = outputs_of(loaded, target, inputs)
+    except CheckFailure as failure:
+        error = failure.__cause__
+        if isinstance(error, CLEAR_ERRORS) and str(error).strip():
+            return {"dtypes": None}  # rejected with a message: what an op should do with a dtype it does not support
+        raise CheckFailure(
+            f"{case.dtype} is not claimed and the op fails on it without a clear error "
+            f"({failure.message}). Reject it with TORCH_CHECK and a message."
+        ) from error
+    _compare_with_reference(loaded, case, returned, inputs, claimed=False)
+    kinds = ", ".join(str(v.dtype).removeprefix("torch.") for v in returned if hasattr(v, "dtype")) or "nothing"
+    return {
+        "dtypes": PassNote(
+            f"{case.dtype} on {case.device} is not claimed, but works (returns {kinds}): claim "
+            "it in the spec's dtypes, or reject it with a clear error"
+        )
+    }
+
+
+def _compare_with_reference(loaded: LoadedOp, case: Case, got: tuple, inputs: CaseInputs, claimed: bool) -> None:
+    """Outputs and mutated arguments vs the float64 reference, cast the way the op's result is: an integer result
+    to within one unit, a bool exactly, a floating one within its dtype's tolerance."""
+    import torch
+
+    what = "" if claimed else f"{case.dtype} is not claimed, and instead of rejecting it the op returns wrong values: "
+    compared = against_reference(
+        loaded, got, mutated_values(loaded, inputs), call_reference(loaded, _real_valued_reference(loaded, inputs))
+    )
+    for name, g, e in compared:
+        if not isinstance(g, torch.Tensor) or not isinstance(e, torch.Tensor):
+            check_result(name, g, e, tolerance_for(loaded.spec, case.dtype), None, case.device)
+            continue
+        dtype = compared_dtype(case.dtype, name, g, e) if claimed else g.dtype
+        try:
+            check_result(name, g, _as_the_op_would(e, g.dtype), _tolerance(loaded, g.dtype), dtype, case.device)
+        except CheckFailure as failure:
+            raise CheckFailure(what + failure.message, failure.mismatch) from None
+
+
+def _real_valued_reference(loaded: LoadedOp, inputs: CaseInputs) -> CaseInputs:
+    """The reference is written for float64: an input in the dtype under test reaches it as float64 holding the same
+    values when that dtype is an integer or bool. An input whose dtype the spec pins (an int64 index, a bool mask)
+    reaches it as always."""
+    import torch
+
+    follows_case = {t.name for t in loaded.spec.tensor_inputs() if t.dtype is None}
+    names = [a.name for a in loaded.arguments]
+
+    def real(name: str, v: Any) -> Any:
+        is_integral = isinstance(v, torch.Tensor) and not (v.is_floating_point() or v.is_complex())
+        return v.to(torch.float64) if is_integral and name in follows_case else v
+
+    return replace(
+        inputs,
+        reference_args=tuple(real(names[i], a) for i, a in enumerate(inputs.reference_args)),
+        reference_kwargs={k: real(k, v) for k, v in inputs.reference_kwargs.items()},
+    )
+
+
+def _as_the_op_would(expected, dtype):
+    import torch
+
+    if dtype == torch.bool:
+        return (expected != 0).to(torch.float64)
+    return expected if dtype.is_floating_point or dtype.is_complex else expected.trunc()
+
+
+def _tolerance(loaded: LoadedOp, dtype) -> Tolerance:
+    import torch
+
+    if dtype == torch.bool:
+        return Tolerance(atol=0.0, rtol=0.0)
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return INTEGER_ROUNDING
+    return tolerance_for(loaded.spec, str(dtype).removeprefix("torch."))
+
+
+CHECKS = (
+    Check(
+        "dtypes",
+        "claimed dtypes work; unclaimed ones are rejected with a clear error or work, never silently wrong",
+        every_dtype_cases,
+        dtypes,
+        visits_unclaimed_dtypes=True,
+    ),
+)

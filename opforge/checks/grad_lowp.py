@@ -1,0 +1,56 @@
+"""grad_lowp: gradients computed in the case's dtype against autograd through the float64 reference."""
+
+from __future__ import annotations
+
+from opforge.cases import Case
+from opforge.checks.base import Check, CheckContext, Outcomes
+from opforge.checks.calls import (
+    argument,
+    differentiated,
+    inputs_for,
+    vector_jacobian_products,
+)
+from opforge.compare import check_result, tolerance_for
+from opforge.loading import LoadedOp, Target
+from opforge.outcomes import CheckFailure
+
+
+def grad_lowp(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+    """Gradients computed in the case's dtype vs autograd through the float64 reference (same grad_output)."""
+    import torch
+
+    loaded = ctx.loaded
+    inputs = inputs_for(loaded, case, ctx.base_seed, requires_grad=True)
+    names = differentiated(loaded, inputs)
+    grads, ref_grads = vector_jacobian_products(loaded, target, case, ctx.base_seed, inputs, names)
+    tol = tolerance_for(loaded.spec, case.dtype, grad=True)
+    for name, g, e in zip(names, grads, ref_grads):
+        t = argument(inputs, loaded, name)
+        if g is None:
+            raise CheckFailure(f"grad[{name}]: expected a gradient, got None. Return it from the backward formula.")
+        check_result(
+            f"grad[{name}]",
+            g,
+            e if e is not None else torch.zeros_like(g, dtype=torch.float64),
+            tol,
+            t.dtype,
+            case.device,
+        )
+    return {"grad_lowp": None}
+
+
+def low_precision_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    if not loaded.spec.differentiable:
+        return []
+    return [c for c in cases if c.dtype != "float64"]
+
+
+CHECKS = (
+    Check(
+        "grad_lowp",
+        "gradients in every claimed dtype against autograd through the float64 reference",
+        low_precision_cases,
+        grad_lowp,
+        default_when=("differentiable",),
+    ),
+)

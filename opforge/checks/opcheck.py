@@ -1,0 +1,43 @@
+"""opcheck: torch.library.opcheck, one result row per sub-test."""
+
+from __future__ import annotations
+
+from opforge.cases import Case
+from opforge.checks.base import Check, CheckContext, Outcomes, first_values
+from opforge.checks.calls import inputs_for
+from opforge.loading import LoadedOp, Target
+from opforge.outcomes import CheckFailure, short
+
+SUBTESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def opcheck(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+    import torch
+
+    inputs = inputs_for(ctx.loaded, case, ctx.base_seed, requires_grad=ctx.loaded.spec.differentiable)
+    verdicts = torch.library.opcheck(
+        target.overload, inputs.args, inputs.kwargs, test_utils=SUBTESTS, raise_exception=False
+    )
+    return {f"opcheck:{name}": _outcome(verdicts.get(name, "SUCCESS")) for name in SUBTESTS}
+
+
+def _outcome(verdict) -> CheckFailure | None:
+    if verdict == "SUCCESS":
+        return None
+    return CheckFailure(short(verdict) if isinstance(verdict, BaseException) else str(verdict))
+
+
+def registered_op_first_values(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    """opcheck needs a registered operator (a plain Python implementation has none) and does not depend on values."""
+    return first_values(loaded, target, cases) if target.overload is not None else []
+
+
+CHECKS = (
+    Check(
+        "opcheck",
+        "registration: schema, autograd registration, fake kernel, AOT dispatch (torch.library.opcheck)",
+        registered_op_first_values,
+        opcheck,
+        rows=tuple(f"opcheck:{t}" for t in SUBTESTS),
+    ),
+)

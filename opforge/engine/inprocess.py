@@ -1,0 +1,76 @@
+"""Running specs' checks in this process (`opforge check --no-isolation`, a debugger, the tests)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from opforge.checks.base import CheckContext
+from opforge.engine.events import Events
+from opforge.engine.plan import Filters, Plan, build_info, load_checked, load_row, plan_op
+from opforge.engine.rows import run_rows, stops_run
+from opforge.errors import OpforgeError
+from opforge.loading import LoadedOp
+from opforge.results import CaseResult, OpReport, RunReport, Status
+from opforge.spec.model import OpSpec
+
+
+def run_in_process(
+    specs: list[OpSpec], filters: Filters, cuda_arch: str | None, run: RunReport, events: Events | None = None
+) -> None:
+    """Every spec's checks in this process, appending each op's report to `run` as soon as it starts (so that an
+    interrupted run keeps what finished). An op that fails to load is an ERROR load row and the next op goes on."""
+    from opforge.environment import environment
+
+    events = events or Events()
+    run.environment = run.environment or environment()
+    for spec in specs:
+        report = OpReport(op=spec.name, spec_path=str(spec.path))
+        run.ops.append(report)
+        start = time.perf_counter()
+        try:
+            loaded = load_checked(spec, cuda_arch, on_step=events.step)
+        except OpforgeError as exc:
+            report.load_exit_code = exc.exit_code
+            report.results.append(load_row(spec, Status.ERROR, str(exc), time.perf_counter() - start))
+            events.result(spec.name, report.results[-1])
+            continue
+        report.build = build_info(loaded)
+        plan = plan_op(loaded, filters)
+        events.planned(spec.name, len(plan.rows) + len(plan.skipped))
+
+        def on_result(result: CaseResult, name: str = spec.name, into: OpReport = report) -> None:
+            into.results.append(result)
+            events.result(name, result)
+
+        run_op(loaded, filters, plan, on_result=on_result)
+        report.seconds = time.perf_counter() - start
+        if stops_run(filters, report.results):
+            return
+
+
+def run_op(
+    loaded: LoadedOp,
+    filters: Filters,
+    plan: Plan | None = None,
+    on_result: Callable[[CaseResult], None] | None = None,
+) -> OpReport:
+    """One loaded op's planned rows, skips first; `on_result` receives each result as it comes."""
+    plan = plan or plan_op(loaded, filters)
+    start = time.perf_counter()
+    report = OpReport(op=loaded.spec.name, spec_path=str(loaded.spec.path), build=build_info(loaded))
+
+    def add(result: CaseResult) -> None:
+        report.results.append(result)
+        if on_result:
+            on_result(result)
+
+    def add_row(index: int, results: list[CaseResult]) -> None:
+        for result in results:
+            add(result)
+
+    for result in plan.skipped:
+        add(result)
+    run_rows(CheckContext(loaded, filters.seed), plan, filters, on_results=add_row)
+    report.seconds = time.perf_counter() - start
+    return report

@@ -1,0 +1,196 @@
+"""Planning a run: which (implementation, check, case) rows an op runs under the user's filters, which it skips and
+why, and the rows that stand for an op that never got to run (its loading failed, crashed or hung)."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from opforge.cases import Case, build_matrix
+from opforge.checks.base import Check
+from opforge.checks.catalog import CATALOG
+from opforge.results import CaseResult, Status, result_id
+from opforge.spec.model import OpSpec
+
+if TYPE_CHECKING:
+    from opforge.loading import LoadedOp, Target
+
+DEFAULT_SEED = 0
+# The implementation name of the spec's op itself (opforge.loading.NATIVE, spelled here so planning stays
+# torch-free in a parent process).
+NATIVE = "native"
+# The row that stands for an op's loading (import, build, schema check) when it failed, crashed or hung.
+LOAD_CHECK = "load"
+LOAD_CASE = "-"
+
+
+@dataclass(frozen=True)
+class Filters:
+    dtypes: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    checks: tuple[str, ...] = ()
+    keyword: str | None = None
+    seed: int = DEFAULT_SEED
+    fail_fast: bool = False
+    # Run the checks that cost GBs of memory (large_index) even where the spec does not enable them.
+    large: bool = False
+    # Only these full result ids (--last-failed). An op whose loading failed is listed by its load row's id and
+    # then runs whole.
+    ids: tuple[str, ...] = ()
+
+    def wants_check(self, row: str) -> bool:
+        return (
+            not self.checks or row in self.checks or (row in CATALOG.rows and CATALOG.of_row(row).name in self.checks)
+        )
+
+    def wants_id(self, op: str, ident: str) -> bool:
+        if self.keyword and self.keyword not in ident:
+            return False
+        return not self.ids or ident in self.ids or load_row_id(op) in self.ids
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Filters:
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        return cls(**fields)
+
+
+def load_row_id(op: str) -> str:
+    return result_id(op, NATIVE, LOAD_CHECK, LOAD_CASE)
+
+
+def load_row(spec: OpSpec, status: Status, message: str, seconds: float = 0.0) -> CaseResult:
+    """The row that stands for an op that never got to run its checks: its loading failed, crashed or hung."""
+    return CaseResult(
+        op=spec.name,
+        target=NATIVE,
+        check=LOAD_CHECK,
+        case_id=LOAD_CASE,
+        dtype="-",
+        device="-",
+        status=status,
+        seconds=seconds,
+        message=message,
+        repro=f"opforge check {shlex.quote(str(spec.path))} --no-isolation",
+    )
+
+
+@dataclass(frozen=True)
+class PlannedRow:
+    target: Target
+    check: Check
+    case: Case
+
+
+@dataclass
+class Plan:
+    rows: list[PlannedRow] = field(default_factory=list)
+    skipped: list[CaseResult] = field(default_factory=list)
+
+
+def load_checked(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[str], None] | None = None) -> LoadedOp:
+    """The loaded op, after every check has refused a claim of the spec the op cannot honour (a SpecError): a
+    claim is refused whether or not the check runs."""
+    from opforge.loading import load_op
+
+    loaded = load_op(spec, cuda_arch, on_step)
+    for check in CATALOG:
+        if check.validate is not None:
+            check.validate(loaded)
+    return loaded
+
+
+def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
+    from opforge.environment import device_unavailable
+
+    spec = loaded.spec
+    dtypes = tuple(d for d in spec.dtypes if not filters.dtypes or d in filters.dtypes)
+    devices = tuple(d for d in spec.devices if not filters.devices or d in filters.devices)
+    available = tuple(d for d in devices if device_unavailable(d) is None)
+    matrix = build_matrix(spec, dtypes, available)
+    plan = Plan()
+    for target in loaded.targets:
+        for name in spec.checks:
+            check = CATALOG.get(name)
+            rows = [r for r in check.row_names() if filters.wants_check(r)]
+            if not rows:
+                continue
+            opted_out = check.opted_out(loaded, filters.large) if check.opted_out else None
+            if opted_out:
+                # The cases it would run on every device the spec names, available here or not.
+                wanted = check.cases(loaded, target, build_matrix(spec, dtypes, devices))
+                plan.skipped += [
+                    r
+                    for r in (_skip_case(spec, target, row, case, opted_out) for row in rows for case in wanted)
+                    if filters.wants_id(spec.name, r.full_id)
+                ]
+                continue
+            for case in check.cases(loaded, target, matrix):
+                if any(_matches(filters, spec, target, r, case) for r in rows) and (
+                    not filters.dtypes or case.dtype in filters.dtypes
+                ):
+                    plan.rows.append(PlannedRow(target, check, case))
+            for device in devices:
+                reason = device_unavailable(device)
+                if reason:
+                    skips = (_skip(spec, target, row, dtype, device, reason) for row in rows for dtype in dtypes)
+                    plan.skipped += [r for r in skips if filters.wants_id(spec.name, r.full_id)]
+    return plan
+
+
+def _matches(filters: Filters, spec: OpSpec, target: Target, row: str, case: Case) -> bool:
+    return filters.wants_id(spec.name, result_id(spec.name, target.name, row, case.id))
+
+
+def reported_rows(filters: Filters, spec: OpSpec, row: PlannedRow) -> list[str]:
+    """The result rows a planned row reports: its check's rows that the filters keep."""
+    return [
+        name
+        for name in row.check.row_names()
+        if filters.wants_check(name) and _matches(filters, spec, row.target, name, row.case)
+    ]
+
+
+def _skip(spec: OpSpec, target: Target, row: str, dtype: str, device: str, reason: str) -> CaseResult:
+    return CaseResult(
+        op=spec.name,
+        target=target.name,
+        check=row,
+        case_id=f"{dtype}-{device}",
+        dtype=dtype,
+        device=device,
+        status=Status.SKIP,
+        message=reason,
+    )
+
+
+def _skip_case(spec: OpSpec, target: Target, row: str, case: Case, reason: str) -> CaseResult:
+    return CaseResult(
+        op=spec.name,
+        target=target.name,
+        check=row,
+        case_id=case.id,
+        dtype=case.dtype,
+        device=case.device,
+        status=Status.SKIP,
+        message=reason,
+    )
+
+
+def build_info(loaded: LoadedOp) -> dict[str, Any] | None:
+    """What a report records of an op's build."""
+    if loaded.build is None:
+        return None
+    plan = loaded.build.plan
+    return {
+        "library": str(plan.library),
+        "cached": loaded.build.cached,
+        "seconds": round(loaded.build.seconds, 3),
+        "sources": [str(s) for s in plan.sources],
+        "skipped_sources": [str(s) for s in plan.skipped_sources],
+        "cuda_skipped_because": plan.toolchain.skip_reason if plan.skipped_sources else None,
+    }

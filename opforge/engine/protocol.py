@@ -1,0 +1,168 @@
+"""The protocol between an isolated run's parent (opforge.engine.isolated) and its workers (opforge.engine.worker):
+a Job on the worker's stdin, then typed events back, one JSON object per line. Nothing here imports torch."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+from opforge.engine.plan import Filters
+from opforge.results import CaseResult, result_from_json, result_json
+
+
+@dataclass(frozen=True)
+class Job:
+    """One op for a worker: its spec, from which planned row to go on, and the row's time limit."""
+
+    spec: str
+    filters: Filters
+    start: int
+    time_limit: float
+    cuda_arch: str | None = None
+
+    def to_line(self) -> str:
+        return json.dumps({**asdict(self), "filters": self.filters.to_json()}) + "\n"
+
+    @classmethod
+    def from_line(cls, line: str) -> Job:
+        data = json.loads(line)
+        return cls(**{**data, "filters": Filters.from_json(data["filters"])})
+
+
+@dataclass(frozen=True)
+class RowHeader:
+    """What the parent knows of a planned row before it runs: enough to report it if the worker dies in it."""
+
+    target: str
+    case_id: str
+    dtype: str
+    device: str
+    seed: int
+    rows: tuple[str, ...]
+
+
+class Event:
+    """Base of the worker's events; `kind` names each in the JSON line."""
+
+    kind: ClassVar[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event": self.kind, **{f.name: getattr(self, f.name) for f in fields(self)}}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Event:
+        return cls(**{k: v for k, v in data.items() if k != "event"})
+
+
+@dataclass(frozen=True)
+class EnvironmentEvent(Event):
+    kind: ClassVar[str] = "environment"
+    environment: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Step(Event):
+    """A long step's message (building the op's kernels)."""
+
+    kind: ClassVar[str] = "step"
+    message: str
+
+
+@dataclass(frozen=True)
+class Loaded(Event):
+    """The op loaded and its rows planned. From row 0 on it carries the planned rows, the build and the skipped
+    results; a worker that goes on from a later row sends only the count, which must not have changed."""
+
+    kind: ClassVar[str] = "loaded"
+    count: int
+    rows: tuple[RowHeader, ...] | None = None
+    build: dict[str, Any] | None = None
+    skipped: tuple[CaseResult, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"event": self.kind, "count": self.count}
+        if self.rows is not None:
+            data.update(
+                rows=[asdict(r) for r in self.rows], build=self.build, skipped=[result_json(r) for r in self.skipped]
+            )
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Loaded:
+        if "rows" not in data:
+            return cls(count=data["count"])
+        rows = tuple(RowHeader(**{**r, "rows": tuple(r["rows"])}) for r in data["rows"])
+        return cls(data["count"], rows, data["build"], tuple(result_from_json(r) for r in data["skipped"]))
+
+
+@dataclass(frozen=True)
+class Start(Event):
+    """Planned row `index` starts: until its End, a death or a hang is its."""
+
+    kind: ClassVar[str] = "start"
+    index: int
+
+
+@dataclass(frozen=True)
+class Result(Event):
+    kind: ClassVar[str] = "result"
+    result: CaseResult
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event": self.kind, "result": result_json(self.result)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Result:
+        return cls(result_from_json(data["result"]))
+
+
+@dataclass(frozen=True)
+class End(Event):
+    kind: ClassVar[str] = "end"
+    index: int
+
+
+@dataclass(frozen=True)
+class Restart(Event):
+    """The worker's device is unusable (a sticky CUDA error): the rows after the last End go on in a fresh one."""
+
+    kind: ClassVar[str] = "restart"
+    reason: str
+
+
+@dataclass(frozen=True)
+class Done(Event):
+    kind: ClassVar[str] = "done"
+
+
+@dataclass(frozen=True)
+class LoadError(Event):
+    """The op's spec or build is wrong (an OpforgeError): its load row says why, with the error's exit code."""
+
+    kind: ClassVar[str] = "error"
+    message: str
+    exit_code: int
+
+
+@dataclass(frozen=True)
+class Internal(Event):
+    """A bug in opforge inside the worker: the run ends with the internal-error exit code."""
+
+    kind: ClassVar[str] = "internal"
+    message: str
+    traceback: str = field(default="", repr=False)
+
+
+_EVENTS: dict[str, type[Event]] = {
+    cls.kind: cls for cls in (EnvironmentEvent, Step, Loaded, Start, Result, End, Restart, Done, LoadError, Internal)
+}
+
+
+def encode(event: Event) -> str:
+    return json.dumps(event.to_json(), default=str) + "\n"
+
+
+def decode(line: bytes | str) -> Event:
+    data = json.loads(line)
+    return _EVENTS[data["event"]].from_json(data)

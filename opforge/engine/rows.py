@@ -1,0 +1,167 @@
+"""Running planned rows: one check on one case, its outcomes (or the exception it raised) turned into one result
+per row it owns, the spec's xfail entries applied, a rerun command for each failure. The one row loop every runner
+uses (this process, a worker, the pytest plugin one row at a time), and the one outcome mapping (bench's
+verification too)."""
+
+from __future__ import annotations
+
+import shlex
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from opforge.cases import Case
+from opforge.checks.base import Check, CheckContext, Outcomes
+from opforge.checks.catalog import CATALOG
+from opforge.engine.plan import Filters, Plan, PlannedRow, reported_rows
+from opforge.outcomes import CheckFailure, CheckSkipped, PassNote, ReferenceFailure, short
+from opforge.results import CaseResult, Mismatch, Status, result_id
+from opforge.spec.model import OpSpec
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one result row says, before the spec's xfail entries are applied."""
+
+    status: Status
+    message: str = ""
+    mismatch: Mismatch | None = None
+
+
+def stops_run(filters: Filters, results: list[CaseResult]) -> bool:
+    """-x: the first failed result ends the run (what every runner asks after each row)."""
+    return filters.fail_fast and any(r.status.failed for r in results)
+
+
+def run_rows(
+    context: CheckContext,
+    plan: Plan,
+    filters: Filters,
+    start: int = 0,
+    on_start: Callable[[int], None] = lambda index: None,
+    on_results: Callable[[int, list[CaseResult]], None] = lambda index, results: None,
+    after_row: Callable[[int], bool] = lambda index: True,
+) -> bool:
+    """Run the planned rows from `start` on. `after_row` returns False to stop (a worker whose device became
+    unusable). Returns whether the rows ran to the end, i.e. neither -x nor `after_row` stopped them."""
+    for index in range(start, len(plan.rows)):
+        on_start(index)
+        results = run_row(context, plan.rows[index], filters)
+        on_results(index, results)
+        if stops_run(filters, results) or not after_row(index):
+            return False
+    return True
+
+
+def run_row(ctx: CheckContext, row: PlannedRow, filters: Filters) -> list[CaseResult]:
+    spec = ctx.loaded.spec
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            verdicts = check_verdicts(row.check, lambda: row.check.run(ctx, row.target, row.case))
+        except Exception as exc:  # a bug in a check or an exotic op must cost one row, not the run
+            verdicts = {
+                name: Verdict(Status.ERROR, f"the check itself raised {short(exc)}") for name in row.check.row_names()
+            }
+    seen = tuple(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))
+    seconds = (time.perf_counter() - start) / max(1, len(row.check.row_names()))
+    results = []
+    for name in reported_rows(filters, spec, row):
+        verdict = apply_xfail(spec, row.target.name, name, row.case, verdicts[name])
+        results.append(
+            CaseResult(
+                op=spec.name,
+                target=row.target.name,
+                check=name,
+                case_id=row.case.id,
+                dtype=row.case.dtype,
+                device=row.case.device,
+                status=verdict.status,
+                seconds=seconds,
+                message=verdict.message,
+                mismatch=verdict.mismatch,
+                seed=row.case.seed(ctx.base_seed),
+                repro=repro_command(spec, row.target.name, name, row.case.id, ctx.base_seed)
+                if verdict.status.failed
+                else None,
+                warnings=seen,
+            )
+        )
+    return results
+
+
+def check_verdicts(check: Check, run: Callable[[], Outcomes]) -> dict[str, Verdict]:
+    """A verdict for each row of `check` from what `run` (the check on one case) returned or raised: the outcome
+    exceptions as their statuses, every other exception passed on."""
+    names = check.row_names()
+    try:
+        outcomes = run()
+    except CheckFailure as failure:
+        return {name: Verdict(Status.FAIL, failure.message, failure.mismatch) for name in names}
+    except ReferenceFailure as exc:
+        return {name: Verdict(Status.ERROR, str(exc)) for name in names}
+    except CheckSkipped as exc:
+        return {name: Verdict(Status.SKIP, str(exc)) for name in names}
+    return outcome_verdicts(check, outcomes)
+
+
+def outcome_verdicts(check: Check, outcomes: object) -> dict[str, Verdict]:
+    """Each declared row's outcome as a verdict. A row the check gave no outcome for, and one given something that
+    is no outcome, is an ERROR (a bug in the check): never a silent pass."""
+    names = check.row_names()
+    if not isinstance(outcomes, dict):
+        bug = f"the check {check.name} returned {type(outcomes).__name__}, expected a dict of outcomes by row"
+        return {name: Verdict(Status.ERROR, f"{bug}: a bug in the check") for name in names}
+    unknown = [key for key in outcomes if key not in names]
+    undeclared = f" (it returned rows it does not declare: {', '.join(map(str, unknown))})" if unknown else ""
+    verdicts = {}
+    for name in names:
+        if name not in outcomes:
+            verdicts[name] = Verdict(
+                Status.ERROR,
+                f"the check {check.name} returned no outcome for row {name}{undeclared}: a bug in the check",
+            )
+        else:
+            verdicts[name] = _outcome_verdict(check, name, outcomes[name])
+    return verdicts
+
+
+def _outcome_verdict(check: Check, name: str, outcome: object) -> Verdict:
+    if outcome is None:
+        return Verdict(Status.PASS)
+    if isinstance(outcome, PassNote):
+        return Verdict(Status.PASS, outcome.message)
+    if isinstance(outcome, CheckFailure):
+        return Verdict(Status.FAIL, outcome.message, outcome.mismatch)
+    return Verdict(
+        Status.ERROR,
+        f"the check {check.name} returned {type(outcome).__name__} for row {name}, expected None, a PassNote or a "
+        "CheckFailure: a bug in the check",
+    )
+
+
+def apply_xfail(spec: OpSpec, target: str, check: str, case: Case, verdict: Verdict) -> Verdict:
+    xfail = spec.xfail_for(target, check, case.dtype, case.device)
+    if xfail is None:
+        return verdict
+    if verdict.status in (Status.FAIL, Status.ERROR):
+        return replace(verdict, status=Status.XFAIL, message=f"expected failure ({xfail.reason}): {verdict.message}")
+    if verdict.status == Status.PASS and xfail.strict:
+        return replace(
+            verdict,
+            status=Status.XPASS,
+            message=f"declared xfail ({xfail.reason}) but passed: remove the xfail entry from the spec",
+        )
+    return verdict
+
+
+def repro_command(spec: OpSpec, target: str, row: str, case_id: str, seed: int) -> str:
+    """The command that reruns exactly one result row (with the flags its check is opted into by)."""
+    ident = result_id(spec.name, target, row, case_id)
+    check = CATALOG.of_row(row)
+    flags = "".join(f" {flag}" for flag in check.rerun_flags)
+    return (
+        f"opforge check {shlex.quote(str(spec.path))} --check {check.name} -k {shlex.quote(ident)} --seed {seed}{flags}"
+    )

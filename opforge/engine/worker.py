@@ -1,0 +1,134 @@
+"""The child process of an isolated run (see opforge.engine.isolated): load one op, run its planned rows from a
+given index on, and stream what happens to the parent as the events of opforge.engine.protocol.
+
+Started with the Job as one JSON line on stdin. The protocol goes to a duplicate of the original stdout; fd 1 is
+then pointed at stderr, so whatever the op's own code prints (Python or C++) lands in the stderr the parent keeps
+the tail of, never in the protocol.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import traceback
+from collections.abc import Callable
+
+from opforge.engine.protocol import (
+    Done,
+    End,
+    EnvironmentEvent,
+    Event,
+    Internal,
+    Job,
+    Loaded,
+    LoadError,
+    Restart,
+    Result,
+    RowHeader,
+    Start,
+    Step,
+    encode,
+)
+from opforge.errors import OpforgeError
+from opforge.results import CaseResult
+
+Send = Callable[[Event], None]
+
+
+def main() -> None:
+    job_line = sys.stdin.readline()
+    channel = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    # A crash then leaves the Python stack in the stderr tail the parent reports.
+    faulthandler.enable()
+
+    def send(event: Event) -> None:
+        channel.write(encode(event))
+
+    try:
+        # The job is read inside: a job this worker cannot read (another opforge version's) is an internal error.
+        run(Job.from_line(job_line), send)
+    except OpforgeError as exc:
+        send(LoadError(str(exc), exc.exit_code))
+    except Exception as exc:  # reported to the parent, which turns it into opforge's internal-error exit
+        send(Internal(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+    channel.flush()
+
+
+def run(job: Job, send: Send) -> None:
+    from opforge.checks.base import CheckContext
+    from opforge.engine.plan import build_info, load_checked, plan_op, reported_rows
+    from opforge.engine.rows import run_rows
+    from opforge.environment import environment
+    from opforge.spec.load import load_spec
+
+    send(EnvironmentEvent(environment()))
+    spec = load_spec(job.spec)
+    filters = job.filters
+    loaded = load_checked(spec, job.cuda_arch, on_step=lambda message: send(Step(message)))
+    plan = plan_op(loaded, filters)
+    if job.start == 0:
+        headers = tuple(
+            RowHeader(
+                target=row.target.name,
+                case_id=row.case.id,
+                dtype=row.case.dtype,
+                device=row.case.device,
+                seed=row.case.seed(filters.seed),
+                rows=tuple(reported_rows(filters, spec, row)),
+            )
+            for row in plan.rows
+        )
+        send(Loaded(len(plan.rows), headers, build_info(loaded), tuple(plan.skipped)))
+    else:
+        send(Loaded(len(plan.rows)))
+    unusable: list[str] = []
+
+    def finish_row(index: int, results: list[CaseResult]) -> None:
+        # The device check belongs to the row: its kernels may still be running, and a hang or a crash in the
+        # synchronize must be charged to it (the parent holds the row in flight until End), not to loading.
+        reason = device_error()
+        for result in results:
+            send(Result(result))
+        send(End(index))
+        if reason:
+            unusable.append(reason)
+
+    def device_usable(index: int) -> bool:
+        if unusable:
+            send(Restart(unusable[0]))
+        return not unusable
+
+    context = CheckContext(loaded, filters.seed, job.time_limit)
+    ran_to_the_end = run_rows(
+        context,
+        plan,
+        filters,
+        job.start,
+        on_start=lambda index: send(Start(index)),
+        on_results=finish_row,
+        after_row=device_usable,
+    )
+    if ran_to_the_end or not unusable:
+        send(Done())
+
+
+def device_error() -> str | None:
+    """Why this process's CUDA context is unusable, or None. After an illegal memory access every later CUDA call
+    fails with the same error, so the rows that follow must run in a fresh process."""
+    if "torch" not in sys.modules:
+        return None
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return None
+    try:
+        torch.cuda.synchronize()
+    except Exception as exc:  # the sticky error surfaces as a RuntimeError (torch.AcceleratorError in newer torch)
+        return str(exc).splitlines()[0]
+    return None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""The terminal format of `opforge bench`: a progress bar over (point, contender) pairs on a terminal, a table per
+op, the regression gate's summary and the totals."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from opforge.reporters.console import console, error, warning
+from opforge.results import describe_mismatch
+
+
+@contextmanager
+def bench_progress(total: int) -> Iterator[Callable[[object], None]]:
+    """A progress bar over (point, contender) pairs on a terminal; nothing in a log."""
+    if not console.is_terminal:
+        yield lambda result: None
+        return
+    columns = (
+        TextColumn("[bold]bench"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[last]}", style="dim"),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("bench", total=total, last="")
+
+        def advance(result) -> None:
+            bar.update(task, advance=1, last=result.id)
+
+        yield advance
+
+
+def render_bench(run) -> None:
+    """One table per op: a row per (point, contender), speedups over each baseline timed on the same point."""
+    from opforge.bench.baseline import format_seconds
+    from opforge.bench.model import BASELINE, ERROR, SKIP, WRONG, speedups
+
+    for device, peak in run.peaks.items():
+        origin = "cached" if peak.get("cached") else "measured now"
+        console.print(f"[dim]peak {device}: {peak['gbps']:.1f} GB/s ({peak['method']}; {origin})[/dim]")
+    baselines = list(dict.fromkeys(r.impl for r in run.results if r.role == BASELINE))
+    for op in run.ops():
+        rows = [r for r in run.results if r.op == op]
+        table = Table(title=f"opforge bench {op}", title_justify="left")
+        for name in ("size", "dtype", "mode", "device", "impl", "median", "IQR", "GB/s", "% peak"):
+            table.add_column(
+                name, no_wrap=True, justify="right" if name in ("median", "IQR", "GB/s", "% peak") else "left"
+            )
+        for b in baselines:
+            table.add_column(f"vs {b}", justify="right", no_wrap=True)
+        table.add_column("note")
+        for r in rows:
+            ups = speedups(r, rows)
+            if r.status in (WRONG, ERROR, SKIP):
+                label, style = {WRONG: ("WRONG", "bold red"), ERROR: ("ERROR", "bold red"), SKIP: ("skip", "dim")}[
+                    r.status
+                ]
+                cells = [Text(label, style=style)] + [Text("")] * (3 + len(baselines))
+                note = r.message.splitlines()[0] if r.message else ""
+            else:
+                cells = [
+                    Text(format_seconds(r.median_s)),
+                    Text(format_seconds(r.iqr_s)),
+                    Text(_significant(r.gbps)),
+                    Text(_fixed(r.pct_of_peak, 1)),
+                ]
+                cells += [
+                    Text(f"{ups[b]:.2f}x", style="green" if ups[b] >= 1 else "yellow") if b in ups else Text("")
+                    for b in baselines
+                ]
+                note = r.message
+            table.add_row(r.case, r.dtype, r.mode, r.device, r.impl, *cells, Text(note, style="dim"))
+        console.print(table)
+    for r in run.results:
+        if r.mismatch is not None:
+            console.print(Text(f"WRONG {r.id}: ", style="bold red") + Text(describe_mismatch(r.mismatch)))
+    for device, reason in run.skipped.items():
+        console.print(f"[dim]skip {device}: {reason}[/dim]")
+
+
+def _fixed(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _significant(value: float | None) -> str:
+    """Three significant digits, so 0.00437 GB/s of a tiny size is not shown as 0.0."""
+    return "-" if value is None else f"{value:.3g}" if value < 100 else f"{value:.0f}"
+
+
+def render_comparison(comparison, markdown: str) -> None:
+    for difference in comparison.environment_differences:
+        warning(f"environment differs from the baseline: {difference}")
+    for ident, differences in comparison.incomparable:
+        warning(f"{ident} was timed differently from the baseline ({'; '.join(differences)}): not gated")
+    if comparison.only_old:
+        warning(f"{len(comparison.only_old)} case(s) of the baseline were not run: {', '.join(comparison.only_old)}")
+    console.print(markdown, markup=False, highlight=False, soft_wrap=True)
+
+
+def render_bench_totals(run, comparison=None) -> None:
+    from opforge.bench.model import ERROR, OK, SKIP, WRONG
+
+    counts = {s: sum(r.status == s for r in run.results) for s in (OK, WRONG, ERROR, SKIP)}
+    parts = [f"{counts[OK]} timed"] + [f"{counts[s]} {s}" for s in (WRONG, ERROR, SKIP) if counts[s]]
+    if comparison is not None:
+        parts.append(f"{len(comparison.regressions)} regression(s)")
+        if comparison.nothing_compared:
+            error(
+                f"opforge bench --baseline: expected at least one case compared with {comparison.baseline_path}, "
+                f"got none ({len(comparison.only_old)} of its cases not run, {len(comparison.incomparable)} timed "
+                "differently). Run the cases the baseline holds, with its timing options, or record a new one."
+            )
+    if run.nothing_timed:
+        why = [f"skip {device}: {reason}" for device, reason in run.skipped.items()]
+        why += [f"{counts[s]} {s}" for s in (WRONG, ERROR, SKIP) if counts[s]] or ([] if why else ["no case planned"])
+        error(
+            f"opforge bench: expected at least one timed case, got none ({'; '.join(why)}). Pick a device, dtype, "
+            "mode and contender that can run here (--device, --dtype, --mode, --impl), or fix the errors above."
+        )
+    failed = run.failed or (comparison is not None and comparison.failed)
+    console.print(
+        Text("FAILED: " if failed else "OK: ", style="bold red" if failed else "bold green")
+        + Text(", ".join(parts))
+        + Text(f" in {run.seconds:.1f} s", style="dim")
+    )

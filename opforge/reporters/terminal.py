@@ -1,0 +1,262 @@
+"""The terminal format of `opforge check`: a progress bar per op while it runs (on a terminal only), then a table
+per op (implementation x check rows, dtype/device columns), the failures with their worst mismatch and rerun
+command, and the totals. Also the tables of `opforge list` and `opforge build`."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from opforge.checks.catalog import CATALOG
+from opforge.reporters.base import Reporter
+from opforge.reporters.console import console, error
+from opforge.results import CaseResult, OpReport, RunReport, Status, failure_details
+from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES
+
+# The column header under which the dtypes check's unclaimed dtypes are folded.
+UNCLAIMED_COLUMN = "other"
+
+
+# Failure panels printed in full; the rest are counted and left to --json / --junit.
+MAX_FAILURE_PANELS = 20
+
+
+_STYLE = {
+    Status.PASS: "green",
+    Status.FAIL: "bold red",
+    Status.ERROR: "bold red",
+    Status.XPASS: "bold red",
+    Status.SKIP: "dim",
+    Status.XFAIL: "yellow",
+    Status.CRASH: "bold red",
+    Status.TIMEOUT: "bold red",
+}
+
+
+_LABEL = {
+    Status.PASS: "pass",
+    Status.FAIL: "FAIL",
+    Status.ERROR: "ERROR",
+    Status.XPASS: "XPASS",
+    Status.SKIP: "skip",
+    Status.XFAIL: "xfail",
+    Status.CRASH: "CRASH",
+    Status.TIMEOUT: "TIMEOUT",
+}
+
+
+# A cell shows the most severe status among its cases.
+_SEVERITY = [
+    Status.CRASH,
+    Status.TIMEOUT,
+    Status.ERROR,
+    Status.FAIL,
+    Status.XPASS,
+    Status.XFAIL,
+    Status.PASS,
+    Status.SKIP,
+]
+
+
+class TerminalReport(Reporter):
+    """A progress bar per op while the run goes (ops may run side by side in worker processes; on a terminal only),
+    then the tables, the failures and the totals."""
+
+    def __init__(self, verbose: bool = False):
+        self.verbose = verbose
+        self._bar: Progress | None = None
+        self._tasks: dict[str, Any] = {}
+        self._failures: dict[str, int] = defaultdict(int)
+
+    def start(self) -> None:
+        if not console.is_terminal:
+            return
+        columns = (
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[failed]}", style="red"),
+        )
+        self._bar = Progress(*columns, console=console, transient=True)
+        self._bar.start()
+
+    def step(self, message: str) -> None:
+        console.print(message)
+
+    def planned(self, op: str, total: int) -> None:
+        if self._bar is not None:
+            self._tasks[op] = self._bar.add_task(op, total=total, failed="")
+
+    def result(self, op: str, result: CaseResult) -> None:
+        if self._bar is None or op not in self._tasks:
+            return
+        self._failures[op] += result.status.failed
+        failed = self._failures[op]
+        self._bar.update(self._tasks[op], advance=1, failed=f"{failed} failed" if failed else "")
+
+    def finish(self, run: RunReport) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+        render_run(run, self.verbose)
+
+
+def render_run(report: RunReport, verbose: bool = False) -> None:
+    for op in report.ops:
+        render_op(op, verbose)
+    render_failures(report)
+    render_totals(report)
+    # Each op that could not load gets its error as a line of its own, as a single op's error would be shown.
+    for op in report.ops:
+        if op.load_exit_code is not None:
+            error(op.results[-1].message)
+
+
+def render_op(op: OpReport, verbose: bool = False) -> None:
+    cells: dict[tuple[str, str], dict[tuple[str, str], list[CaseResult]]] = defaultdict(lambda: defaultdict(list))
+    for r in op.results:
+        cells[(r.target, r.check)][(r.device, r.dtype)].append(r)
+    _fold_unclaimed_dtypes(cells)
+    columns = sorted({c for by_column in cells.values() for c in by_column}, key=_column_order)
+    table = Table(title=f"{op.op}  ({op.spec_path})", title_justify="left", show_lines=False)
+    table.add_column("implementation", no_wrap=True)
+    table.add_column("check", no_wrap=True)
+    for device, dtype in columns:
+        table.add_column(f"{dtype}\n{device}", justify="center")
+    rows = sorted(cells.items(), key=lambda item: _row_order(op, item[0]))
+    for (target, check), by_column in rows:
+        table.add_row(target, _row_label(check), *(_cell(by_column.get(c, [])) for c in columns))
+    console.print(table)
+    for reason in dict.fromkeys(r.message for r in op.results if r.status == Status.SKIP and r.message):
+        console.print(f"[dim]skip: {reason}[/dim]")
+    # Passes with something to say: a dtype the spec does not claim that works anyway.
+    for target, note in dict.fromkeys(
+        (r.target, r.message) for r in op.results if r.status == Status.PASS and r.message
+    ):
+        console.print(Text(f"note: {target}: {note}", style="dim"))
+    build = op.build or {}
+    if build.get("skipped_sources"):
+        console.print(
+            f"[dim]not built: {', '.join(os.path.basename(s) for s in build['skipped_sources'])} "
+            f"({build['cuda_skipped_because']})[/dim]"
+        )
+    if verbose:
+        for r in op.results:
+            console.print(
+                f"  {_LABEL[r.status]:5s} {r.full_id}  [dim]{r.seconds * 1e3:.1f} ms[/dim]"
+                + (f"  {r.message.splitlines()[0]}" if r.message and not r.status.failed else "")
+            )
+
+
+def _row_label(row: str) -> str:
+    """A sub-row without its sub-test prefix (opcheck:test_schema shows as opcheck:schema)."""
+    return row.replace(":test_", ":")
+
+
+def _visits_unclaimed_dtypes(row: str) -> bool:
+    return row in CATALOG.rows and CATALOG.of_row(row).visits_unclaimed_dtypes
+
+
+def _fold_unclaimed_dtypes(cells) -> None:
+    """A check that also visits dtypes the spec does not claim (dtypes) would crowd the table with a column each:
+    they share one column per device ("other"), which shows the most severe of them."""
+    claimed = {c for (_, check), by_column in cells.items() if not _visits_unclaimed_dtypes(check) for c in by_column}
+    if not claimed:
+        return
+    for (_, check), by_column in cells.items():
+        if _visits_unclaimed_dtypes(check):
+            for device, dtype in [c for c in by_column if c not in claimed]:
+                by_column[(device, UNCLAIMED_COLUMN)] += by_column.pop((device, dtype))
+
+
+def _column_order(column: tuple[str, str]) -> tuple[int, int]:
+    device, dtype = column
+    return (
+        KNOWN_DEVICES.index(device) if device in KNOWN_DEVICES else 99,
+        KNOWN_DTYPES.index(dtype) if dtype in KNOWN_DTYPES else 99,
+    )
+
+
+def _row_order(op: OpReport, row: tuple[str, str]) -> tuple[int, int]:
+    targets = list(dict.fromkeys(r.target for r in op.results if r.status != Status.SKIP)) or [row[0]]
+    checks = list(dict.fromkeys(r.check for r in op.results))
+    return (targets.index(row[0]) if row[0] in targets else 99, checks.index(row[1]))
+
+
+def _cell(results: list[CaseResult]) -> Text:
+    """The most severe status among a cell's cases: `pass 36`, `FAIL 2/36`, `skip`."""
+    if not results:
+        return Text("")
+    worst = min((r.status for r in results), key=_SEVERITY.index)
+    if worst == Status.PASS:
+        return Text(f"pass {len(results)}", style=_STYLE[worst])
+    if worst == Status.SKIP:
+        return Text("skip", style=_STYLE[worst])
+    count = sum(r.status == worst for r in results)
+    return Text(f"{_LABEL[worst]} {count}/{len(results)}", style=_STYLE[worst])
+
+
+_FAILURE_STYLE: dict[str, Callable[[str], Text]] = {
+    "message": Text,
+    "mismatch": lambda text: Text(text, style="bold"),
+    "seed": lambda text: Text(text, style="dim"),
+    "repro": lambda text: Text("repro: ", style="dim") + Text(text),
+    "warning": lambda text: Text(f"warning: {text}", style="yellow"),
+}
+
+
+def render_failures(report: RunReport) -> None:
+    failures = [r for r in report.results() if r.status.failed]
+    for r in failures[:MAX_FAILURE_PANELS]:
+        details = failure_details(r) or [("message", r.status.value)]
+        body = Text("\n").join(_FAILURE_STYLE[kind](text) for kind, text in details)
+        console.print(
+            Panel(body, title=f"[bold red]{_LABEL[r.status]}[/] {r.full_id}", title_align="left", border_style="red")
+        )
+    if len(failures) > MAX_FAILURE_PANELS:
+        console.print(
+            f"[red]... and {len(failures) - MAX_FAILURE_PANELS} more failures (write them all with "
+            "--json or --junit).[/red]"
+        )
+
+
+def render_totals(report: RunReport) -> None:
+    counts = report.counts()
+    parts = [f"{counts[s.value]} {s.value}" for s in Status if counts[s.value]]
+    style = "bold red" if report.failed else "bold green"
+    verdict = "FAILED" if report.failed else "OK"
+    suffix = " (incomplete)" if report.incomplete else ""
+    for note in report.notes:
+        console.print(Text("note: ", style="bold yellow") + Text(note))
+    console.print(
+        Text(f"{verdict}{suffix}: ", style=style)
+        + Text(", ".join(parts) or "nothing ran")
+        + Text(f" in {report.seconds:.1f} s", style="dim")
+    )
+
+
+def render_spec_list(rows: list[tuple[str, str, str]]) -> None:
+    table = Table(title="opforge specs", title_justify="left")
+    for name in ("op", "spec", "description"):
+        table.add_column(name)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+def render_builds(rows: list[tuple[str, str, str]]) -> None:
+    table = Table(title="opforge build", title_justify="left")
+    table.add_column("op", no_wrap=True)
+    table.add_column("library", overflow="fold")
+    table.add_column("status")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)

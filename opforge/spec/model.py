@@ -1,0 +1,228 @@
+"""The spec model: what a YAML spec says, as frozen dataclasses, and the vocabulary specs are written in.
+
+Nothing here reads files or imports torch (opforge.spec.load builds these from YAML).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opforge.errors import SpecError
+
+SPEC_SUFFIXES = (".yaml", ".yml")
+
+FLOATING_DTYPES = ("float32", "float64", "float16", "bfloat16")
+OTHER_DTYPES = ("complex64", "complex128", "int8", "int16", "int32", "int64", "uint8", "bool")
+KNOWN_DTYPES = FLOATING_DTYPES + OTHER_DTYPES
+KNOWN_DEVICES = ("cpu", "cuda")
+KNOWN_LAYOUTS = ("contiguous", "noncontiguous", "channels_last")
+# int32 indexing breaks past this many elements: a large_index shape must exceed it.
+INT32_INDEX_LIMIT = 2**31
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+
+@dataclass(frozen=True)
+class Avoid:
+    """Keep sampled values at least `margin` away from each of `values` (a kink, a pole, a branch cut).
+
+    With `relative_to`, the distance is measured on `this - other`, for kinks of a difference such as custom_loss's
+    `pred - target`.
+    """
+
+    values: tuple[float, ...]
+    margin: float
+    relative_to: str | None = None
+
+
+@dataclass(frozen=True)
+class TensorInput:
+    name: str
+    shapes: tuple[tuple[int, ...], ...]
+    low: float
+    high: float
+    requires_grad: bool
+    avoid: Avoid | None = None
+    # A fixed dtype (an index tensor, a mask) instead of the dtype under test.
+    dtype: str | None = None
+
+    is_tensor = True
+
+
+@dataclass(frozen=True)
+class ScalarInput:
+    name: str
+    values: tuple[Any, ...]
+
+    is_tensor = False
+
+
+Input = TensorInput | ScalarInput
+
+
+@dataclass(frozen=True)
+class ErrorTensor:
+    """One tensor argument of an invalid call; what is left out comes from the spec's first case."""
+
+    name: str
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    device: str | None = None
+
+
+@dataclass(frozen=True)
+class ErrorInput:
+    """An invalid call and the error it must raise: an exception class named in Python's builtins, whose message
+    contains `match` (a plain substring)."""
+
+    description: str
+    tensors: tuple[ErrorTensor, ...]
+    values: tuple[tuple[str, Any], ...]
+    error: str
+    match: str
+
+    @property
+    def label(self) -> str:
+        return re.sub(r"\W+", "_", self.description.strip().lower()).strip("_")
+
+
+@dataclass(frozen=True)
+class LargeIndex:
+    """Shapes past 2^31 elements for the large_index check (an elementwise op is assumed: output element i depends
+    on element i of each input). It costs GBs, so it runs only with `enabled: true` or `opforge check --large`."""
+
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    dtype: str = "float16"
+    enabled: bool = False
+
+
+@dataclass(frozen=True)
+class XFail:
+    """A known failure. Strict (the default): a case that passes anyway is XPASS and fails the run, so stale
+    entries get noticed. Non-strict: for failures that depend on the sampled values, a pass is just a pass."""
+
+    check: str
+    reason: str
+    implementation: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    strict: bool = True
+
+    def matches(self, implementation: str, check: str, dtype: str, device: str) -> bool:
+        base = check.split(":", 1)[0]
+        return (
+            self.check in (check, base)
+            and (self.implementation is None or self.implementation == implementation)
+            and (self.dtype is None or self.dtype == dtype)
+            and (self.device is None or self.device == device)
+        )
+
+
+BENCH_MODES = ("fwd", "bwd", "fwd+bwd")
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """What `opforge bench` times. Empty fields take defaults from the rest of the spec (see opforge.bench.runner).
+
+    `sizes` gives every tensor input the 1-D shape (n,); `shapes` gives each tensor input its own shapes, paired by
+    position like `inputs`. `bytes` maps a mode to an expression of the bytes one call moves (opforge.bench.expr).
+    """
+
+    sizes: tuple[int, ...] = ()
+    shapes: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...] = ()
+    dtypes: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    modes: tuple[str, ...] = ()
+    bytes: tuple[tuple[str, str], ...] = ()
+    # Line and key (`bench.bytes` or `bench.bytes.<mode>`) of each `bench.bytes` expression, for errors found when
+    # it is evaluated.
+    lines: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+    keys: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    path: Path
+    op: str
+    schema: str
+    python_modules: tuple[str, ...]
+    sources: tuple[Path, ...]
+    implementations: tuple[tuple[str, str], ...]
+    reference: str
+    inputs: tuple[Input, ...]
+    dtypes: tuple[str, ...]
+    devices: tuple[str, ...]
+    layouts: tuple[str, ...]
+    tolerances: tuple[tuple[str, Tolerance], ...]
+    grad_tolerances: tuple[tuple[str, Tolerance], ...]
+    checks: tuple[str, ...]
+    xfail: tuple[XFail, ...]
+    differentiable: bool
+    double_backward: bool
+    description: str = ""
+    # Declares results that may differ run to run (atomics, sampling): the determinism check then does not apply.
+    nondeterministic: bool = False
+    # Claims that switch on the vmap, error_inputs and large_index checks.
+    vmap: bool = False
+    error_inputs: tuple[ErrorInput, ...] = ()
+    large_index: LargeIndex | None = None
+    # Seconds one check on one case may take before it is killed and reported TIMEOUT; None: the run's default.
+    timeout: float | None = None
+    # What `opforge bench` times; None when the spec has no `bench:` section.
+    bench: BenchSpec | None = None
+    # Line of each top-level key and of each input, for errors found after loading (schema mismatch, bad module).
+    lines: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.op.split("::", 1)[1]
+
+    @property
+    def directory(self) -> Path:
+        return self.path.parent
+
+    def line_of(self, key: str) -> int | None:
+        return dict(self.lines).get(key)
+
+    def error(self, key: str, expected: str, got: str, hint: str) -> SpecError:
+        return SpecError(self.path, self.line_of(key), key, expected, got, hint)
+
+    def tensor_inputs(self) -> tuple[TensorInput, ...]:
+        return tuple(i for i in self.inputs if isinstance(i, TensorInput))
+
+    @property
+    def shape_count(self) -> int:
+        """How many shape pairings the spec lists (tensor inputs pair their shapes by position)."""
+        tensors = self.tensor_inputs()
+        return len(tensors[0].shapes) if tensors else 1
+
+    def representative_shape_index(self) -> int:
+        """The first shape pairing where every tensor is at least 1-D and non-empty (0-d and empty tensors say
+        little about values), else the first: what the checks that run one case per device use."""
+        tensors = self.tensor_inputs()
+        for i in range(self.shape_count):
+            if all(t.shapes[i] and all(t.shapes[i]) for t in tensors):
+                return i
+        return 0
+
+    def xfail_for(self, implementation: str, check: str, dtype: str, device: str) -> XFail | None:
+        return next((x for x in self.xfail if x.matches(implementation, check, dtype, device)), None)
+
+    @property
+    def bench_modes(self) -> tuple[str, ...]:
+        """The modes `opforge bench` can time: a backward needs a differentiable op and an input that requires
+        grad."""
+        return bench_modes(self.differentiable, self.inputs)
+
+
+def bench_modes(differentiable: bool, inputs: tuple[Input, ...]) -> tuple[str, ...]:
+    has_gradients = any(isinstance(i, TensorInput) and i.requires_grad for i in inputs)
+    return BENCH_MODES if differentiable and has_gradients else ("fwd",)

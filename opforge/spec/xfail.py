@@ -1,0 +1,49 @@
+"""The spec's `xfail:` list: known failures, by check (or one of its rows), implementation, dtype and device."""
+
+from __future__ import annotations
+
+from opforge.checks.catalog import CATALOG
+from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES, XFail
+from opforge.spec.reader import Node, Reader, list_of, one_of, read_bool, read_str, suggest
+
+
+def read_xfails(r: Reader, implementations: tuple[tuple[str, str], ...]) -> tuple[XFail, ...]:
+    xfails = r.get("xfail", list_of(_read_xfail, allow_empty=True), ())
+    known = ("native",) + tuple(name for name, _ in implementations)
+    for i, x in enumerate(xfails):
+        if x.implementation is not None and x.implementation not in known:
+            raise r.fail(
+                r.child("xfail").value[i],
+                f"xfail[{i}].implementation",
+                f"one of {', '.join(known)}",
+                repr(x.implementation),
+                "Name the op (native) or one of the spec's implementations.",
+            )
+    return xfails
+
+
+def _read_xfail(r: Reader, key: str, node: Node) -> XFail:
+    x = Reader(
+        r.path,
+        node,
+        key,
+        ("check", "implementation", "dtype", "device", "reason", "strict"),
+        required=("check", "reason"),
+    )
+    check = x.get("check", read_str)
+    if check not in CATALOG.names and check not in CATALOG.rows:
+        raise x.fail(
+            x.child("check"),
+            f"{key}.check",
+            f"one of {', '.join(CATALOG.names)} (or one of a check's rows: {', '.join(CATALOG.sub_rows)})",
+            repr(check),
+            suggest(check, CATALOG.names + CATALOG.sub_rows),
+        )
+    return XFail(
+        check=check,
+        reason=x.get("reason", read_str),
+        implementation=x.get("implementation", read_str),
+        dtype=x.get("dtype", one_of(KNOWN_DTYPES)),
+        device=x.get("device", one_of(KNOWN_DEVICES)),
+        strict=x.get("strict", read_bool, True),
+    )

@@ -1,0 +1,209 @@
+"""The structure opforge keeps: no import cycles, lower layers never import higher ones, a check is one object that the
+catalog alone makes known to the spec loader, the engine, every report format and `--check`, and a check's outcomes
+are checked against the rows it declares."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, REPO
+from typer.testing import CliRunner
+
+from opforge.checks.base import Check, all_cases
+from opforge.checks.catalog import CATALOG
+from opforge.outcomes import CheckFailure, PassNote
+from opforge.results import Status
+
+PACKAGE = REPO / "opforge"
+
+# Each module's layer: a module may import its own layer and those below, never above. Top-level modules and
+# packages are named; a package's modules share its layer unless named on their own.
+LAYERS = [
+    (
+        "vocabulary",
+        ["errors", "results", "outcomes", "schema", "environment", "files", "cuda_spin", "__init__"],
+    ),
+    (
+        "spec model",
+        ["spec.model", "spec.reader", "spec.inputs", "spec.claims", "spec.bench", "spec.bytes_expr", "spec"],
+    ),
+    ("inputs and building", ["cases", "compare", "build", "loading", "ops"]),
+    ("checks", ["checks"]),
+    ("spec loading", ["spec.load", "spec.xfail"]),
+    # The large_index check's child process is an entry point of its own: it loads the spec like a worker does.
+    ("engine", ["engine", "checks.large_index_child"]),
+    ("bench", ["bench"]),
+    ("reporters", ["reporters"]),
+    ("commands", ["cli", "pytest_plugin", "__main__"]),
+]
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "__init__"] = path
+    return modules
+
+
+def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the opforge modules it imports, at module level or inside functions."""
+    edges = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            found |= {t.removeprefix("opforge.") for t in targets if t.startswith("opforge.")} & modules.keys()
+        edges[name] = found - {name}
+    return edges
+
+
+def _layer(module: str) -> int:
+    best = None
+    for index, (_, names) in enumerate(LAYERS):
+        for prefix in names:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
+    assert best is not None, f"{module} is in no layer: add it to LAYERS"
+    return best[0]
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    edges = _imports(_modules())
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges[todo.pop()] - seen:
+                if nxt == goal:
+                    return True
+                seen.add(nxt)
+                todo.append(nxt)
+        return False
+
+    cycles = sorted({tuple(sorted((a, b))) for a, targets in edges.items() for b in targets if reaches(b, a)})
+    assert not cycles, f"modules that import each other (directly or through others): {cycles}"
+
+
+def test_no_lower_layer_imports_a_higher_one():
+    edges = _imports(_modules())
+    upward = [
+        f"{a} ({LAYERS[_layer(a)][0]}) imports {b} ({LAYERS[_layer(b)][0]})"
+        for a, targets in edges.items()
+        for b in targets
+        if _layer(b) > _layer(a)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_an_isolated_run_keeps_the_parent_torch_free():
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from opforge.cli import app\n"
+        f"result = CliRunner().invoke(app, ['check', {str(FIXTURES / 'good.yaml')!r}, '--check', 'correctness', "
+        "'--dtype', 'float64'])\n"
+        "assert result.exit_code == 0, result.output\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False", "the parent of an isolated run imported torch"
+
+
+# ------------------------------------------------------------------------------------ a check through the catalog
+
+
+def _toy_run(context, target, case):
+    """Row toy:small passes with a note; row toy:even fails on every 2-D case."""
+    two_d = any(len(shape) == 2 for _, shape in case.shapes)
+    return {"toy:small": PassNote("toy note"), "toy:even": CheckFailure("toy failure") if two_d else None}
+
+
+def _spec_listing(tmp_path: Path, checks: str) -> Path:
+    """good.yaml with its own `checks:` list, next to a copy of its module."""
+    text = (FIXTURES / "good.yaml").read_text()
+    start = text.index("checks: [")
+    end = text.index("]", start) + 1
+    path = tmp_path / "good.yaml"
+    path.write_text(text[:start] + f"checks: [{checks}]" + text[end:])
+    (tmp_path / "broken_ops.py").write_text((FIXTURES / "broken_ops.py").read_text())
+    return path
+
+
+@pytest.fixture
+def toy_check(monkeypatch):
+    """A new check known to the catalog alone: no other module names it."""
+    toy = Check("toy", "a toy check", all_cases, _toy_run, rows=("toy:small", "toy:even"))
+    monkeypatch.setattr(CATALOG, "_checks", {**CATALOG._checks, "toy": toy})
+    monkeypatch.setattr(CATALOG, "_by_row", {**CATALOG._by_row, "toy:small": toy, "toy:even": toy})
+    return toy
+
+
+def test_a_check_added_to_the_catalog_alone_is_planned_run_reported_and_selectable(toy_check, tmp_path):
+    from opforge.cli import app
+
+    spec = _spec_listing(tmp_path, "correctness, toy")
+    args = ["check", str(spec), "--no-isolation", "--dtype", "float64", "--check", "toy"]
+    reports = ["--json", "r.json", "--junit", "r.xml", "--markdown", "r.md"]
+    result = CliRunner().invoke(app, args + reports, env={"NO_COLOR": "1"})
+    assert result.exit_code == 1, result.output
+    # The terminal: its rows in the table, the failure with its rerun command selecting the check.
+    assert "toy:small" in result.output and "toy:even" in result.output
+    assert "--check toy -k " in result.output
+    data = json.loads((tmp_path / "r.json").read_text())
+    rows = [r for op in data["ops"] for r in op["results"]]
+    assert {r["check"] for r in rows} == {"toy:small", "toy:even"}
+    assert {r["status"] for r in rows if r["check"] == "toy:small"} == {"pass"}
+    failed = [r for r in rows if r["status"] == "fail"]
+    assert failed and all(r["check"] == "toy:even" and "x=5x6" in r["case_id"] for r in failed)
+    assert "toy failure" in (tmp_path / "r.xml").read_text()
+    assert "good/native::toy:even[" in (tmp_path / "r.md").read_text()
+    recorded = json.loads((tmp_path / ".opforge" / "lastfailed.json").read_text())["failed"]
+    assert set(recorded) == {r["id"] for r in failed}
+    # One of its rows on its own.
+    only = CliRunner().invoke(app, [*args[:-1], "toy:small"], env={"NO_COLOR": "1"})
+    assert only.exit_code == 0 and "toy:even" not in only.output, only.output
+
+
+def test_a_spec_may_list_a_check_the_catalog_knows(toy_check, tmp_path):
+    from opforge.spec.load import load_spec
+
+    assert load_spec(_spec_listing(tmp_path, "correctness, toy")).checks == ("correctness", "toy")
+
+
+@pytest.mark.parametrize(
+    "outcomes, expected",
+    [
+        ({"toy:small": None, "toy:evn": None}, "returned no outcome for row toy:even (it returned rows it does not "),
+        ({"toy:small": None}, "returned no outcome for row toy:even: a bug in the check"),
+        ({"toy:small": None, "toy:even": "fine"}, "returned str for row toy:even, expected None, a PassNote or"),
+        (None, "returned NoneType, expected a dict of outcomes by row"),
+    ],
+    ids=["typo", "forgotten", "not-an-outcome", "not-a-dict"],
+)
+def test_a_missing_or_unknown_outcome_is_an_error_row_never_a_pass(toy_check, outcomes, expected, tmp_path):
+    from opforge.engine.inprocess import run_op
+    from opforge.engine.plan import Filters
+    from opforge.engine.plan import load_checked as load
+    from opforge.spec.load import load_spec
+
+    broken = replace(toy_check, run=lambda context, target, case: outcomes)
+    CATALOG._checks["toy"] = broken
+    CATALOG._by_row.update({"toy:small": broken, "toy:even": broken})
+    spec = load_spec(_spec_listing(tmp_path, "toy"))
+    report = run_op(load(spec), Filters(checks=("toy",), dtypes=("float64",)))
+    even = [r for r in report.results if r.check == "toy:even" and r.target == "native"]
+    assert even and {r.status for r in even} == {Status.ERROR}
+    assert all(expected in r.message for r in even), even[0].message
