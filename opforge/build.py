@@ -1,8 +1,9 @@
 """Cached builds of C++/CUDA op sources with torch.utils.cpp_extension (ninja).
 
 A build lives in a cache directory keyed by a hash of everything that changes the binary: the sources and the
-headers beside them, the flags, the torch/CUDA/Python versions, the CPU it is tuned for and the CUDA archs. A warm
-start finds the finished library there and loads it without running ninja.
+headers beside them, the flags, the extra include directories and libraries an op links (an op wrapping an external
+library), the torch/CUDA/Python versions, the CPU it is tuned for and the CUDA archs. A warm start finds the finished
+library there and loads it without running ninja.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from opforge.errors import BuildError
+from opforge.errors import BuildError, NothingToBuild
 
 CPP_SUFFIXES = (".cpp", ".cc")
 CUDA_SUFFIXES = (".cu",)
@@ -68,6 +69,10 @@ class BuildPlan:
     cuda_cflags: tuple[str, ...]
     include_dirs: tuple[Path, ...]
     toolchain: Toolchain
+    # Linker arguments for the libraries the op links: `-l<name>`, or the path of a library file.
+    link_libraries: tuple[str, ...] = ()
+    # The extension module the library is, as a package imports it (`mypkg._C`); None: a plain op library.
+    module: str | None = None
 
     @property
     def library(self) -> Path:
@@ -102,10 +107,17 @@ def detect_toolchain(cuda_arch: str | None = None) -> Toolchain:
         return Toolchain(torch.__version__, None, None, (), (), "torch is a CPU-only build")
     cuda_home = find_cuda_home()
     if cuda_home is None:
-        return Toolchain(torch.__version__, torch.version.cuda, None, (), (),
-                         "no CUDA toolkit found (set CUDA_HOME to the directory whose lib64 holds libcudart.so)")
-    return Toolchain(torch.__version__, torch.version.cuda, cuda_home, tuple(_pip_cuda_include_dirs()),
-                     _cuda_archs(cuda_arch), None)
+        return Toolchain(
+            torch.__version__,
+            torch.version.cuda,
+            None,
+            (),
+            (),
+            "no CUDA toolkit found (set CUDA_HOME to the directory whose lib64 holds libcudart.so)",
+        )
+    return Toolchain(
+        torch.__version__, torch.version.cuda, cuda_home, tuple(_pip_cuda_include_dirs()), _cuda_archs(cuda_arch), None
+    )
 
 
 def find_cuda_home() -> Path | None:
@@ -120,8 +132,9 @@ def find_cuda_home() -> Path | None:
 
 
 def _is_toolkit_root(path: Path) -> bool:
-    return (path / "bin" / "nvcc").exists() and any((path / lib / "libcudart.so").exists()
-                                                     for lib in ("lib64", "lib", "targets/x86_64-linux/lib"))
+    return (path / "bin" / "nvcc").exists() and any(
+        (path / lib / "libcudart.so").exists() for lib in ("lib64", "lib", "targets/x86_64-linux/lib")
+    )
 
 
 def _pip_cuda_include_dirs() -> list[Path]:
@@ -141,8 +154,9 @@ def _cuda_archs(cuda_arch: str | None) -> tuple[str, ...]:
     if requested:
         return tuple(a for a in re.split(r"[;\s,]+", requested) if a)
     if torch.cuda.is_available():
-        return tuple(sorted({"{}.{}".format(*torch.cuda.get_device_capability(i))
-                             for i in range(torch.cuda.device_count())}))
+        return tuple(
+            sorted({"{}.{}".format(*torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())})
+        )
     # Compile-only machine: Hopper (the GPU opforge is validated on) keeps the gate meaningful and the build short.
     return ("9.0",)
 
@@ -153,26 +167,49 @@ def _extra_flags(variable: str) -> tuple[str, ...]:
     return tuple(os.environ.get(variable, "").split())
 
 
-def plan_build(sources: tuple[Path, ...], toolchain: Toolchain) -> BuildPlan:
-    """The build of one set of sources. Its identity depends only on the sources and the machine, never on who asks
-    (a spec, or the op's Python module at import): the same sources must never become two libraries that register
-    the same ops twice."""
+def plan_build(
+    sources: tuple[Path, ...],
+    toolchain: Toolchain,
+    *,
+    include_dirs: tuple[str | Path, ...] = (),
+    libraries: tuple[str | Path, ...] = (),
+    extra_cflags: tuple[str, ...] = (),
+    module: str | None = None,
+) -> BuildPlan:
+    """The build of one set of sources. Its identity depends only on the sources, the build options and the machine,
+    never on who asks (a spec, or the op's Python module at import): the same sources must never become two
+    libraries that register the same ops twice, so whoever builds an op that needs options must pass the same ones.
+
+    `include_dirs`: extra header directories (an external library's headers), searched after the sources' own.
+    `libraries`: libraries to link, each a name (`z` links libz through the linker's search path, as `-lz`) or the
+    path of a library file. `extra_cflags`: extra flags for the C++ sources (a define the library needs).
+    `module`: the extension module the sources are, as their package imports it (`mypkg._C`): the library is named
+    after its last part (TORCH_EXTENSION_NAME, PyInit__C) and imported under the full name.
+    """
     sources = tuple(sorted(Path(s).resolve() for s in sources))
+    extra_include_dirs = tuple(Path(d).resolve() for d in include_dirs)
+    link_libraries = tuple(_link_argument(lib) for lib in libraries)
     name = sources[0].stem
     kept = tuple(s for s in sources if s.suffix in CPP_SUFFIXES or (toolchain.cuda and s.suffix in CUDA_SUFFIXES))
     skipped = tuple(s for s in sources if s not in kept)
     # A .cu file in csrc/cuda/ may include the shared headers one directory up.
-    local_dirs = tuple(dict.fromkeys(d for s in sources
-                                     for d in ((s.parent, s.parent.parent) if s.suffix in CUDA_SUFFIXES
-                                               else (s.parent,))))
-    include_dirs = local_dirs + toolchain.cuda_include_dirs
-    cflags = CPU_FLAGS + _extra_flags("OPFORGE_EXTRA_CFLAGS")
-    cuda_cflags = CUDA_FLAGS + _extra_flags("OPFORGE_EXTRA_CUDA_CFLAGS") + tuple(
-        _gencode(a) for a in toolchain.cuda_archs)
-    key = _build_key(kept, local_dirs, cflags, cuda_cflags if toolchain.cuda else (), toolchain)
+    local_dirs = tuple(
+        dict.fromkeys(
+            d for s in sources for d in ((s.parent, s.parent.parent) if s.suffix in CUDA_SUFFIXES else (s.parent,))
+        )
+    )
+    include_dirs = local_dirs + extra_include_dirs + toolchain.cuda_include_dirs
+    cflags = CPU_FLAGS + tuple(extra_cflags) + _extra_flags("OPFORGE_EXTRA_CFLAGS")
+    cuda_cflags = (
+        CUDA_FLAGS + _extra_flags("OPFORGE_EXTRA_CUDA_CFLAGS") + tuple(_gencode(a) for a in toolchain.cuda_archs)
+    )
+    # The extra include directories and libraries enter the key by name: hashing every header of a system
+    # directory such as /usr/include on each start would cost more than the cache saves.
+    options = tuple(f"-I{d}" for d in extra_include_dirs) + link_libraries + ((f"module={module}",) if module else ())
+    key = _build_key(kept, local_dirs, cflags + options, cuda_cflags if toolchain.cuda else (), toolchain)
     ident = re.sub(r"\W", "_", name)
     return BuildPlan(
-        name=f"{ident}_{key[:12]}",
+        name=module.rsplit(".", 1)[-1] if module else f"{ident}_{key[:12]}",
         sources=kept,
         skipped_sources=skipped,
         directory=cache_root() / "build" / f"{ident}-{key[:16]}",
@@ -180,7 +217,23 @@ def plan_build(sources: tuple[Path, ...], toolchain: Toolchain) -> BuildPlan:
         cuda_cflags=cuda_cflags,
         include_dirs=include_dirs,
         toolchain=toolchain,
+        link_libraries=link_libraries,
+        module=module,
     )
+
+
+def _link_argument(library: str | Path) -> str:
+    """`-l<name>` for a library name, the absolute path for a library file (a name holding a path separator)."""
+    text = str(library)
+    if not text or text.startswith("-"):
+        got = "an empty name" if not text else "a linker flag"
+        raise ValueError(
+            f"library {text!r}: expected a library name such as `z` (linked as -lz) or the path of a "
+            f"library file, got {got}. Give the name alone, or the file's path."
+        )
+    if "/" in text:
+        return str(Path(text).resolve())
+    return f"-l{text}"
 
 
 def _gencode(arch: str) -> str:
@@ -195,8 +248,16 @@ def _build_key(sources, source_dirs, cflags, cuda_cflags, toolchain: Toolchain) 
     for f in files:
         h.update(str(f).encode())
         h.update(f.read_bytes())
-    for part in (*cflags, *cuda_cflags, toolchain.torch_version, toolchain.torch_cuda or "", sys.version,
-                 platform.machine(), _cpu_signature(), *toolchain.cuda_archs):
+    for part in (
+        *cflags,
+        *cuda_cflags,
+        toolchain.torch_version,
+        toolchain.torch_cuda or "",
+        sys.version,
+        platform.machine(),
+        _cpu_signature(),
+        *toolchain.cuda_archs,
+    ):
         h.update(part.encode())
     return h.hexdigest()
 
@@ -214,14 +275,16 @@ def _cpu_signature() -> str:
 def build(plan: BuildPlan, on_step: Callable[[str], None] | None = None) -> BuildResult:
     """Compile and load the plan's library; reuse a finished one from the cache."""
     start = time.perf_counter()
+    if not plan.sources:
+        raise NothingToBuild(plan.name, plan.skipped_sources, plan.toolchain.skip_reason or "CUDA cannot be built here")
     if plan.library.exists():
-        _load(plan.library)
+        _load(plan)
         return BuildResult(plan, cached=True, seconds=time.perf_counter() - start)
     if on_step:
         on_step(f"compiling {', '.join(s.name for s in plan.sources)}")
     plan.directory.mkdir(parents=True, exist_ok=True)
     _compile(plan)
-    _load(plan.library)
+    _load(plan)
     return BuildResult(plan, cached=False, seconds=time.perf_counter() - start)
 
 
@@ -239,7 +302,7 @@ def _compile(plan: BuildPlan) -> None:
             name=plan.name,
             sources=[str(s) for s in plan.sources],
             extra_cflags=list(plan.cflags),
-            extra_ldflags=list(LINK_FLAGS),
+            extra_ldflags=list(LINK_FLAGS + plan.link_libraries),
             extra_cuda_cflags=list(plan.cuda_cflags),
             extra_include_paths=[str(d) for d in plan.include_dirs],
             build_directory=str(plan.directory),
@@ -266,19 +329,65 @@ _COMPILER_ERROR = re.compile(r"(:\d+:\d+: (fatal )?error:)|(\(\d+\): error)|(\be
 def first_error_lines(output: str) -> list[str]:
     lines = output.splitlines()
     first = next((i for i, line in enumerate(lines) if _COMPILER_ERROR.search(line)), 0)
-    return lines[first: first + ERROR_LINES_SHOWN]
+    return lines[first : first + ERROR_LINES_SHOWN]
 
 
-def _load(library: Path) -> None:
+def _load(plan: BuildPlan) -> None:
     import torch
 
-    library = library.resolve()
+    library = plan.library.resolve()
     if library in _LOADED:
         return
-    torch.ops.load_library(str(library))
+    if plan.module:
+        _import_extension(plan.module, library)
+    else:
+        torch.ops.load_library(str(library))
     _LOADED[library] = library
 
 
-def build_sources(sources: tuple[Path, ...], cuda_arch: str | None = None,
-                  on_step: Callable[[str], None] | None = None) -> BuildResult:
-    return build(plan_build(sources, detect_toolchain(cuda_arch)), on_step)
+def _import_extension(fullname: str, library: Path) -> None:
+    """Import the built library as the module its package imports (`from . import _C` then finds it in
+    sys.modules). A library without a Python init function (ops registered by TORCH_LIBRARY only) is loaded as an op
+    library and stands as an empty module of that name."""
+    import importlib.machinery
+    import importlib.util
+    import types
+
+    import torch
+
+    loader = importlib.machinery.ExtensionFileLoader(fullname, str(library))
+    spec = importlib.util.spec_from_loader(fullname, loader, origin=str(library))
+    try:
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    except ImportError:  # no PyInit_<name>: a plain op library
+        torch.ops.load_library(str(library))
+        module = types.ModuleType(fullname)
+        module.__file__ = str(library)
+    sys.modules[fullname] = module
+    parent, _, child = fullname.rpartition(".")
+    if parent in sys.modules:
+        setattr(sys.modules[parent], child, module)
+
+
+def build_sources(
+    sources: tuple[Path, ...],
+    cuda_arch: str | None = None,
+    on_step: Callable[[str], None] | None = None,
+    *,
+    include_dirs: tuple[str | Path, ...] = (),
+    libraries: tuple[str | Path, ...] = (),
+    extra_cflags: tuple[str, ...] = (),
+    module: str | None = None,
+) -> BuildResult:
+    """Build (or find in the cache) and load the library of `sources`; the keyword options as in plan_build."""
+    plan = plan_build(
+        sources,
+        detect_toolchain(cuda_arch),
+        include_dirs=include_dirs,
+        libraries=libraries,
+        extra_cflags=extra_cflags,
+        module=module,
+    )
+    return build(plan, on_step)

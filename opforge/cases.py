@@ -8,8 +8,11 @@ upcast back to float64: any difference the checks find is the op's, not the samp
 
 from __future__ import annotations
 
+import inspect
 import itertools
+import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +20,13 @@ from opforge.spec.model import Avoid, OpSpec, ScalarInput, TensorInput
 
 # The spec's `noncontiguous` layout expands into both kinds of non-contiguous view, since kernels get them wrong in
 # different ways: a transpose is dense with permuted strides, a strided slice has gaps.
+# `contiguous` also brings `offset`: a contiguous tensor whose data starts one element into its storage (base[1:],
+# what everyday slicing hands a caller), so its pointer is not 16-byte aligned: a kernel's 128-bit vector loads
+# without an alignment check fault ("misaligned address") or read wrong data on it. Only for the first argument
+# values (alignment does not depend on them), and not for the checks where it adds nothing but cost (see each
+# check's selection).
 LAYOUT_VARIANTS = {
-    "contiguous": ("contiguous",),
+    "contiguous": ("contiguous", "offset"),
     "noncontiguous": ("transposed", "strided"),
     "channels_last": ("channels_last",),
 }
@@ -53,6 +61,8 @@ def _shape_label(shape: tuple[int, ...]) -> str:
 def layout_applies(layout: str, shape: tuple[int, ...]) -> bool:
     if layout == "contiguous":
         return True
+    if layout == "offset":
+        return math.prod(shape) > 0
     if layout == "channels_last":
         return len(shape) == 4
     if layout == "transposed":
@@ -60,20 +70,35 @@ def layout_applies(layout: str, shape: tuple[int, ...]) -> bool:
     return len(shape) >= 1 and all(shape)  # strided: a slice with step 2 of a non-empty last dim
 
 
+def input_layout(spec: OpSpec, name: str, layout: str, shape: tuple[int, ...]) -> str:
+    """The layout input `name` takes in a case of `layout`: the case's, when the input's layouts (its own, else the
+    spec's) include it and its shape admits it; else contiguous."""
+    entry = next(t for t in spec.tensor_inputs() if t.name == name)
+    families = entry.layouts if entry.layouts is not None else spec.layouts
+    variants = {variant for family in families for variant in LAYOUT_VARIANTS[family]}
+    return layout if layout in variants and layout_applies(layout, shape) else "contiguous"
+
+
+def case_applies(spec: OpSpec, layout: str, shapes: tuple[tuple[str, tuple[int, ...]], ...]) -> bool:
+    """A case of a layout other than contiguous exists where at least one input takes that layout (the others stay
+    contiguous: a 1-D scale beside a channels_last image, an `out` that must be contiguous)."""
+    return layout == "contiguous" or any(input_layout(spec, name, layout, shape) == layout for name, shape in shapes)
+
+
 def build_matrix(spec: OpSpec, dtypes: tuple[str, ...], devices: tuple[str, ...]) -> list[Case]:
     """Every applicable case. Tensor shapes are paired by position; non-tensor values are crossed."""
     tensors = spec.tensor_inputs()
     scalars = [i for i in spec.inputs if isinstance(i, ScalarInput)]
     value_combos = list(itertools.product(*(s.values for s in scalars))) or [()]
-    n_shapes = len(tensors[0].shapes) if tensors else 1
     cases = []
     for dtype, device, spec_layout in itertools.product(dtypes, devices, spec.layouts):
         for layout in LAYOUT_VARIANTS[spec_layout]:
-            for shape_index in range(n_shapes):
+            for shape_index in range(spec.shape_count):
                 shapes = tuple((t.name, t.shapes[shape_index]) for t in tensors)
-                if not all(layout_applies(layout, s) for _, s in shapes):
+                if not case_applies(spec, layout, shapes):
                     continue
-                for values_index, combo in enumerate(value_combos):
+                combos = value_combos[:1] if layout == "offset" else value_combos
+                for values_index, combo in enumerate(combos):
                     values = tuple((s.name, v) for s, v in zip(scalars, combo))
                     cases.append(Case(dtype, device, layout, shapes, values, values_index, shape_index))
     return cases
@@ -94,13 +119,24 @@ class CaseInputs:
 
 
 def make_inputs(
-    spec: OpSpec, schema_arguments: list[Any], case: Case, base_seed: int, requires_grad: bool = False
+    spec: OpSpec,
+    schema_arguments: list[Any],
+    case: Case,
+    base_seed: int,
+    requires_grad: bool = False,
+    generators: dict[str, Callable[..., Any]] | None = None,
 ) -> CaseInputs:
+    """`generators`: input name -> the function that makes its values (the spec's `generator:`, resolved)."""
     import torch
 
     generator = torch.Generator().manual_seed(case.seed(base_seed))
     shapes = dict(case.shapes)
-    values64 = {t.name: sample(t, shapes[t.name], case.dtype, generator) for t in spec.tensor_inputs()}
+    values64 = {}
+    for t in spec.tensor_inputs():
+        make = (generators or {}).get(t.name)
+        values64[t.name] = (
+            generated(t, make, shapes, case, generator) if make else sample(t, shapes[t.name], case.dtype, generator)
+        )
     for t in spec.tensor_inputs():
         if t.avoid:
             _apply_avoid(t, t.avoid, values64, case.dtype)
@@ -114,7 +150,8 @@ def make_inputs(
         entry = given[argument.name]
         if isinstance(entry, TensorInput):
             dtype = _torch_dtype(entry.dtype or case.dtype)
-            value = in_layout(values64[entry.name], case.layout, dtype, case.device)
+            layout = input_layout(spec, entry.name, case.layout, shapes[entry.name])
+            value = in_layout(values64[entry.name], layout, dtype, case.device)
             grad = requires_grad and entry.requires_grad and (value.is_floating_point() or value.is_complex())
             value = value.requires_grad_(grad) if grad else value
             ref = values64[entry.name].to(_reference_dtype(dtype)).requires_grad_(grad)
@@ -159,6 +196,30 @@ def sample(t: TensorInput, shape: tuple[int, ...], case_dtype: str, generator):
     return values.to(dtype).to(torch.float64)
 
 
+def generated(
+    t: TensorInput,
+    make: Callable[..., Any],
+    shapes: dict[str, tuple[int, ...]],
+    case: Case,
+    generator: Any,
+) -> Any:
+    """The values a spec's generator makes for input `t`, rounded to the dtype the op will see, held in float64.
+    The generator is called as make(shape=, dtype=, device=, generator=), plus shapes= (every tensor input's shape)
+    when it takes it, and must draw every random number from `generator` (seeded by the case)."""
+    import torch
+
+    dtype = _torch_dtype(t.dtype or case.dtype)
+    shape = shapes[t.name]
+    kwargs: dict[str, Any] = {"shape": shape, "dtype": dtype, "device": case.device, "generator": generator}
+    if "shapes" in inspect.signature(make).parameters:
+        kwargs["shapes"] = dict(shapes)
+    value = make(**kwargs)
+    if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(shape):
+        got = f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"generator {t.generator} for {t.name}: expected a tensor of shape {tuple(shape)}, got {got}")
+    return value.detach().to("cpu").to(dtype).to(torch.float64)
+
+
 def _apply_avoid(t: TensorInput, avoid: Avoid, values64: dict[str, Any], case_dtype: str) -> None:
     """Move values closer than `margin` to an avoided point out to 1.5 margins (rounded to the dtype again)."""
     import torch
@@ -197,6 +258,9 @@ def in_layout(values64, layout: str, dtype, device: str):
         view = storage[..., ::2]
     elif layout == "channels_last":
         view = torch.empty(shape, dtype=dtype, device=device, memory_format=torch.channels_last)
+    elif layout == "offset":
+        storage = torch.empty(math.prod(shape) + 1, dtype=dtype, device=device)
+        view = storage[1:].view(shape)
     else:
         view = torch.empty(shape, dtype=dtype, device=device)
     return view.copy_(values64)

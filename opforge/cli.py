@@ -2,7 +2,8 @@
 
 Exit codes (defined in opforge.errors): 0 all passed (skip and xfail allowed), 1 a check failed, 2 bad usage or a bad
 spec, 3 a build failed, 4 an internal error (a bug in opforge: rerun with --debug and report it), 130 interrupted
-(Ctrl-C or SIGTERM; the reports written are marked incomplete). When several ops run, the highest code that applies.
+(Ctrl-C or SIGTERM; the reports written are marked incomplete), 5 nothing was checked (or timed): never a pass.
+When several ops run, the highest of 3, 2 and 1 that applies.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from opforge.errors import (
     EXIT_FAILED,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
+    EXIT_NOTHING_RAN,
     EXIT_OK,
     EXIT_USAGE,
     BuildError,
@@ -178,6 +180,14 @@ def check(
     large: Annotated[
         bool, typer.Option("--large", help="Also run large_index (tensors past 2^31 elements: GBs of GPU memory).")
     ] = False,
+    sanitize: Annotated[
+        str | None,
+        typer.Option(
+            "--sanitize",
+            help="Also run the op's CUDA cases under compute-sanitizer with these tools: memcheck, racecheck, "
+            "initcheck, synccheck (comma-separated), or all.",
+        ),
+    ] = None,
     *,
     reports: dict[ReportFormat, Path | None],
 ) -> None:
@@ -198,12 +208,14 @@ def check(
             seed=seed,
             fail_fast=fail_fast,
             large=large,
+            sanitize=_sanitizer_tools(sanitize),
         )
         files = _file_reporters(reports)
         only_ids, paths = _selection(last_failed, targets or [], all_specs)
         filters = dataclasses.replace(filters, ids=only_ids)
-        specs = [load_spec(p) for p in paths]
         run = RunReport(environment={}, seed=seed)
+        specs = _load_specs(paths, run)
+        run.notes += _unlisted_check_notes(specs, filters)
         terminal = TerminalReport(verbose)
         with _sigterm_interrupts():
             start = time.perf_counter()
@@ -245,6 +257,25 @@ def _sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _unlisted_check_notes(specs: list[OpSpec], filters: Any) -> list[str]:
+    from opforge.engine.plan import unlisted_checks
+
+    return [
+        f"--check {name}: expected a check some selected spec runs, got one none of them lists in `checks:` "
+        f"({', '.join(s.name for s in specs)}). Add it to the spec's checks, or pick one it lists."
+        for name in unlisted_checks(specs, filters)
+    ]
+
+
+def _sanitizer_tools(text: str | None) -> tuple[str, ...]:
+    from opforge.checks.sanitize import TOOLS
+
+    if text is None:
+        return ()
+    tools = TOOLS if text.strip() == "all" else tuple(t.strip() for t in text.split(",") if t.strip())
+    return _validate(list(tools), TOOLS, "--sanitize")
 
 
 def _validate_run_options(timeout: float | None, jobs: int, no_isolation: bool) -> None:
@@ -315,6 +346,22 @@ def _selection(last_failed: bool, targets: list[str], all_specs: bool) -> tuple[
     return selection.ids, chosen if chosen is not None else _specs([], False)
 
 
+def _load_specs(paths: list[Path], run: Any) -> list[OpSpec]:
+    """The specs that load. With one spec its error is the run's (exit 2); with several, a spec that does not load
+    is its op's ERROR load row in `run` and the others still run."""
+    from opforge.engine.plan import unloadable_spec_report
+
+    if len(paths) == 1:
+        return [load_spec(paths[0])]
+    specs = []
+    for path in paths:
+        try:
+            specs.append(load_spec(path))
+        except OpforgeError as exc:
+            run.ops.append(unloadable_spec_report(path, exc))
+    return specs
+
+
 def _run(
     specs: list[OpSpec],
     filters: Any,
@@ -341,7 +388,10 @@ def _run(
 
 
 def _exit_code(run: Any) -> int:
-    """1 when a check failed; an op that could not load (a bad spec: 2, a failed build: 3) raises it."""
+    """1 when a check failed; an op that could not load (a bad spec: 2, a failed build: 3) raises it; 5 when no
+    check gave a verdict at all."""
+    if run.nothing_ran:
+        return EXIT_NOTHING_RAN
     return max(
         [EXIT_FAILED if run.failed else EXIT_OK]
         + [op.load_exit_code for op in run.ops if op.load_exit_code is not None]
@@ -390,7 +440,8 @@ def build(
     """Compile (or find in the cache) the C++/CUDA sources of op specs."""
 
     def body() -> int:
-        from opforge.build import build, detect_toolchain, plan_build
+        from opforge.build import build, detect_toolchain
+        from opforge.loading import spec_build_plan
         from opforge.reporters.terminal import render_builds
 
         rows = []
@@ -399,7 +450,7 @@ def build(
             if not spec.sources:
                 rows.append((spec.op, "-", "no sources (pure Python)"))
                 continue
-            plan = plan_build(spec.sources, detect_toolchain(cuda_arch))
+            plan = spec_build_plan(spec, detect_toolchain(cuda_arch))
             if require_cuda and plan.skipped_sources:
                 raise BuildError(spec.name, plan.log, [f"CUDA sources left out: {plan.toolchain.skip_reason}"])
             with out.spinner(f"building {spec.name}"):
@@ -522,7 +573,8 @@ def bench(
         written = _finish_files(files, run)
         bench_terminal.render_bench_totals(run, comparison)
         failed = run.failed or (comparison is not None and comparison.failed)
-        return max(EXIT_FAILED if failed else EXIT_OK, EXIT_OK if written else EXIT_USAGE)
+        code = EXIT_FAILED if failed else EXIT_NOTHING_RAN if run.nothing_timed else EXIT_OK
+        return code if written else max(code, EXIT_USAGE)
 
     _guarded(body)
 

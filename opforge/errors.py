@@ -11,6 +11,9 @@ EXIT_FAILED = 1  # a check failed, errored, crashed, timed out, or an xfail pass
 EXIT_USAGE = 2  # bad usage or a bad spec
 EXIT_BUILD = 3  # a C++/CUDA build failed
 EXIT_INTERNAL = 4  # a bug in opforge
+# Nothing was checked (or, for bench, timed): every case skipped, or none selected. Never a pass: a CI gate whose
+# filters or machine leave nothing to run must not turn green. pytest's code for "no tests ran".
+EXIT_NOTHING_RAN = 5
 # 128 + SIGINT, as a shell reports a process stopped by Ctrl-C (SIGTERM is turned into the same stop).
 EXIT_INTERRUPTED = 130
 
@@ -64,6 +67,25 @@ class BuildError(OpforgeError):
         return (
             f"building {self.name}: expected the sources to compile, got:\n{lines}\n"
             f"Fix the first error above; the full log is {self.log_path}."
+        )
+
+
+@dataclass
+class NothingToBuild(OpforgeError):
+    """Every source of an op is CUDA and this machine cannot build CUDA."""
+
+    name: str
+    skipped: tuple[Path, ...]
+    reason: str
+
+    exit_code = EXIT_BUILD
+
+    def __str__(self) -> str:
+        names = ", ".join(p.name for p in self.skipped)
+        return (
+            f"building {self.name}: expected at least one source this machine can build, got only CUDA sources "
+            f"({names}), and {self.reason}. Build on a machine with a CUDA toolkit and a CUDA build of torch, or add "
+            "the op's C++ (CPU) sources to load.sources."
         )
 
 

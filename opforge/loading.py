@@ -1,15 +1,24 @@
 """From a validated spec to callables: build the sources, import the modules, resolve the op, its reference and its
-other implementations, and check the registered schema and the spec's inputs against each other."""
+other implementations, and check the registered schema and the spec's inputs against each other.
+
+Everything that does not need the built library is checked before the build (a cold build takes tens of seconds):
+the schema's syntax, the inputs against the spec's schema, and that every `module:function` the spec names exists
+(found on the import path and defined in the module's source, without importing it: importing may need the build).
+"""
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.machinery
+import importlib.util
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from opforge.build import BuildResult, build_sources
+from opforge.build import BuildPlan, BuildResult, Toolchain, build, detect_toolchain, plan_build
 from opforge.errors import BuildError, SpecError
 from opforge.schema import canonical, is_tensor_type
 from opforge.spec.model import OpSpec, ScalarInput, TensorInput
@@ -34,6 +43,8 @@ class LoadedOp:
     targets: tuple[Target, ...]
     reference: Callable[..., Any]
     build: BuildResult | None
+    # Input name -> the function that makes its values (a spec's `generator:`).
+    generators: dict[str, Callable[..., Any]] = field(default_factory=dict)
 
     @property
     def arguments(self) -> list[Any]:
@@ -45,24 +56,133 @@ class LoadedOp:
 
 
 def load_op(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[str], None] | None = None) -> LoadedOp:
-    build = build_sources(spec.sources, cuda_arch, on_step) if spec.sources else None
-    _import_modules(spec)
+    _add_import_roots(spec)
+    _check_inputs(spec, _parse_schema(spec).arguments)
+    for key, ref in _named_callables(spec):
+        _check_callable_exists(spec, key, ref)
+    build = _build(spec, cuda_arch, on_step) if spec.sources else None
+    for module in spec.python_modules:
+        _import(spec, "load", module)
     overload = _resolve_op(spec)
     _check_schema(spec, overload)
-    _check_inputs(spec, overload)
     targets = (Target(NATIVE, overload, overload),) + tuple(
         _target(spec, name, ref) for name, ref in spec.implementations
     )
-    return LoadedOp(spec, overload, targets, resolve_callable(spec, "reference", spec.reference), build)
+    reference = resolve_callable(spec, "reference", spec.reference)
+    generators = {
+        t.name: resolve_callable(spec, f"inputs.{t.name}.generator", t.generator)
+        for t in spec.tensor_inputs()
+        if t.generator
+    }
+    return LoadedOp(spec, overload, targets, reference, build, generators)
 
 
-def _import_modules(spec: OpSpec) -> None:
-    # The spec's own directory is importable, so a user's spec can sit next to the user's module.
-    directory = str(spec.directory)
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
-    for module in spec.python_modules:
-        _import(spec, "load", module)
+def _build(spec: OpSpec, cuda_arch: str | None, on_step: Callable[[str], None] | None) -> BuildResult:
+    return build(spec_build_plan(spec, detect_toolchain(cuda_arch)), on_step)
+
+
+def spec_build_plan(spec: OpSpec, toolchain: Toolchain) -> BuildPlan:
+    """The build of a spec's sources with what its `load:` section says they need."""
+    load = spec.load
+    return plan_build(
+        spec.sources,
+        toolchain,
+        include_dirs=load.include_dirs,
+        libraries=load.libraries,
+        extra_cflags=load.extra_cflags,
+        module=load.module,
+    )
+
+
+def _add_import_roots(spec: OpSpec) -> None:
+    """The spec's own directory is importable, so a user's spec can sit next to the user's module; `load.path`
+    directories come first (the root of a package the spec checks)."""
+    for directory in (spec.directory, *reversed(spec.load.path)):
+        if str(directory) in sys.path:
+            sys.path.remove(str(directory))
+        sys.path.insert(0, str(directory))
+
+
+def _named_callables(spec: OpSpec) -> list[tuple[str, str]]:
+    """Every `module:function` the spec names, with the key that names it."""
+    named = [("reference", spec.reference)] + [("implementations", ref) for _, ref in spec.implementations]
+    return named + [(f"inputs.{t.name}.generator", t.generator) for t in spec.tensor_inputs() if t.generator]
+
+
+def _check_callable_exists(spec: OpSpec, key: str, ref: str) -> None:
+    """A module that is nowhere on the import path, or a function its source does not define, is the spec's error
+    now, before a build. Found without importing anything (a package's __init__ may need the build); a module whose
+    source cannot tell (a star import, a module __getattr__, a compiled module) is left to the import."""
+    module_name, attr = ref.split(":", 1)
+    found = _find_module(module_name)
+    if found is None:
+        raise spec.error(
+            key,
+            f"an importable module {module_name!r}",
+            "no module by that name on the import path",
+            "Put it next to the spec, add its root to load.path, or install it.",
+        )
+    source = Path(found.origin) if found.origin and found.origin.endswith(".py") else None
+    if source is None:
+        return
+    defined = _top_level_names(source)
+    if defined is not None and attr not in defined:
+        raise spec.error(
+            key,
+            f"a callable {attr!r} in module {module_name!r}",
+            f"nothing by that name in {source}",
+            f"Define {attr} in {module_name} or fix the name.",
+        )
+
+
+def _find_module(name: str) -> importlib.machinery.ModuleSpec | None:
+    """The module's spec, found package by package along the import path without importing a package; a module
+    already imported is taken as it is."""
+    if name in sys.modules:
+        return getattr(sys.modules[name], "__spec__", None) or importlib.machinery.ModuleSpec(name, None)
+    found = None
+    path = None
+    parts = name.split(".")
+    for depth in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:depth])
+        if prefix in sys.modules:
+            module = sys.modules[prefix]
+            found = getattr(module, "__spec__", None)
+            path = list(getattr(module, "__path__", []) or [])
+            continue
+        # A top-level module through every finder (an editable install has its own); a submodule in its package's
+        # directories, so that no package is imported to find it.
+        found = (
+            importlib.util.find_spec(prefix) if depth == 1 else importlib.machinery.PathFinder.find_spec(prefix, path)
+        )
+        if found is None:
+            return None
+        path = list(found.submodule_search_locations or [])
+    return found
+
+
+def _top_level_names(source: Path) -> set[str] | None:
+    """The names a module's source defines at top level, or None when the source cannot tell (a star import, a
+    module-level __getattr__, a syntax error the import will report better)."""
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(alias.name == "*" for alias in node.names):
+                return None
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif not isinstance(node, (ast.Expr, ast.Pass)):
+            return None  # a name defined under an if/try/with: leave it to the import
+    return None if "__getattr__" in names else names
 
 
 def _import(spec: OpSpec, key: str, module: str) -> Any:
@@ -119,9 +239,10 @@ def _target(spec: OpSpec, name: str, ref: str) -> Target:
 def _resolve_op(spec: OpSpec) -> Any:
     import torch
 
-    namespace, name = spec.op.split("::")
+    namespace, qualified = spec.op.split("::")
+    name = qualified.split(".", 1)[0]
     try:
-        return getattr(getattr(torch.ops, namespace), name).default
+        return getattr(getattr(getattr(torch.ops, namespace), name), spec.overload)
     except (AttributeError, RuntimeError):
         raise spec.error(
             "op",
@@ -131,11 +252,11 @@ def _resolve_op(spec: OpSpec) -> Any:
         ) from None
 
 
-def _check_schema(spec: OpSpec, overload: Any) -> None:
+def _parse_schema(spec: OpSpec) -> Any:
     import torch
 
     try:
-        expected = torch._C.parse_schema(spec.schema)
+        return torch._C.parse_schema(spec.schema)
     except RuntimeError as exc:
         raise spec.error(
             "schema",
@@ -143,6 +264,10 @@ def _check_schema(spec: OpSpec, overload: Any) -> None:
             f"{spec.schema!r} ({str(exc).splitlines()[0]})",
             "Write it as `ns::name(Tensor x, float alpha=0.1) -> Tensor`.",
         ) from None
+
+
+def _check_schema(spec: OpSpec, overload: Any) -> None:
+    expected = _parse_schema(spec)
     actual = overload._schema
     if canonical(expected) != canonical(actual):
         raise spec.error(
@@ -153,8 +278,9 @@ def _check_schema(spec: OpSpec, overload: Any) -> None:
         )
 
 
-def _check_inputs(spec: OpSpec, overload: Any) -> None:
-    arguments = {a.name: a for a in overload._schema.arguments}
+def _check_inputs(spec: OpSpec, schema_arguments: list[Any]) -> None:
+    """The spec's inputs against the schema's arguments (the spec's own schema: it must match the registered one)."""
+    arguments = {a.name: a for a in schema_arguments}
     for entry in spec.inputs:
         if entry.name not in arguments:
             raise spec.error(
@@ -185,5 +311,5 @@ def _check_inputs(spec: OpSpec, overload: Any) -> None:
                 "inputs",
                 f"an entry for schema argument {name!r} (it has no default)",
                 "none",
-                f"Add `{name}:` under inputs.",
+                f"Add `{name}:` under inputs, or fix the schema if the op has no argument {name!r}.",
             )

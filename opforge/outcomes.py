@@ -47,3 +47,17 @@ def short(exc: BaseException) -> str:
     lines = [line for line in str(exc).splitlines() if line.strip()]
     text = "\n".join(lines[:MESSAGE_LINES])
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def missing_fake_hint(exc: BaseException) -> str:
+    """What to do when an op had no fake (meta) kernel: fake tensors (opcheck, torch.compile, export) raise
+    UnsupportedOperatorException or "does not support running with fake tensors", which names neither cause nor
+    fix. Empty for any other error."""
+    text = f"{type(exc).__name__} {exc}"
+    if "UnsupportedOperatorException" not in text and "does not support running with fake tensors" not in text:
+        return ""
+    return (
+        " The op has no fake (meta) kernel, which fake tensors need to know its outputs' shapes without running it: "
+        'register one with @torch.library.register_fake("ns::op") in Python (or a Meta kernel in C++), returning '
+        "empty tensors of the outputs' shapes, dtypes and strides."
+    )

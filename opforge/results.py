@@ -49,6 +49,12 @@ class Mismatch:
     rtol: float
     mismatched: int
     total: int
+    # When the op was also measured against the reference computed in the case's dtype (the low-precision rule):
+    # the RMS errors of the op and of that baseline against the float64 reference, and what the op was allowed.
+    rms_error: float | None = None
+    baseline_rms_error: float | None = None
+    allowed_rms_error: float | None = None
+    baseline: str | None = None
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,17 @@ def result_from_json(data: dict[str, Any]) -> CaseResult:
     return CaseResult(**fields)
 
 
-_MISMATCH_FLOATS = ("got", "expected", "abs_error", "rel_error", "atol", "rtol")
+_MISMATCH_FLOATS = (
+    "got",
+    "expected",
+    "abs_error",
+    "rel_error",
+    "atol",
+    "rtol",
+    "rms_error",
+    "baseline_rms_error",
+    "allowed_rms_error",
+)
 # Strict JSON has no NaN or infinity; reports spell them as these strings (what float() reads back).
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
@@ -150,6 +166,11 @@ class RunReport:
     def failed(self) -> bool:
         return any(op.failed for op in self.ops)
 
+    @property
+    def nothing_ran(self) -> bool:
+        """No check gave a verdict: every result a skip, or none at all."""
+        return all(r.status == Status.SKIP for r in self.results())
+
     def results(self) -> list[CaseResult]:
         return [r for op in self.ops for r in op.results]
 
@@ -213,8 +234,14 @@ def failure_text(r: CaseResult) -> str:
 
 def describe_mismatch(m: Mismatch) -> str:
     index = ", ".join(map(str, m.index))
-    return (
+    text = (
         f"worst mismatch in {m.output} at [{index}]: got {m.got!r}, expected {m.expected!r} "
         f"(abs error {m.abs_error:.3g}, rel error {m.rel_error:.3g}; atol {m.atol:g}, rtol {m.rtol:g}; "
         f"{m.mismatched} of {m.total} elements outside tolerance)"
     )
+    if m.rms_error is not None and m.baseline is not None:
+        text += (
+            f"; RMS error {m.rms_error:.3g} against {m.baseline}'s {m.baseline_rms_error:.3g} "
+            f"(allowed {m.allowed_rms_error:.3g})"
+        )
+    return text

@@ -64,10 +64,11 @@ def test_items_have_opforge_ids_and_failures_show_the_worst_mismatch_and_repro(s
         ]
     )
     outcomes = result.parseoutcomes()
-    assert outcomes["passed"] == 7 + 4 and outcomes["failed"] == 3, result.stdout.str()
+    # good: 10 cases (4 contiguous, 3 offset, 3 strided); ignores_strides: 7 pass, its 3 strided cases fail.
+    assert outcomes["passed"] == 10 + 7 and outcomes["failed"] == 3, result.stdout.str()
     assert result.ret == 1
     suite = ElementTree.parse(specs.path / "report.xml").getroot().find("testsuite")
-    assert suite.get("tests") == "14" and suite.get("failures") == "3"
+    assert suite.get("tests") == "20" and suite.get("failures") == "3"
     failure = suite.find("testcase/failure")
     assert "worst mismatch in result" in failure.text
 
@@ -80,8 +81,8 @@ def test_skips_and_xfails_keep_their_meaning(specs):
     result = run(specs, "--opforge", "ignores_strides.yaml", "-k", "correctness and float32", "-rsx")
     import torch
 
-    # Per device 4 pass and 3 xfail; without a GPU the CUDA half is one skipped item.
-    expected = {"passed": 8, "xfailed": 6} if torch.cuda.is_available() else {"passed": 4, "xfailed": 3, "skipped": 1}
+    # Per device 7 pass (contiguous and offset) and 3 xfail; without a GPU the CUDA half is one skipped item.
+    expected = {"passed": 14, "xfailed": 6} if torch.cuda.is_available() else {"passed": 7, "xfailed": 3, "skipped": 1}
     assert {k: v for k, v in result.parseoutcomes().items() if k not in ("deselected", "seconds")} == expected
     result.stdout.fnmatch_lines(["*reads the storage linearly*"])
     if not torch.cuda.is_available():
@@ -107,8 +108,8 @@ def test_xdist_spreads_the_items_over_workers(specs):
     result = run(specs, "--opforge", "good.yaml", "-k", "float64 and (correctness or opcheck)", "-n", "2")
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["created: 2/2 workers"])
-    # 7 cases; opcheck: 7 cases x 4 sub-tests.
-    assert result.parseoutcomes()["passed"] == 7 + 7 * 4
+    # 10 cases (3 of them offset); opcheck: the 7 others x 4 sub-tests (aligned inputs only).
+    assert result.parseoutcomes()["passed"] == 10 + 7 * 4
 
 
 def test_one_item_is_selected_by_its_node_id(specs):

@@ -172,7 +172,7 @@ def test_tolerances_accept_yaml11_exponents(tmp_path):
 LOAD_ERRORS = [
     (
         'schema: "opforge_test::good(Tensor x) -> Tensor"',
-        'schema: "opforge_test::good(Tensor x, int n) -> Tensor"',
+        'schema: "opforge_test::good(Tensor x, int n=3) -> Tensor"',
         "schema",
         "registered schema",
     ),

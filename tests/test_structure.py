@@ -36,8 +36,9 @@ LAYERS = [
     ("inputs and building", ["cases", "compare", "build", "loading", "ops"]),
     ("checks", ["checks"]),
     ("spec loading", ["spec.load", "spec.xfail"]),
-    # The large_index check's child process is an entry point of its own: it loads the spec like a worker does.
-    ("engine", ["engine", "checks.large_index_child"]),
+    # The child processes of large_index and the sanitizer checks are entry points of their own: they load the spec
+    # like a worker does.
+    ("engine", ["engine", "checks.large_index_child", "checks.sanitize_child"]),
     ("bench", ["bench"]),
     ("reporters", ["reporters"]),
     ("commands", ["cli", "pytest_plugin", "__main__"]),

@@ -110,12 +110,12 @@ class BenchRun:
 
     @property
     def nothing_timed(self) -> bool:
-        """A run that timed nothing proves nothing: it fails, whatever the reason."""
+        """A run that timed nothing proves nothing: never a pass (exit 5), whatever the reason."""
         return not any(r.timed for r in self.results)
 
     @property
     def failed(self) -> bool:
-        return self.nothing_timed or any(r.status in (WRONG, ERROR) for r in self.results)
+        return any(r.status in (WRONG, ERROR) for r in self.results)
 
     def ops(self) -> list[str]:
         return list(dict.fromkeys(r.op for r in self.results))

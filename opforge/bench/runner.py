@@ -224,6 +224,8 @@ def run_bench(
     from opforge.loading import load_op
 
     start = time.perf_counter()
+    for spec in specs:
+        selected(spec, filters)  # a missing bench section or an unclaimed choice is an error before any build
     plans, skipped = [], {}
     for spec in specs:
         with hooks.step(f"loading {spec.name}"):
@@ -312,7 +314,9 @@ def run_point(
 
 
 def _fresh_inputs(loaded: LoadedOp, point: BenchPoint, seed: int) -> CaseInputs:
-    return make_inputs(loaded.spec, loaded.arguments, point.case, seed, requires_grad=point.mode != "fwd")
+    return make_inputs(
+        loaded.spec, loaded.arguments, point.case, seed, requires_grad=point.mode != "fwd", generators=loaded.generators
+    )
 
 
 def input_source(loaded: LoadedOp, point: BenchPoint, seed: int) -> Callable[[], CaseInputs]:

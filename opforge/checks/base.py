@@ -19,19 +19,28 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class OptIns:
+    """What a run asked for beyond the checks that run by default: `--large`, `--sanitize TOOLS`."""
+
+    large: bool = False
+    sanitize: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class CheckContext:
     loaded: LoadedOp
     base_seed: int
     # The row's time limit in seconds when a parent process enforces one (isolated runs), for a check that must
-    # end its own work first (large_index's child process); None in process.
+    # end its own work first (a child process of its own); None in process.
     time_limit: float | None = None
+    opt_ins: OptIns = OptIns()
 
 
 Outcomes = dict[str, Outcome]
 Selector = Callable[["LoadedOp", "Target", list["Case"]], list["Case"]]
 Runner = Callable[[CheckContext, "Target", "Case"], Outcomes]
-# Why a costly check does not run for this op unless asked (None: it runs); given the op and `--large`.
-OptIn = Callable[["LoadedOp", bool], "str | None"]
+# Why a costly check does not run for this op unless asked (None: it runs); given the op and the run's opt-ins.
+OptIn = Callable[["LoadedOp", OptIns], "str | None"]
 # Raises SpecError when the loaded op cannot honour what the spec claims for this check.
 Validator = Callable[["LoadedOp"], None]
 
@@ -54,6 +63,9 @@ class Check:
     # GPUs one of its cases needs at once (multi_gpu: 2); a run that gives a worker fewer says so.
     gpus: int = 0
     opted_out: OptIn | None = None
+    # Whether the run asked for it, for a check that runs only when asked and is not shown otherwise (None: it
+    # does not ask).
+    asked: Callable[[OptIns], bool] | None = None
     validate: Validator | None = None
     # What a rerun command of one of its failures adds (an opt-in flag).
     rerun_flags: tuple[str, ...] = ()
@@ -77,6 +89,13 @@ class Check:
 
 def all_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
     return cases
+
+
+def aligned(cases: list[Case]) -> list[Case]:
+    """The cases whose tensors start where their storage does: the `offset` cases (a misaligned data pointer) run
+    where alignment can change the result (correctness, grad_lowp, devices); a check it cannot fail leaves them out
+    rather than pay for them."""
+    return [c for c in cases if c.layout != "offset"]
 
 
 def first_values(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:

@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from opforge.cases import Case, CaseInputs, make_inputs
-from opforge.compare import as_tuple
+from opforge.compare import Baseline, as_tuple, check_result, rule_for
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, ReferenceFailure, short
 from opforge.schema import return_names
@@ -17,7 +17,7 @@ MUTATED = " (mutated)"
 
 def inputs_for(loaded: LoadedOp, case: Case, base_seed: int, requires_grad: bool = False) -> CaseInputs:
     try:
-        return make_inputs(loaded.spec, loaded.arguments, case, base_seed, requires_grad)
+        return make_inputs(loaded.spec, loaded.arguments, case, base_seed, requires_grad, loaded.generators)
     except Exception as exc:
         raise ReferenceFailure(f"could not make the inputs: {short(exc)}") from exc
 
@@ -26,9 +26,25 @@ def call_target(target: Target, inputs: CaseInputs) -> Any:
     try:
         returned = target.fn(*inputs.args, **inputs.kwargs)
         wait_for_cuda_kernels(inputs)
-        return returned
     except Exception as exc:
         raise CheckFailure(f"{target.name} raised {short(exc)}") from exc
+    pending = pending_launch_error(inputs)
+    if pending:
+        raise CheckFailure(
+            f"{target.name} returned with a CUDA error pending ({pending}): one of its kernel launches failed and "
+            "nothing checked it, so the next CUDA call anywhere would raise it. Check every launch with "
+            "C10_CUDA_KERNEL_LAUNCH_CHECK(), and launch nothing for empty tensors (a grid of 0 blocks is an invalid "
+            "configuration)."
+        )
+    return returned
+
+
+def _cuda_devices(inputs: CaseInputs) -> set[Any]:
+    import torch
+
+    values = [*inputs.args, *inputs.kwargs.values()]
+    tensors = [t for v in values for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, torch.Tensor)]
+    return {t.device for t in tensors if t.is_cuda}
 
 
 def wait_for_cuda_kernels(inputs: CaseInputs) -> None:
@@ -39,10 +55,24 @@ def wait_for_cuda_kernels(inputs: CaseInputs) -> None:
 
     if not torch.cuda.is_initialized() or torch.cuda.is_current_stream_capturing():
         return
-    values = [*inputs.args, *inputs.kwargs.values()]
-    tensors = [t for v in values for t in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(t, torch.Tensor)]
-    for device in {t.device for t in tensors if t.is_cuda}:
+    for device in _cuda_devices(inputs):
         torch.cuda.synchronize(device)
+
+
+def pending_launch_error(inputs: CaseInputs) -> str | None:
+    """The CUDA error a failed, unchecked kernel launch of the op left behind, if any (cleared, so the next case
+    runs clean). A launch error (a grid of 0 blocks) is not sticky: synchronizing does not see it, and the next
+    kernel launch that checks for errors, anywhere, raises it. So launch one such kernel on each device now."""
+    import torch
+
+    if not torch.cuda.is_initialized() or torch.cuda.is_current_stream_capturing():
+        return None
+    for device in _cuda_devices(inputs):
+        try:
+            torch.empty(1, device=device).fill_(0)
+        except Exception as exc:  # the stale launch error surfaces as a RuntimeError (AcceleratorError in newer torch)
+            return str(exc).splitlines()[0]
+    return None
 
 
 def outputs_of(loaded: LoadedOp, target: Target, inputs: CaseInputs) -> tuple[Any, ...]:
@@ -61,11 +91,13 @@ def differentiated(loaded: LoadedOp, inputs: CaseInputs) -> list[str]:
 
 def vector_jacobian_products(
     loaded: LoadedOp, target: Target, case: Case, base_seed: int, inputs: CaseInputs, names: list[str]
-) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+) -> tuple[tuple[Any, ...], tuple[Any, ...], Baseline]:
     """The op's and the reference's gradients with respect to `names`, for one random grad_output seeded by the
-    case (drawn in float64, then rounded to each output's dtype, so both sides see the same values)."""
+    case (drawn in float64, then rounded to each output's dtype, so both sides see the same values), and the
+    gradients through the reference computed in the case's dtype (the low-precision baseline, named grad[x])."""
     import torch
 
+    baseline_args = reference_in_op_dtypes(loaded, inputs)
     outs = [o for o in outputs_of(loaded, target, inputs) if o.requires_grad]
     ref_outs, _ = split_reference(loaded, call_reference(loaded, inputs))
     generator = torch.Generator().manual_seed(case.seed(base_seed) + 1)
@@ -75,15 +107,95 @@ def vector_jacobian_products(
     except Exception as exc:
         raise CheckFailure(f"backward of {target.name} raised {short(exc)}") from exc
     try:
-        ref_grads = torch.autograd.grad(
+        ref_grads = gradients(
             list(ref_outs[: len(outs)]),
             [argument(inputs, loaded, n, reference=True) for n in names],
             [g.double().cpu() for g in grad_outs],
-            allow_unused=True,
         )
     except Exception as exc:
         raise ReferenceFailure(f"backward of the reference raised {short(exc)}") from exc
-    return grads, ref_grads
+    return grads, ref_grads, _gradient_baseline(loaded, baseline_args, names, grad_outs, case.dtype)
+
+
+def _gradient_baseline(
+    loaded: LoadedOp,
+    arguments: tuple[tuple[Any, ...], dict[str, Any]],
+    names: list[str],
+    grad_outs: list[Any],
+    dtype: str,
+) -> Baseline:
+
+    args, kwargs = arguments
+    positions = [a.name for a in loaded.arguments]
+
+    def compute() -> dict[str, Any]:
+        wrt = [args[positions.index(n)] if positions.index(n) < len(args) else kwargs[n] for n in names]
+        outputs, _ = split_reference(loaded, as_tuple(loaded.reference(*args, **kwargs)))
+        grads = gradients(list(outputs[: len(grad_outs)]), wrt, [g.detach().cpu() for g in grad_outs])
+        return {f"grad[{n}]": g for n, g in zip(names, grads) if g is not None}
+
+    return Baseline(dtype, compute)
+
+
+def gradients(outputs: list[Any], wrt: list[Any], grad_outputs: list[Any]) -> tuple[Any, ...]:
+    """autograd.grad of the outputs that have a gradient graph; an output without one (a reference's
+    `new_zeros(...)` for an empty input) is a constant and adds nothing. None where nothing reaches an input."""
+    import torch
+
+    live = [(o, g) for o, g in zip(outputs, grad_outputs) if isinstance(o, torch.Tensor) and o.requires_grad]
+    if not live:
+        return tuple(None for _ in wrt)
+    return torch.autograd.grad([o for o, _ in live], wrt, [g for _, g in live], allow_unused=True)
+
+
+def reference_in_op_dtypes(loaded: LoadedOp, inputs: CaseInputs) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The reference's arguments cast to the dtypes the op received (the values are the same: the op's inputs are
+    the rounded ones), on the CPU, keeping requires_grad: calling the reference on them is the low-precision
+    baseline."""
+    import torch
+
+    def cast(ref: Any, op: Any) -> Any:
+        if not isinstance(ref, torch.Tensor) or not (ref.is_floating_point() or ref.is_complex()):
+            return ref
+        return ref.detach().to(op.dtype, copy=True).requires_grad_(ref.requires_grad)
+
+    args = tuple(cast(r, o) for r, o in zip(inputs.reference_args, inputs.args))
+    kwargs = {k: cast(v, inputs.kwargs[k]) for k, v in inputs.reference_kwargs.items()}
+    return args, kwargs
+
+
+def output_baseline(loaded: LoadedOp, inputs: CaseInputs, case_dtype: str) -> Baseline:
+    """The reference computed in the case's dtype, by the names against_reference gives the compared values. Its
+    arguments are taken now, before the op or the reference has run (either may write its arguments)."""
+    args, kwargs = reference_in_op_dtypes(loaded, inputs)
+
+    def compute() -> dict[str, Any]:
+        result = loaded.reference(*args, **kwargs)
+        outputs, new_values = split_reference(loaded, as_tuple(result) if result is not None else ())
+        named = dict(zip(output_names(loaded), outputs))
+        return named | {f"{name}{MUTATED}": value for name, value in new_values.items()}
+
+    return Baseline(case_dtype, compute)
+
+
+def compare_with_reference(
+    loaded: LoadedOp,
+    case_dtype: str,
+    device: str,
+    compared: list[tuple[str, Any, Any]],
+    baseline: Baseline | None,
+    label: str = "",
+    round_expected: bool = False,
+) -> None:
+    """Each (name, got, expected) of against_reference by the case dtype's rule (opforge.compare): the fixed
+    tolerance, or no worse than the reference computed in that dtype. `label` is added to the names in messages;
+    `round_expected` rounds the float64 expected values to the dtype the op returns (what it can hold: 1.1 * max is
+    inf in it)."""
+    rule = rule_for(loaded.spec, case_dtype)
+    for name, g, e in compared:
+        dtype = compared_dtype(case_dtype, name, g, e)
+        expected = e.to(dtype).to(e.dtype) if round_expected and hasattr(e, "to") and dtype is not None else e
+        check_result(f"{name}{label}", g, expected, rule, dtype, device, baseline=baseline, baseline_key=name)
 
 
 def call_reference(loaded: LoadedOp, inputs: CaseInputs) -> tuple[Any, ...]:

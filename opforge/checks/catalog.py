@@ -19,10 +19,12 @@ from opforge.checks import (
     error_inputs,
     grad_lowp,
     gradcheck,
+    grid_size,
     large_index,
     memory,
     multi_gpu,
     opcheck,
+    sanitize,
     special_values,
     stream,
     vmap,
@@ -84,7 +86,9 @@ CATALOG = Catalog(
         *vmap.CHECKS,
         *memory.CHECKS,
         *stream.CHECKS,
+        *grid_size.CHECKS,
         *large_index.CHECKS,
         *multi_gpu.CHECKS,
+        *sanitize.CHECKS,
     )
 )

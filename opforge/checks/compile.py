@@ -2,50 +2,80 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
-from opforge.cases import Case, layout_applies
-from opforge.checks.base import Check, CheckContext, Outcomes, first_values
-from opforge.checks.calls import inputs_for, outputs_of
+from opforge.cases import Case, case_applies
+from opforge.checks.base import Check, CheckContext, Outcomes, aligned, first_values
+from opforge.checks.calls import inputs_for, mutated_values, outputs_of, paired
 from opforge.compare import as_tuple, check_result, tolerance_for
 from opforge.loading import LoadedOp, Target
-from opforge.outcomes import CheckFailure, short
+from opforge.outcomes import CheckFailure, missing_fake_hint, short
 
 
 def compile_check(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     import torch
 
-    spec = ctx.loaded.spec
-    tensors = spec.tensor_inputs()
     torch._dynamo.reset()  # a fresh cache, so earlier cases' graphs neither help nor hit the recompile limit
 
     def call(*args, **kwargs):
         return target.fn(*args, **kwargs)
 
     compiled = torch.compile(call, fullgraph=True, dynamic=True, backend="inductor")
-    tol = tolerance_for(spec, case.dtype)
+    loaded = ctx.loaded
+    tol = tolerance_for(loaded.spec, case.dtype)
+    with current_code_only():
+        for shaped in _shaped_cases(ctx, case):
+            # Each side gets inputs of its own (the same values): an op that writes its arguments must be compared
+            # on what each call wrote, not on tensors the other call wrote again.
+            eager_inputs, compiled_inputs = (inputs_for(loaded, shaped, ctx.base_seed) for _ in range(2))
+            eager = outputs_of(loaded, target, eager_inputs)
+            try:
+                returned = compiled(*compiled_inputs.args, **compiled_inputs.kwargs)
+            except Exception as exc:
+                raise CheckFailure(
+                    f"torch.compile(fullgraph=True) of {target.name} failed on {shaped.id}: {short(exc)}"
+                    + missing_fake_hint(exc)
+                ) from exc
+            got = as_tuple(returned) if loaded.overload._schema.returns else ()
+            compared = paired(
+                loaded, got, mutated_values(loaded, compiled_inputs), eager, mutated_values(loaded, eager_inputs)
+            )
+            for name, g, e in compared:
+                check_result(f"{name} (compiled, {shaped.id})", g, e, tol, e.dtype, case.device, against="eager")
+    return {"compile": None}
+
+
+def _shaped_cases(ctx: CheckContext, case: Case) -> list[Case]:
+    """The merged case once per shape pairing the layout applies to: one compiled function sees every shape."""
+    spec = ctx.loaded.spec
+    tensors = spec.tensor_inputs()
+    shaped = []
     for shape_index in range(spec.shape_count):
         shapes = tuple((t.name, t.shapes[shape_index]) for t in tensors)
-        if not all(layout_applies(case.layout, s) for _, s in shapes):
-            continue
-        shaped = replace(case, shape_index=shape_index, shapes=shapes)
-        inputs = inputs_for(ctx.loaded, shaped, ctx.base_seed)
-        eager = outputs_of(ctx.loaded, target, inputs)
-        try:
-            got = as_tuple(compiled(*inputs.args, **inputs.kwargs))
-        except Exception as exc:
-            raise CheckFailure(
-                f"torch.compile(fullgraph=True) of {target.name} failed on {shaped.id}: {short(exc)}"
-            ) from exc
-        for i, (g, e) in enumerate(zip(got, eager)):
-            check_result(f"compiled result[{i}] ({shaped.id})", g, e, tol, e.dtype, case.device)
-    return {"compile": None}
+        if case_applies(spec, case.layout, shapes):
+            shaped.append(replace(case, shape_index=shape_index, shapes=shapes))
+    return shaped
+
+
+@contextmanager
+def current_code_only() -> Iterator[None]:
+    """Inductor's FX graph cache and AOTAutograd's cache are keyed without the Python code of an op's fake kernel:
+    after a fake is fixed, a second run would load the graph compiled with the broken one (seen: the compile row
+    still failing until the cache was cleared). Both are off while opforge compiles; the caches of generated
+    kernels, keyed by their code, stay on."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        yield
 
 
 def all_shapes_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
     """One case per dtype/device/layout that runs every shape through one compiled function (dynamic shapes)."""
     seen: dict[str, Case] = {}
-    for case in first_values(loaded, target, cases):
+    for case in first_values(loaded, target, aligned(cases)):
         merged = replace(case, shapes=(), shape_index=-1)
         seen.setdefault(merged.id, merged)
     return list(seen.values())

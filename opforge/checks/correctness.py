@@ -9,12 +9,12 @@ from opforge.checks.calls import (
     against_reference,
     argument,
     call_reference,
-    compared_dtype,
+    compare_with_reference,
     inputs_for,
     mutated_values,
+    output_baseline,
     outputs_of,
 )
-from opforge.compare import check_result, tolerance_for
 from opforge.loading import Target
 from opforge.outcomes import CheckFailure
 
@@ -25,11 +25,10 @@ def correctness(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     inputs = inputs_for(loaded, case, ctx.base_seed)
     mutated = set(loaded.mutated_arguments)
     before = {name: argument(inputs, loaded, name).clone() for name in inputs.tensor_names if name not in mutated}
+    baseline = output_baseline(loaded, inputs, case.dtype)
     got = outputs_of(loaded, target, inputs)
-    tol = tolerance_for(loaded.spec, case.dtype)
     compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))
-    for name, g, e in compared:
-        check_result(name, g, e, tol, compared_dtype(case.dtype, name, g, e), case.device)
+    compare_with_reference(loaded, case.dtype, case.device, compared, baseline)
     for name, original in before.items():
         value = argument(inputs, loaded, name)
         if not value.equal(original) and not (value.isnan() & original.isnan()).any():

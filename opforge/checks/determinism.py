@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from opforge.cases import Case
-from opforge.checks.base import Check, CheckContext, Outcomes
+from opforge.checks.base import Check, CheckContext, Outcomes, aligned
 from opforge.checks.calls import (
     argument,
     inputs_for,
@@ -57,7 +57,7 @@ def _bitwise_equal(a, b) -> bool:
 
 def deterministic_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
     """Every case, unless the spec declares the op nondeterministic (atomics, sampling)."""
-    return [] if loaded.spec.nondeterministic else cases
+    return [] if loaded.spec.nondeterministic else aligned(cases)
 
 
 CHECKS = (

@@ -15,9 +15,10 @@ from opforge.checks.calls import (
     compared_dtype,
     inputs_for,
     mutated_values,
+    output_baseline,
     outputs_of,
 )
-from opforge.compare import check_result, tolerance_for
+from opforge.compare import Rule, check_result, rule_for, tolerance_for
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, PassNote
 from opforge.spec.model import Tolerance
@@ -76,6 +77,8 @@ def _compare_with_reference(loaded: LoadedOp, case: Case, got: tuple, inputs: Ca
     import torch
 
     what = "" if claimed else f"{case.dtype} is not claimed, and instead of rejecting it the op returns wrong values: "
+    floating = getattr(torch, case.dtype).is_floating_point
+    baseline = output_baseline(loaded, inputs, case.dtype) if floating else None
     compared = against_reference(
         loaded, got, mutated_values(loaded, inputs), call_reference(loaded, _real_valued_reference(loaded, inputs))
     )
@@ -84,8 +87,12 @@ def _compare_with_reference(loaded: LoadedOp, case: Case, got: tuple, inputs: Ca
             check_result(name, g, e, tolerance_for(loaded.spec, case.dtype), None, case.device)
             continue
         dtype = compared_dtype(case.dtype, name, g, e) if claimed else g.dtype
+        # The low-precision baseline is the reference in the case's dtype: only for a result in that dtype.
+        same_dtype = baseline if g.dtype == getattr(torch, case.dtype) else None
         try:
-            check_result(name, g, _as_the_op_would(e, g.dtype), _tolerance(loaded, g.dtype), dtype, case.device)
+            check_result(
+                name, g, _as_the_op_would(e, g.dtype), _rule(loaded, g.dtype), dtype, case.device, baseline=same_dtype
+            )
         except CheckFailure as failure:
             raise CheckFailure(what + failure.message, failure.mismatch) from None
 
@@ -118,14 +125,14 @@ def _as_the_op_would(expected, dtype):
     return expected if dtype.is_floating_point or dtype.is_complex else expected.trunc()
 
 
-def _tolerance(loaded: LoadedOp, dtype) -> Tolerance:
+def _rule(loaded: LoadedOp, dtype) -> Rule:
     import torch
 
     if dtype == torch.bool:
-        return Tolerance(atol=0.0, rtol=0.0)
+        return Rule(Tolerance(atol=0.0, rtol=0.0), lowp=False)
     if not (dtype.is_floating_point or dtype.is_complex):
-        return INTEGER_ROUNDING
-    return tolerance_for(loaded.spec, str(dtype).removeprefix("torch."))
+        return Rule(INTEGER_ROUNDING, lowp=False)
+    return rule_for(loaded.spec, str(dtype).removeprefix("torch."))
 
 
 CHECKS = (

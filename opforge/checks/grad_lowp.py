@@ -10,7 +10,7 @@ from opforge.checks.calls import (
     inputs_for,
     vector_jacobian_products,
 )
-from opforge.compare import check_result, tolerance_for
+from opforge.compare import check_result, rule_for
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure
 
@@ -22,20 +22,14 @@ def grad_lowp(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed, requires_grad=True)
     names = differentiated(loaded, inputs)
-    grads, ref_grads = vector_jacobian_products(loaded, target, case, ctx.base_seed, inputs, names)
-    tol = tolerance_for(loaded.spec, case.dtype, grad=True)
+    grads, ref_grads, baseline = vector_jacobian_products(loaded, target, case, ctx.base_seed, inputs, names)
+    rule = rule_for(loaded.spec, case.dtype, grad=True)
     for name, g, e in zip(names, grads, ref_grads):
         t = argument(inputs, loaded, name)
         if g is None:
             raise CheckFailure(f"grad[{name}]: expected a gradient, got None. Return it from the backward formula.")
-        check_result(
-            f"grad[{name}]",
-            g,
-            e if e is not None else torch.zeros_like(g, dtype=torch.float64),
-            tol,
-            t.dtype,
-            case.device,
-        )
+        expected = e if e is not None else torch.zeros_like(g, dtype=torch.float64)
+        check_result(f"grad[{name}]", g, expected, rule, t.dtype, case.device, baseline=baseline)
     return {"grad_lowp": None}
 
 

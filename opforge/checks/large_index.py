@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from opforge.cases import Case
-from opforge.checks.base import Check, CheckContext, Outcomes
+from opforge.checks.base import Check, CheckContext, OptIns, Outcomes
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
 from opforge.results import Mismatch
@@ -64,10 +64,10 @@ class Job:
     result_path: str = ""
 
 
-def opted_out(loaded: LoadedOp, large: bool) -> str | None:
+def opted_out(loaded: LoadedOp, opt_ins: OptIns) -> str | None:
     claim = loaded.spec.large_index
     # Asked only of a spec whose checks include large_index, which the spec loader allows only with the section.
-    if large or claim is None or claim.enabled:
+    if opt_ins.large or claim is None or claim.enabled:
         return None
     gib = required_bytes(loaded, claim.dtype, dict(claim.shapes)) / 2**30
     return (

@@ -13,14 +13,14 @@ from opforge.checks.base import Check, CheckContext, Outcomes, all_cases
 from opforge.checks.calls import (
     against_reference,
     call_reference,
-    compared_dtype,
+    compare_with_reference,
     inputs_for,
     mutated_values,
     on_device,
+    output_baseline,
     outputs_of,
     short,
 )
-from opforge.compare import check_result, tolerance_for
 from opforge.loading import Target
 from opforge.outcomes import CheckFailure, CheckSkipped
 
@@ -37,17 +37,18 @@ def multi_gpu(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     other = far_device(torch.cuda.device_count())
     loaded = ctx.loaded
     inputs = on_device(inputs_for(loaded, case, ctx.base_seed), other)
+    baseline = output_baseline(loaded, inputs, case.dtype)
     with torch.cuda.device(HOME_DEVICE):
         got = outputs_of(loaded, target, inputs)
     # Both GPUs: an unguarded kernel runs on cuda:0's stream while the comparison below reads the inputs' GPU, so
     # waiting for that GPU alone would race the kernel and leave its fault to a later row.
     for device in (torch.device("cuda", HOME_DEVICE), other):
         _synchronize(target, device)
-    tol = tolerance_for(loaded.spec, case.dtype)
-    for name, g, e in against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs)):
-        label = f"{name} (inputs on {other}, current device cuda:{HOME_DEVICE})"
-        require_device(label, g, other)
-        check_result(label, g, e, tol, compared_dtype(case.dtype, name, g, e), "cuda")
+    compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))
+    label = f" (inputs on {other}, current device cuda:{HOME_DEVICE})"
+    for name, g, _ in compared:
+        require_device(f"{name}{label}", g, other)
+    compare_with_reference(loaded, case.dtype, "cuda", compared, baseline, label=label)
     return {"multi_gpu": None}
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from opforge.cases import Case
-from opforge.checks.base import Check, CheckContext, Outcomes, first_values
+from opforge.checks.base import Check, CheckContext, Outcomes, aligned, first_values
 from opforge.checks.calls import inputs_for
 from opforge.loading import LoadedOp, Target
-from opforge.outcomes import CheckFailure, short
+from opforge.outcomes import CheckFailure, missing_fake_hint, short
 
 SUBTESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
@@ -24,12 +24,14 @@ def opcheck(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
 def _outcome(verdict) -> CheckFailure | None:
     if verdict == "SUCCESS":
         return None
-    return CheckFailure(short(verdict) if isinstance(verdict, BaseException) else str(verdict))
+    if isinstance(verdict, BaseException):
+        return CheckFailure(short(verdict) + missing_fake_hint(verdict))
+    return CheckFailure(str(verdict))
 
 
 def registered_op_first_values(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
     """opcheck needs a registered operator (a plain Python implementation has none) and does not depend on values."""
-    return first_values(loaded, target, cases) if target.overload is not None else []
+    return first_values(loaded, target, aligned(cases)) if target.overload is not None else []
 
 
 CHECKS = (

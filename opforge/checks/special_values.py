@@ -9,57 +9,64 @@ from opforge.checks.calls import (
     against_reference,
     argument,
     call_reference,
-    compared_dtype,
+    compare_with_reference,
     inputs_for,
     mutated_values,
+    output_baseline,
     outputs_of,
 )
-from opforge.compare import check_result, tolerance_for
 from opforge.loading import LoadedOp, Target
 from opforge.spec.model import FLOATING_DTYPES
 
 
 def special_values(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
-    """NaN, +-inf, -0.0, the dtype's largest value and subnormals written into every floating input (at the same
-    flat positions, so paired inputs meet special values of each other) must come out as the reference's do,
-    rounded to the dtype: a kernel that clamps, flushes or swallows NaN fails."""
+    """NaN, +-inf, -0.0, the dtype's largest value and subnormals (or the spec's `special_values:` choice of them)
+    written into every floating input that takes them (at the same flat positions, so paired inputs meet special
+    values of each other) must come out as the reference's do, rounded to the dtype: a kernel that clamps, flushes
+    or swallows NaN fails. An input marked `special_values: false`, or made by a generator, keeps its values; one
+    with a list of names takes those."""
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed)
+    takes = {
+        t.name: t.special_value_names(loaded.spec.special_values)
+        for t in loaded.spec.tensor_inputs()
+        if t.takes_special_values
+    }
     for name in inputs.tensor_names:
         value, ref = argument(inputs, loaded, name), argument(inputs, loaded, name, reference=True)
-        if value.is_floating_point():
-            specials = _special_values(value.dtype)[: value.numel()]
+        if name in takes and value.is_floating_point():
+            specials = special_value_tensor(value.dtype, takes[name])[: value.numel()]
             value.view(-1)[: len(specials)] = specials.to(value.dtype)
             ref.view(-1)[: len(specials)] = specials.to(value.dtype).to(ref.dtype)
+    baseline = output_baseline(loaded, inputs, case.dtype)
     got = outputs_of(loaded, target, inputs)
-    tol = tolerance_for(loaded.spec, case.dtype)
-    for name, g, e in against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs)):
-        dtype = compared_dtype(case.dtype, name, g, e)
-        # What the dtype can hold: 1.1 * max is inf in it.
-        check_result(f"{name} (special values)", g, e.to(dtype).to(e.dtype), tol, dtype, case.device)
+    compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))
+    compare_with_reference(
+        loaded, case.dtype, case.device, compared, baseline, label=" (special values)", round_expected=True
+    )
     return {"special_values": None}
 
 
-def _special_values(dtype):
+def special_value_tensor(dtype, names: tuple[str, ...]):
+    """The special values of `dtype` that `names` pick (opforge.spec.model.SPECIAL_VALUES), in that order, as
+    float64."""
     import torch
 
     info = torch.finfo(dtype)
     subnormal = info.smallest_normal / 4
-    return torch.tensor(
-        [
-            float("nan"),
-            float("inf"),
-            -float("inf"),
-            -0.0,
-            0.0,
-            subnormal,
-            -subnormal,
-            info.max,
-            -info.max,
-            info.smallest_normal,
-        ],
-        dtype=torch.float64,
-    )
+    value = {
+        "nan": float("nan"),
+        "inf": float("inf"),
+        "-inf": -float("inf"),
+        "negative_zero": -0.0,
+        "zero": 0.0,
+        "subnormal": subnormal,
+        "negative_subnormal": -subnormal,
+        "max": info.max,
+        "-max": -info.max,
+        "smallest_normal": info.smallest_normal,
+    }
+    return torch.tensor([value[name] for name in names], dtype=torch.float64)
 
 
 def floating_nonempty_first_values(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:

@@ -10,7 +10,9 @@ Two runs per case:
    synchronization skips, so it reads the sentinel while the producer still sleeps (pytorch/extension-cpp shipped
    that bug until July 2025, pytorch#157363).
 2. CUDA-graph capture of the op, then replay on new input values. A legacy-stream launch during capture fails
-   (cudaErrorStreamCaptureImplicit); a kernel that is not captured leaves the replayed outputs stale.
+   (cudaErrorStreamCaptureImplicit); a kernel that is not captured leaves the replayed outputs stale; a host
+   synchronization inside the op fails the capture. A spec that declares `cuda_graphs: false` skips this part
+   (with a note on the row).
 
 Both results are compared with the float64 reference.
 """
@@ -25,17 +27,18 @@ from opforge.checks.calls import (
     against_reference,
     argument,
     call_reference,
-    compared_dtype,
+    compare_with_reference,
     inputs_for,
     mutated_values,
+    output_baseline,
     outputs_of,
     short,
     with_arguments,
 )
-from opforge.compare import check_result, tolerance_for
+from opforge.compare import Baseline
 from opforge.cuda_spin import spin
 from opforge.loading import LoadedOp, Target
-from opforge.outcomes import CheckFailure
+from opforge.outcomes import CheckFailure, PassNote
 
 # How long the producer stream sleeps before it writes the inputs: long enough that a kernel which does not wait
 # for it has certainly run first (a kernel launch is ~10 us; the ops under test run in well under a millisecond at
@@ -55,8 +58,17 @@ def stream_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Ca
 
 def stream(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     _on_side_streams(ctx, target, case)
+    if not ctx.loaded.spec.cuda_graphs:
+        return {"stream": PassNote(GRAPHS_SKIPPED)}
     _in_cuda_graph(ctx, target, case)
     return {"stream": None}
+
+
+# The note a spec with `cuda_graphs: false` gets on its stream rows.
+GRAPHS_SKIPPED = (
+    "CUDA-graph capture not checked: the spec declares cuda_graphs: false (the op synchronizes with the host, so "
+    "code that captures CUDA graphs cannot call it)"
+)
 
 
 def _on_side_streams(ctx: CheckContext, target: Target, case: Case) -> None:
@@ -64,6 +76,7 @@ def _on_side_streams(ctx: CheckContext, target: Target, case: Case) -> None:
 
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed)
+    baseline = output_baseline(loaded, inputs, case.dtype)
     expected = call_reference(loaded, inputs)
     ready = {name: argument(inputs, loaded, name) for name in inputs.tensor_names}
     pending = {name: _sentinel_like(t) for name, t in ready.items()}
@@ -88,6 +101,7 @@ def _on_side_streams(ctx: CheckContext, target: Target, case: Case) -> None:
         seen,
         seen_mutated,
         expected,
+        baseline,
         "on a side stream, inputs written by another stream just before it ran",
         "The op does not run in the caller's stream order: launch every kernel on "
         "at::cuda::getCurrentCUDAStream() (a <<<grid, block>>> launch without a stream uses the legacy "
@@ -102,6 +116,7 @@ def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
     loaded = ctx.loaded
     captured_inputs = inputs_for(loaded, case, ctx.base_seed)
     replay_inputs = inputs_for(loaded, case, ctx.base_seed + 1)
+    baseline = output_baseline(loaded, replay_inputs, case.dtype)
     expected = call_reference(loaded, replay_inputs)
     fresh = {name: argument(replay_inputs, loaded, name).clone() for name in replay_inputs.tensor_names}
     # Lazy initialization (handles, workspaces) must not happen during capture: one call first, on a side stream
@@ -121,8 +136,10 @@ def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
         raise CheckFailure(
             f"CUDA-graph capture of {target.name} failed: {message}. A kernel launched on the legacy "
             "default stream (<<<grid, block>>> without a stream) cannot be captured; launch on "
-            "at::cuda::getCurrentCUDAStream(), and keep host synchronization (.item(), .cpu()) out "
-            "of the op."
+            "at::cuda::getCurrentCUDAStream(). Host synchronization (.item(), .cpu(), a data-dependent size) cannot "
+            "be captured either, and code that captures CUDA graphs (torch.compile's reduce-overhead mode, vLLM, "
+            "training loops) cannot call the op: keep it out of the op, or, where it must stay, declare "
+            "`cuda_graphs: false` in the spec."
         ) from exc
     for name, value in fresh.items():
         argument(captured_inputs, loaded, name).copy_(value)
@@ -134,20 +151,27 @@ def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
         got,
         mutated_values(loaded, captured_inputs),
         expected,
+        baseline,
         "CUDA-graph replay on new inputs",
         "A kernel that is not on the current stream is not captured, and its outputs are stale on replay.",
     )
 
 
 def _compare(
-    loaded: LoadedOp, case: Case, got: tuple, mutated_now: dict, reference_result: tuple, how: str, hint: str
+    loaded: LoadedOp,
+    case: Case,
+    got: tuple,
+    mutated_now: dict,
+    reference_result: tuple,
+    baseline: Baseline,
+    how: str,
+    hint: str,
 ) -> None:
-    tol = tolerance_for(loaded.spec, case.dtype)
-    for name, g, e in against_reference(loaded, got, mutated_now, reference_result):
-        try:
-            check_result(f"{name} ({how})", g, e, tol, compared_dtype(case.dtype, name, g, e), case.device)
-        except CheckFailure as failure:
-            raise CheckFailure(f"{failure.message} {hint}", failure.mismatch) from None
+    compared = against_reference(loaded, got, mutated_now, reference_result)
+    try:
+        compare_with_reference(loaded, case.dtype, case.device, compared, baseline, label=f" ({how})")
+    except CheckFailure as failure:
+        raise CheckFailure(f"{failure.message} {hint}", failure.mismatch) from None
 
 
 def _sentinel_like(t):

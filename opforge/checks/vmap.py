@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opforge.cases import Case, in_layout
+from opforge.cases import Case, in_layout, input_layout
 from opforge.checks.base import Check, CheckContext, Outcomes, first_values
 from opforge.checks.calls import argument, inputs_for, outputs_of, paired, with_arguments
 from opforge.compare import as_tuple, check_result, tolerance_for
@@ -58,12 +58,13 @@ def vmap(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
 
 
 def _batched(loaded: LoadedOp, slices, name: str, case: Case):
-    """The slices of one input stacked along a new dim 0, in the case's layout (a transposed case stays transposed
-    in its last two dims)."""
+    """The slices of one input stacked along a new dim 0, in the layout the input has in the case (a transposed
+    case stays transposed in its last two dims)."""
     import torch
 
     stacked = torch.stack([argument(inputs, loaded, name) for inputs in slices])
-    return in_layout(stacked.to(torch.float64), case.layout, stacked.dtype, case.device)
+    layout = input_layout(loaded.spec, name, case.layout, dict(case.shapes)[name])
+    return in_layout(stacked.to(torch.float64), layout, stacked.dtype, case.device)
 
 
 def refuse_mutating_op(loaded: LoadedOp) -> None:

@@ -21,9 +21,8 @@ inline at::Tensor broadcast_output(const at::Tensor& a, const at::Tensor& b) {
   return at::empty(at::infer_size(a.sizes(), b.sizes()), a.options());
 }
 
-// The backward's grad must match the forward's output: the broadcast shape, pred's dtype and device.
-inline void check_backward_grad(const at::Tensor& grad, const at::Tensor& out) {
-  constexpr const char* op = "opforge::custom_loss_backward";
+// A backward's grad must match the forward's output: the broadcast shape, pred's dtype and device.
+inline void check_backward_grad(const at::Tensor& grad, const at::Tensor& out, const char* op) {
   TORCH_CHECK(grad.sizes() == out.sizes(), op, ": grad must have the broadcast shape ", out.sizes(), ", got ",
               grad.sizes(), ".");
   TORCH_CHECK(grad.scalar_type() == out.scalar_type(), op, ": grad must have pred's dtype ", out.scalar_type(),

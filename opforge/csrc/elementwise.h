@@ -73,6 +73,52 @@ void elementwise_kernel(scalar_t* out, int64_t n, const Fn& fn, const In*... in)
   });
 }
 
+// Two results of one elementwise function, e.g. the gradients of both inputs of a backward.
+template <typename T>
+struct Two {
+  T first;
+  T second;
+};
+
+template <typename acc_t, typename Fn, size_t N, size_t... I>
+inline void widened_step2(acc_t* result0, acc_t* result1, int64_t len, const Fn& fn,
+                          acc_t (&wide)[N][kWidenBlock], std::index_sequence<I...>) {
+  for (int64_t j = 0; j < len; ++j) {
+    const Two<acc_t> r = fn(wide[I][j]...);
+    result0[j] = r.first;
+    result1[j] = r.second;
+  }
+}
+
+// (out0[i], out1[i]) = fn(in0[i], in1[i], ...): elementwise_kernel for a function with two results (a Two), both
+// written in the same pass over the inputs. Same loop structure, so the float loop vectorizes the same way.
+template <typename scalar_t, typename Fn, typename... In>
+void elementwise_kernel2(scalar_t* out0, scalar_t* out1, int64_t n, const Fn& fn, const In*... in) {
+  static_assert((std::is_same_v<In, scalar_t> && ...), "all inputs share the outputs' dtype");
+  using acc_t = opmath_t<scalar_t>;
+  at::parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
+    if constexpr (std::is_same_v<acc_t, scalar_t>) {
+      for (int64_t i = begin; i < end; ++i) {
+        const Two<acc_t> r = fn(in[i]...);
+        out0[i] = r.first;
+        out1[i] = r.second;
+      }
+    } else {
+      acc_t wide[sizeof...(In)][kWidenBlock];
+      acc_t result0[kWidenBlock];
+      acc_t result1[kWidenBlock];
+      for (int64_t block = begin; block < end; block += kWidenBlock) {
+        const int64_t len = std::min(kWidenBlock, end - block);
+        int k = 0;
+        ((at::vec::convert(in + block, wide[k++], len)), ...);
+        widened_step2(result0, result1, len, fn, wide, std::index_sequence_for<In...>{});
+        at::vec::convert(result0, out0 + block, len);
+        at::vec::convert(result1, out1 + block, len);
+      }
+    }
+  });
+}
+
 // sigmoid(x) = 1 / (1 + exp(-x)) for float, with exp by Cody-Waite range reduction and the Cephes degree-6
 // polynomial (about 2 ulp). Branch-free (ternaries become blends), so the loop around it vectorizes; std::exp
 // would be a libm call per element.

@@ -71,6 +71,6 @@ def run_op(
 
     for result in plan.skipped:
         add(result)
-    run_rows(CheckContext(loaded, filters.seed), plan, filters, on_results=add_row)
+    run_rows(CheckContext(loaded, filters.seed, opt_ins=filters.opt_ins), plan, filters, on_results=add_row)
     report.seconds = time.perf_counter() - start
     return report

@@ -6,12 +6,14 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, build_matrix
-from opforge.checks.base import Check
+from opforge.checks.base import Check, OptIns
 from opforge.checks.catalog import CATALOG
-from opforge.results import CaseResult, Status, result_id
+from opforge.errors import OpforgeError
+from opforge.results import CaseResult, OpReport, Status, result_id
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:
@@ -36,9 +38,15 @@ class Filters:
     fail_fast: bool = False
     # Run the checks that cost GBs of memory (large_index) even where the spec does not enable them.
     large: bool = False
+    # compute-sanitizer tools to run the op's CUDA cases under (memcheck, racecheck, initcheck, synccheck).
+    sanitize: tuple[str, ...] = ()
     # Only these full result ids (--last-failed). An op whose loading failed is listed by its load row's id and
     # then runs whole.
     ids: tuple[str, ...] = ()
+
+    @property
+    def opt_ins(self) -> OptIns:
+        return OptIns(large=self.large, sanitize=self.sanitize)
 
     def wants_check(self, row: str) -> bool:
         return (
@@ -79,6 +87,23 @@ def load_row(spec: OpSpec, status: Status, message: str, seconds: float = 0.0) -
     )
 
 
+def unloadable_spec_report(path: Path, exc: OpforgeError) -> OpReport:
+    """An op whose spec does not load (bad YAML, an unknown key): one ERROR load row named after the file."""
+    op = path.stem
+    row = CaseResult(
+        op=op,
+        target=NATIVE,
+        check=LOAD_CHECK,
+        case_id=LOAD_CASE,
+        dtype="-",
+        device="-",
+        status=Status.ERROR,
+        message=str(exc),
+        repro=f"opforge check {shlex.quote(str(path))}",
+    )
+    return OpReport(op=op, spec_path=str(path), results=[row], load_exit_code=exc.exit_code)
+
+
 @dataclass(frozen=True)
 class PlannedRow:
     target: Target
@@ -114,12 +139,12 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
     matrix = build_matrix(spec, dtypes, available)
     plan = Plan()
     for target in loaded.targets:
-        for name in spec.checks:
+        for name in checks_to_run(spec, filters.opt_ins):
             check = CATALOG.get(name)
             rows = [r for r in check.row_names() if filters.wants_check(r)]
-            if not rows:
+            if not rows or (check.asked is not None and not check.asked(filters.opt_ins)):
                 continue
-            opted_out = check.opted_out(loaded, filters.large) if check.opted_out else None
+            opted_out = check.opted_out(loaded, filters.opt_ins) if check.opted_out else None
             if opted_out:
                 # The cases it would run on every device the spec names, available here or not.
                 wanted = check.cases(loaded, target, build_matrix(spec, dtypes, devices))
@@ -140,6 +165,19 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
                     skips = (_skip(spec, target, row, dtype, device, reason) for row in rows for dtype in dtypes)
                     plan.skipped += [r for r in skips if filters.wants_id(spec.name, r.full_id)]
     return plan
+
+
+def checks_to_run(spec: OpSpec, opt_ins: OptIns) -> tuple[str, ...]:
+    """The spec's checks, and the opt-in checks the run asked for by name (`--sanitize memcheck` runs memcheck on
+    an op whose `checks:` list predates it: the command line is the more recent wish)."""
+    asked = tuple(c.name for c in CATALOG if c.asked is not None and c.asked(opt_ins) and c.name not in spec.checks)
+    return spec.checks + asked
+
+
+def unlisted_checks(specs: list[OpSpec], filters: Filters) -> list[str]:
+    """The --check names no selected spec runs: a run filtered to them checks nothing, and should say why."""
+    run = {name for spec in specs for name in checks_to_run(spec, filters.opt_ins)}
+    return [name for name in filters.checks if (CATALOG.of_row(name).name if name in CATALOG.rows else name) not in run]
 
 
 def _matches(filters: Filters, spec: OpSpec, target: Target, row: str, case: Case) -> bool:

@@ -100,7 +100,7 @@ def run(job: Job, send: Send) -> None:
             send(Restart(unusable[0]))
         return not unusable
 
-    context = CheckContext(loaded, filters.seed, job.time_limit)
+    context = CheckContext(loaded, filters.seed, job.time_limit, filters.opt_ins)
     ran_to_the_end = run_rows(
         context,
         plan,

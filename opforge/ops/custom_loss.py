@@ -1,7 +1,10 @@
 """custom_loss(pred, target) = where(d < 0, d**2, |d|), d = pred - target, elementwise with broadcasting.
 
-The seed article's custom loss as a native op (opforge/csrc/custom_loss.cpp). Its backward op returns dL/dd in
-the broadcast shape; the autograd formula below reduces it to each input's shape.
+The seed article's custom loss as a native op (opforge/csrc/custom_loss.cpp). Its backward ops work in the
+broadcast shape: custom_loss_grads returns the gradients of pred and target (dL/dd and -dL/dd) from one pass over
+grad, pred and target; custom_loss_backward returns dL/dd alone, which is pred's gradient when target's is not
+wanted (benchmarks/cuda_bandwidth.py times it as the 3-input kernel). The autograd formula below reduces each
+gradient to its input's shape, only where that input was broadcast.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ load_native("custom_loss")
 
 _forward = torch.ops.opforge.custom_loss.default
 _backward = torch.ops.opforge.custom_loss_backward.default
+_grads = torch.ops.opforge.custom_loss_grads.default
 
 
 def custom_loss(pred: Tensor, target: Tensor) -> Tensor:
@@ -42,21 +46,35 @@ def _(grad: Tensor, pred: Tensor, target: Tensor) -> Tensor:
     return _broadcast_empty(pred, target)
 
 
+@torch.library.register_fake("opforge::custom_loss_grads")
+def _(grad: Tensor, pred: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    grad_pred = _broadcast_empty(pred, target)
+    return grad_pred, torch.empty_like(grad_pred)
+
+
 def _save_inputs(ctx, inputs, output) -> None:
     ctx.save_for_backward(*inputs)
 
 
 def _custom_loss_grad(ctx, grad: Tensor):
     pred, target = ctx.saved_tensors
+    want_pred, want_target = ctx.needs_input_grad[:2]
     # A broadcast input's gradient sums many terms of dL/dd. In float16/bfloat16 each term would be rounded before
     # the sum and the roundings add up (seen: 7% off in bfloat16 over 33 rows), so compute the terms in float32
-    # and round the sums once, as ATen's own reductions do.
+    # and round the sums once, as ATen's own reductions do. Equal shapes: no cast, no reduction, one kernel pass.
     reduces = pred.shape != grad.shape or target.shape != grad.shape
     wide = torch.float32 if reduces and grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
-    grad_d = _backward(grad.to(wide), pred.to(wide), target.to(wide))
-    grad_pred = grad_d.sum_to_size(pred.shape).to(pred.dtype) if ctx.needs_input_grad[0] else None
-    grad_target = (-grad_d).sum_to_size(target.shape).to(target.dtype) if ctx.needs_input_grad[1] else None
-    return grad_pred, grad_target
+    args = (grad.to(wide), pred.to(wide), target.to(wide))
+    if want_target:
+        grad_pred, grad_target = _grads(*args)
+    else:
+        grad_pred, grad_target = _backward(*args), None
+    return _reduced(grad_pred, pred) if want_pred else None, _reduced(grad_target, target) if want_target else None
+
+
+def _reduced(grad: Tensor, like: Tensor) -> Tensor:
+    """`grad` summed over the dimensions `like` was broadcast along, in like's dtype; itself when nothing was."""
+    return grad.sum_to_size(like.shape).to(like.dtype)
 
 
 torch.library.register_autograd("opforge::custom_loss", _custom_loss_grad, setup_context=_save_inputs)

@@ -124,8 +124,11 @@ def render_bench_totals(run, comparison=None) -> None:
             "mode and contender that can run here (--device, --dtype, --mode, --impl), or fix the errors above."
         )
     failed = run.failed or (comparison is not None and comparison.failed)
+    verdict, style = "OK", "bold green"
+    if failed:
+        verdict, style = "FAILED", "bold red"
+    elif run.nothing_timed:
+        verdict, style = "NOTHING TIMED", "bold yellow"
     console.print(
-        Text("FAILED: " if failed else "OK: ", style="bold red" if failed else "bold green")
-        + Text(", ".join(parts))
-        + Text(f" in {run.seconds:.1f} s", style="dim")
+        Text(f"{verdict}: ", style=style) + Text(", ".join(parts)) + Text(f" in {run.seconds:.1f} s", style="dim")
     )

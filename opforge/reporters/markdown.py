@@ -35,7 +35,7 @@ class MarkdownReport(Reporter):
 
 def render_markdown(run: RunReport) -> str:
     counts = run.counts()
-    verdict = "FAILED" if run.failed else "OK"
+    verdict = "FAILED" if run.failed else "NOTHING RAN" if run.nothing_ran else "OK"
     if run.incomplete:
         verdict += " (incomplete: interrupted)"
     torch = run.environment.get("torch", "?")

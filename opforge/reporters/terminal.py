@@ -231,16 +231,30 @@ def render_failures(report: RunReport) -> None:
 def render_totals(report: RunReport) -> None:
     counts = report.counts()
     parts = [f"{counts[s.value]} {s.value}" for s in Status if counts[s.value]]
-    style = "bold red" if report.failed else "bold green"
-    verdict = "FAILED" if report.failed else "OK"
+    verdict, style = run_verdict(report)
     suffix = " (incomplete)" if report.incomplete else ""
     for note in report.notes:
         console.print(Text("note: ", style="bold yellow") + Text(note))
+    if report.nothing_ran and not report.failed:
+        error(
+            "opforge check: expected at least one check to run, got none (every case skipped or filtered out; the "
+            "skip lines above say why). Pick dtypes, devices and checks the specs claim and this machine has (--dtype, "
+            "--device, --check, -k), or run where the device is. A run that checks nothing exits 5, never 0."
+        )
     console.print(
         Text(f"{verdict}{suffix}: ", style=style)
         + Text(", ".join(parts) or "nothing ran")
         + Text(f" in {report.seconds:.1f} s", style="dim")
     )
+
+
+def run_verdict(report: RunReport) -> tuple[str, str]:
+    """The run's one-word verdict and its style: FAILED, NOTHING RAN (exit 5) or OK."""
+    if report.failed:
+        return "FAILED", "bold red"
+    if report.nothing_ran:
+        return "NOTHING RAN", "bold yellow"
+    return "OK", "bold green"
 
 
 def render_spec_list(rows: list[tuple[str, str, str]]) -> None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 
 from opforge.spec.model import (
+    GRID_SIZE_ELEMENTS_MIN,
     INT32_INDEX_LIMIT,
     KNOWN_DEVICES,
     KNOWN_DTYPES,
     ErrorInput,
     ErrorTensor,
+    GridSize,
     Input,
     LargeIndex,
     TensorInput,
@@ -103,6 +105,25 @@ def _is_builtin_exception(name: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ large_index
+
+
+def read_grid_size(r: Reader, inputs: tuple[Input, ...]) -> GridSize:
+    node = r.child("grid_size")
+    g = Reader(r.path, node, "grid_size", ("shapes",), required=("shapes",))
+    tensors = [i.name for i in inputs if isinstance(i, TensorInput)]
+    s = Reader(r.path, g.child("shapes"), "grid_size.shapes", tuple(tensors), required=tuple(tensors))
+    shapes = tuple((name, s.get(name, read_shape)) for name in tensors)
+    largest = max(math.prod(shape) for _, shape in shapes)
+    if largest <= GRID_SIZE_ELEMENTS_MIN:
+        raise s.fail(
+            g.child("shapes"),
+            "grid_size.shapes",
+            f"a tensor of more than 2^24 = {GRID_SIZE_ELEMENTS_MIN} elements (a grid capped at 65,535 blocks of 256 "
+            "threads covers fewer)",
+            f"{largest} at most",
+            "Give one input a shape past 2^24 elements, e.g. [70000, 256] for an op with one block per row.",
+        )
+    return GridSize(shapes=shapes)
 
 
 def read_large_index(r: Reader, inputs: tuple[Input, ...], dtypes: tuple[str, ...]) -> LargeIndex:

@@ -3,7 +3,7 @@ non-tensor (`values:`)."""
 
 from __future__ import annotations
 
-from opforge.spec.model import KNOWN_DTYPES, Avoid, Input, ScalarInput, TensorInput
+from opforge.spec.model import KNOWN_DTYPES, KNOWN_LAYOUTS, SPECIAL_VALUES, Avoid, Input, ScalarInput, TensorInput
 from opforge.spec.reader import (
     Node,
     Reader,
@@ -11,13 +11,25 @@ from opforge.spec.reader import (
     list_of,
     one_of,
     read_bool,
+    read_callable,
     read_number,
     read_scalar,
     read_shape,
     read_str,
 )
 
-_INPUT_KEYS = ("shapes", "low", "high", "avoid", "requires_grad", "dtype", "values")
+_INPUT_KEYS = (
+    "shapes",
+    "low",
+    "high",
+    "avoid",
+    "requires_grad",
+    "dtype",
+    "values",
+    "layouts",
+    "generator",
+    "special_values",
+)
 
 
 def _input(r: Reader, name: str, node: Node) -> Input:
@@ -59,7 +71,25 @@ def _input(r: Reader, name: str, node: Node) -> Input:
         requires_grad=i.get("requires_grad", read_bool, False),
         avoid=i.get("avoid", _read_avoid),
         dtype=i.get("dtype", one_of(KNOWN_DTYPES)),
+        layouts=i.get("layouts", list_of(one_of(KNOWN_LAYOUTS))),
+        generator=i.get("generator", read_callable),
+        special_values=i.get("special_values", _read_special_values),
     )
+
+
+def _read_special_values(r: Reader, key: str, node: Node) -> bool | tuple[str, ...]:
+    """false (keep the sampled values), true, or the special values to write into this input."""
+    if isinstance(node.value, list):
+        return list_of(one_of(SPECIAL_VALUES))(r, key, node)
+    if not isinstance(node.value, bool):
+        raise r.fail(
+            node,
+            key,
+            f"true, false or a list of {', '.join(SPECIAL_VALUES)}",
+            describe(node.value),
+            "Write false to keep the input's sampled values, or list the special values it takes.",
+        )
+    return node.value
 
 
 def read_inputs(r: Reader, key: str, node: Node) -> tuple[Input, ...]:

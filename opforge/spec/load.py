@@ -11,9 +11,19 @@ from pathlib import Path
 from opforge.checks.catalog import CATALOG
 from opforge.errors import SpecError, UsageError
 from opforge.spec.bench import read_bench_section
-from opforge.spec.claims import read_error_inputs, read_large_index
+from opforge.spec.claims import read_error_inputs, read_grid_size, read_large_index
 from opforge.spec.inputs import read_inputs
-from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES, KNOWN_LAYOUTS, SPEC_SUFFIXES, OpSpec, bench_modes
+from opforge.spec.model import (
+    KNOWN_DEVICES,
+    KNOWN_DTYPES,
+    KNOWN_LAYOUTS,
+    SPEC_SUFFIXES,
+    SPECIAL_VALUES,
+    Input,
+    OpSpec,
+    TensorInput,
+    bench_modes,
+)
 from opforge.spec.reader import (
     Node,
     Reader,
@@ -27,11 +37,11 @@ from opforge.spec.reader import (
     read_str,
     read_tolerances,
 )
+from opforge.spec.sources import read_load_section
 from opforge.spec.xfail import read_xfails
 
-_QUALNAME = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_]\w*$")
+_QUALNAME = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_]\w*(\.[A-Za-z_]\w*)?$")
 
-_LOAD_KEYS = ("python", "sources")
 _TOP_KEYS = (
     "op",
     "schema",
@@ -53,6 +63,9 @@ _TOP_KEYS = (
     "vmap",
     "error_inputs",
     "large_index",
+    "grid_size",
+    "special_values",
+    "cuda_graphs",
     "timeout",
     "bench",
 )
@@ -89,19 +102,13 @@ def load_spec(path: Path | str) -> OpSpec:
     op = r.get("op", read_str)
     if not _QUALNAME.match(op):
         raise r.fail(
-            r.child("op"), "op", "a qualified name `namespace::name`", repr(op), "Write e.g. `opforge::leaky_swish`."
+            r.child("op"),
+            "op",
+            "a qualified name `namespace::name`, or `namespace::name.overload` for an overload",
+            repr(op),
+            "Write e.g. `opforge::leaky_swish` or `opforge::leaky_swish.out`.",
         )
-    load = Reader(path, r.child("load"), "load", _LOAD_KEYS)
-    python_modules = load.get("python", list_of(read_str, allow_empty=True), ())
-    sources = _sources(load, path) if load.has("sources") else ()
-    if not python_modules and not sources:
-        raise r.fail(
-            r.child("load"),
-            "load",
-            "`python:` modules or `sources:` files that register the op",
-            "neither",
-            "List the module that defines the op or its C++ sources.",
-        )
+    load = read_load_section(r, path)
     checks = r.get("checks", list_of(one_of(CATALOG.names)), None)
     differentiable = r.get("differentiable", read_bool, True)
     double_backward = r.get("double_backward", read_bool, False)
@@ -110,6 +117,7 @@ def load_spec(path: Path | str) -> OpSpec:
     vmap = r.get("vmap", read_bool, False)
     error_inputs = read_error_inputs(r, inputs) if r.has("error_inputs") else ()
     large_index = read_large_index(r, inputs, dtypes) if r.has("large_index") else None
+    grid_size = read_grid_size(r, inputs) if r.has("grid_size") else None
     claims = {
         "differentiable": differentiable,
         "double_backward": double_backward,
@@ -121,6 +129,8 @@ def load_spec(path: Path | str) -> OpSpec:
         checks = CATALOG.default_checks(claims)
     _check_claims(r, checks, claims)
     implementations = r.get("implementations", _implementations, ())
+    layouts = r.get("layouts", list_of(one_of(KNOWN_LAYOUTS)), ("contiguous",))
+    _check_input_layouts(r, inputs, layouts)
     devices = r.get("devices", list_of(one_of(KNOWN_DEVICES)), ("cpu",))
     schema = r.get("schema", read_str)
     lines = tuple((k, r.line(k)) for k in root.value) + tuple(
@@ -132,14 +142,13 @@ def load_spec(path: Path | str) -> OpSpec:
         op=op,
         schema=schema,
         description=r.get("description", read_str, ""),
-        python_modules=python_modules,
-        sources=sources,
+        load=load,
         implementations=implementations,
         reference=r.get("reference", read_callable),
         inputs=inputs,
         dtypes=dtypes,
         devices=devices,
-        layouts=r.get("layouts", list_of(one_of(KNOWN_LAYOUTS)), ("contiguous",)),
+        layouts=layouts,
         tolerances=r.get("tolerances", read_tolerances, ()),
         grad_tolerances=r.get("grad_tolerances", read_tolerances, ()),
         checks=checks,
@@ -150,10 +159,30 @@ def load_spec(path: Path | str) -> OpSpec:
         vmap=vmap,
         error_inputs=error_inputs,
         large_index=large_index,
+        grid_size=grid_size,
+        special_values=r.get("special_values", list_of(one_of(SPECIAL_VALUES)), SPECIAL_VALUES),
+        cuda_graphs=r.get("cuda_graphs", read_bool, True),
         timeout=r.get("timeout", read_seconds),
         bench=read_bench_section(r, inputs, schema, bench_modes(differentiable, inputs), dtypes, devices),
         lines=lines,
     )
+
+
+def _check_input_layouts(r: Reader, inputs: tuple[Input, ...], layouts: tuple[str, ...]) -> None:
+    """An input's own `layouts` pick from the spec's: the cases' layouts come from the spec."""
+    for entry in inputs:
+        if not isinstance(entry, TensorInput) or entry.layouts is None:
+            continue
+        for index, layout in enumerate(entry.layouts):
+            if layout not in layouts:
+                node = r.child("inputs").value[entry.name].value["layouts"].value[index]
+                raise r.fail(
+                    node,
+                    f"inputs.{entry.name}.layouts[{index}]",
+                    f"one of the spec's layouts ({', '.join(layouts)})",
+                    repr(layout),
+                    f"Add {layout} to the spec's `layouts:` or drop it here.",
+                )
 
 
 def _check_claims(r: Reader, checks: tuple[str, ...], claims: dict[str, bool]) -> None:
@@ -180,41 +209,6 @@ def _implementations(r: Reader, key: str, node: Node) -> tuple[tuple[str, str], 
             "Write e.g. `prototype: my_pkg.ops:my_op_prototype`.",
         )
     return tuple((name, read_callable(r, f"{key}.{name}", child)) for name, child in node.value.items())
-
-
-def _sources(load: Reader, spec_path: Path) -> tuple[Path, ...]:
-    node = load.child("sources")
-    if not isinstance(node.value, list):
-        raise load.fail(
-            node,
-            "load.sources",
-            "a list of C++/CUDA files",
-            describe(node.value),
-            "List the files relative to the spec.",
-        )
-    return tuple(_source_path(load, spec_path, i, item) for i, item in enumerate(node.value))
-
-
-def _source_path(load: Reader, spec_path: Path, index: int, item: Node) -> Path:
-    rel = read_str(load, f"load.sources[{index}]", item)
-    source = (spec_path.parent / rel).resolve()
-    if source.suffix not in (".cpp", ".cc", ".cu"):
-        raise load.fail(
-            item,
-            f"load.sources[{index}]",
-            "a .cpp, .cc or .cu file",
-            repr(rel),
-            "List translation units only; headers are found next to them.",
-        )
-    if not source.is_file():
-        raise load.fail(
-            item,
-            f"load.sources[{index}]",
-            "an existing file (relative to the spec)",
-            f"{source} is missing",
-            "Fix the path; it is resolved against the spec's directory.",
-        )
-    return source
 
 
 # ------------------------------------------------------------------------------------------------ finding specs

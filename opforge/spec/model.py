@@ -19,8 +19,23 @@ OTHER_DTYPES = ("complex64", "complex128", "int8", "int16", "int32", "int64", "u
 KNOWN_DTYPES = FLOATING_DTYPES + OTHER_DTYPES
 KNOWN_DEVICES = ("cpu", "cuda")
 KNOWN_LAYOUTS = ("contiguous", "noncontiguous", "channels_last")
+# What special_values writes into floating inputs, by the names a spec's `special_values:` picks them with.
+SPECIAL_VALUES = (
+    "nan",
+    "inf",
+    "-inf",
+    "negative_zero",
+    "zero",
+    "subnormal",
+    "negative_subnormal",
+    "max",
+    "-max",
+    "smallest_normal",
+)
 # int32 indexing breaks past this many elements: a large_index shape must exceed it.
 INT32_INDEX_LIMIT = 2**31
+# A grid capped at 65,535 blocks of 256 threads covers 2^24 - 256 elements: a grid_size shape must exceed 2^24.
+GRID_SIZE_ELEMENTS_MIN = 2**24
 
 
 @dataclass(frozen=True)
@@ -52,8 +67,25 @@ class TensorInput:
     avoid: Avoid | None = None
     # A fixed dtype (an index tensor, a mask) instead of the dtype under test.
     dtype: str | None = None
+    # The layouts this input takes (the cases' other layouts leave it contiguous); None: the spec's `layouts`.
+    layouts: tuple[str, ...] | None = None
+    # `module:function` that makes the values (valid boxes, sorted indices...) instead of uniform sampling.
+    generator: str | None = None
+    # Whether special_values writes into it, or which of them (SPECIAL_VALUES names); None: the spec's choice,
+    # unless a generator makes it (structured values).
+    special_values: bool | tuple[str, ...] | None = None
 
     is_tensor = True
+
+    @property
+    def takes_special_values(self) -> bool:
+        if self.special_values is None:
+            return self.generator is None
+        return bool(self.special_values)
+
+    def special_value_names(self, spec_choice: tuple[str, ...]) -> tuple[str, ...]:
+        """The special values written into this input: its own list, else the spec's."""
+        return self.special_values if isinstance(self.special_values, tuple) else spec_choice
 
 
 @dataclass(frozen=True)
@@ -104,6 +136,14 @@ class LargeIndex:
 
 
 @dataclass(frozen=True)
+class GridSize:
+    """The shapes of the grid_size check's case, past 2^24 elements, for an op that is not elementwise (an elementwise
+    op gets one 1-D shape for every input by default)."""
+
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
 class XFail:
     """A known failure. Strict (the default): a case that passes anyway is XPASS and fails the run, so stale
     entries get noticed. Non-strict: for failures that depend on the sampled values, a pass is just a pass."""
@@ -149,12 +189,28 @@ class BenchSpec:
 
 
 @dataclass(frozen=True)
+class Load:
+    """How the op gets registered: Python modules to import, C++/CUDA sources to build, and what building needs."""
+
+    python_modules: tuple[str, ...] = ()
+    sources: tuple[Path, ...] = ()
+    # Extra header directories, libraries to link (a name for -l<name>, or a library file) and compiler flags: an op
+    # wrapping an external C/C++ library.
+    include_dirs: tuple[Path, ...] = ()
+    libraries: tuple[str, ...] = ()
+    extra_cflags: tuple[str, ...] = ()
+    # Directories (relative to the spec) put first on the import path: the root of a package the spec checks.
+    path: tuple[Path, ...] = ()
+    # The extension module the sources build, as a package imports it (`mypkg._C`); None: a plain op library.
+    module: str | None = None
+
+
+@dataclass(frozen=True)
 class OpSpec:
     path: Path
     op: str
     schema: str
-    python_modules: tuple[str, ...]
-    sources: tuple[Path, ...]
+    load: Load
     implementations: tuple[tuple[str, str], ...]
     reference: str
     inputs: tuple[Input, ...]
@@ -174,6 +230,13 @@ class OpSpec:
     vmap: bool = False
     error_inputs: tuple[ErrorInput, ...] = ()
     large_index: LargeIndex | None = None
+    # The grid_size check's shapes (None: automatic for an elementwise op).
+    grid_size: GridSize | None = None
+    # Which special values special_values writes (SPECIAL_VALUES names); all of them by default.
+    special_values: tuple[str, ...] = SPECIAL_VALUES
+    # False for an op that synchronizes with the host (it cannot be captured in a CUDA graph): stream then checks
+    # the side-stream order and skips the capture, saying why.
+    cuda_graphs: bool = True
     # Seconds one check on one case may take before it is killed and reported TIMEOUT; None: the run's default.
     timeout: float | None = None
     # What `opforge bench` times; None when the spec has no `bench:` section.
@@ -183,7 +246,21 @@ class OpSpec:
 
     @property
     def name(self) -> str:
+        """The op's name with its overload (`leaky_swish.out`): what result ids and reports call it."""
         return self.op.split("::", 1)[1]
+
+    @property
+    def overload(self) -> str:
+        """The overload the spec checks: `default` unless the op names one (`ns::name.out`)."""
+        return self.name.split(".", 1)[1] if "." in self.name else "default"
+
+    @property
+    def python_modules(self) -> tuple[str, ...]:
+        return self.load.python_modules
+
+    @property
+    def sources(self) -> tuple[Path, ...]:
+        return self.load.sources
 
     @property
     def directory(self) -> Path:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import SPECS, describe, requires_cuda, run_spec
+
 from opforge.compare import worst_mismatch
-from opforge.ops.custom_loss import custom_loss, reference
+from opforge.ops.custom_loss import _backward, _grads, custom_loss, reference
 from opforge.results import describe_mismatch
 from opforge.spec.model import Tolerance
 
@@ -58,3 +58,60 @@ def test_spec_passes_every_check():
     report = run_spec(SPECS / "custom_loss.yaml")
     failed = [r for r in report.results if r.status.failed]
     assert not failed, describe(failed)
+
+
+# ------------------------------------------------------------------- the one-pass backward (custom_loss_grads)
+
+
+def _reference_grads(grad, pred, target):
+    """dL/dpred and dL/dtarget in the broadcast shape, through autograd of the float64 reference."""
+    p = pred.detach().double().cpu().expand(grad.shape).clone().requires_grad_()
+    t = target.detach().double().cpu().expand(grad.shape).clone().requires_grad_()
+    return torch.autograd.grad(reference(p, t), (p, t), grad.double().cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pred_shape, target_shape", PAIRS, ids=str)
+@pytest.mark.parametrize("dtype, atol, rtol", DTYPES, ids=[str(d[0]) for d in DTYPES])
+def test_grads_op_returns_both_gradients_from_one_call(dtype, atol, rtol, pred_shape, target_shape, device):
+    pred = torch.randn(pred_shape, device=device).to(dtype)
+    target = torch.randn(target_shape, device=device).to(dtype)
+    grad = torch.randn(torch.broadcast_shapes(pred_shape, target_shape), device=device).to(dtype)
+    grad_pred, grad_target = _grads(grad, pred, target)
+    expected_pred, expected_target = _reference_grads(grad, pred, target)
+    assert grad_pred.dtype == grad_target.dtype == dtype and grad_pred.shape == grad_target.shape == grad.shape
+    torch.testing.assert_close(grad_pred.cpu(), expected_pred.to(dtype), atol=atol, rtol=rtol)
+    torch.testing.assert_close(grad_target.cpu(), expected_target.to(dtype), atol=atol, rtol=rtol)
+    # The same formula as the one-output backward, negated exactly for the target.
+    torch.testing.assert_close(grad_pred, _backward(grad, pred, target), atol=0, rtol=0)
+    torch.testing.assert_close(grad_target, -grad_pred, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("pred_shape, target_shape", PAIRS, ids=str)
+@pytest.mark.parametrize("wanted", ["both", "pred", "target"])
+@pytest.mark.parametrize("dtype, atol, rtol", DTYPES, ids=[str(d[0]) for d in DTYPES])
+def test_autograd_gives_each_wanted_gradient_in_its_input_shape(dtype, atol, rtol, wanted, pred_shape, target_shape):
+    pred = torch.randn(pred_shape).to(dtype).requires_grad_(wanted in ("both", "pred"))
+    target = torch.randn(target_shape).to(dtype).requires_grad_(wanted in ("both", "target"))
+    out = custom_loss(pred, target)
+    grad = torch.randn(out.shape).to(dtype)
+    inputs = [t for t in (pred, target) if t.requires_grad]
+    got = torch.autograd.grad(out, inputs, grad)
+    p64 = pred.detach().double().requires_grad_(pred.requires_grad)
+    t64 = target.detach().double().requires_grad_(target.requires_grad)
+    expected = torch.autograd.grad(reference(p64, t64), [t for t in (p64, t64) if t.requires_grad], grad.double())
+    # A broadcast input's gradient is a sum over the broadcast rows: the dtype's rounding of that sum, not of each
+    # term, is what the tolerance allows (the float32 accumulation for float16/bfloat16 keeps it so).
+    rows = max(out.numel() // max(t.numel(), 1) for t in (pred, target))
+    for g, e, t in zip(got, expected, inputs):
+        assert g.shape == t.shape and g.dtype == dtype
+        torch.testing.assert_close(g, e.to(dtype), atol=atol * rows, rtol=rtol)
+
+
+def test_grads_op_rejects_a_grad_of_another_shape():
+    with pytest.raises(RuntimeError, match=r"opforge::custom_loss_grads: grad must have the broadcast shape \[3, 7\]"):
+        _grads(torch.ones(7), torch.ones(3, 7), torch.ones(7))
+
+
+def test_grads_op_has_a_fake_for_torch_compile():
+    torch.library.opcheck(_grads, (torch.randn(33, 65), torch.randn(33, 65), torch.randn(65)))

@@ -1,6 +1,8 @@
-// CUDA kernels of opforge::custom_loss and its backward (schemas are defined in ../custom_loss.cpp).
+// CUDA kernels of opforge::custom_loss and its backward ops (schemas are defined in ../custom_loss.cpp).
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
+
+#include <tuple>
 
 #include "custom_loss.h"
 #include "elementwise.cuh"
@@ -31,6 +33,15 @@ struct Backward {
   }
 };
 
+// (dL/dpred, dL/dtarget) = (g * slope, -g * slope), from one read of the inputs.
+template <typename acc_t>
+struct Grads {
+  __device__ __forceinline__ Two<acc_t> operator()(acc_t g, acc_t p, acc_t t) const {
+    const acc_t grad_d = Backward<acc_t>{}(g, p, t);
+    return {grad_d, -grad_d};
+  }
+};
+
 at::Tensor custom_loss(const at::Tensor& pred, const at::Tensor& target) {
   check_pair(pred, target, "opforge::custom_loss");
   at::Tensor out = broadcast_output(pred, target);
@@ -47,7 +58,7 @@ at::Tensor custom_loss(const at::Tensor& pred, const at::Tensor& target) {
 at::Tensor custom_loss_backward(const at::Tensor& grad, const at::Tensor& pred, const at::Tensor& target) {
   check_pair(pred, target, "opforge::custom_loss_backward");
   at::Tensor out = broadcast_output(pred, target);
-  check_backward_grad(grad, out);
+  check_backward_grad(grad, out, "opforge::custom_loss_backward");
   const at::Tensor g = with_layout_of(grad, out);
   const at::Tensor p = with_layout_of(pred, out);
   const at::Tensor t = with_layout_of(target, out);
@@ -60,11 +71,31 @@ at::Tensor custom_loss_backward(const at::Tensor& grad, const at::Tensor& pred, 
   return out;
 }
 
+std::tuple<at::Tensor, at::Tensor> custom_loss_grads(const at::Tensor& grad, const at::Tensor& pred,
+                                                     const at::Tensor& target) {
+  constexpr const char* op = "opforge::custom_loss_grads";
+  check_pair(pred, target, op);
+  at::Tensor grad_pred = broadcast_output(pred, target);
+  check_backward_grad(grad, grad_pred, op);
+  at::Tensor grad_target = at::empty_like(grad_pred);
+  const at::Tensor g = with_layout_of(grad, grad_pred);
+  const at::Tensor p = with_layout_of(pred, grad_pred);
+  const at::Tensor t = with_layout_of(target, grad_pred);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), op, [&] {
+    using acc_t = opmath_t<scalar_t>;
+    launch_elementwise2<scalar_t>(pred.device(), grad_pred.data_ptr<scalar_t>(), grad_target.data_ptr<scalar_t>(),
+                                  grad_pred.numel(), Grads<acc_t>{}, g.const_data_ptr<scalar_t>(),
+                                  p.const_data_ptr<scalar_t>(), t.const_data_ptr<scalar_t>());
+  });
+  return {grad_pred, grad_target};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
   m.impl("custom_loss", &custom_loss);
   m.impl("custom_loss_backward", &custom_loss_backward);
+  m.impl("custom_loss_grads", &custom_loss_grads);
 }
 
 }  // namespace opforge::cuda

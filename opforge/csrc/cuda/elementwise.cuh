@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 namespace opforge::cuda {
@@ -177,6 +178,40 @@ inline bool aligned(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % kVectorBytes == 0;
 }
 
+template <int N>
+using IntC = std::integral_constant<int, N>;
+
+// Picks the kernel shape for `n` elements of `kInputs` inputs, as tuned above, and calls
+// `launch(kVec, kUnroll, kThreads, kStreamLoads, grid, stream)` (the first four as std::integral_constant) with
+// `device` current; `aligned_all` says whether every buffer is 16-byte aligned.
+template <typename scalar_t, int kInputs, typename Launch>
+void launch_shaped(const c10::Device& device, int64_t n, bool aligned_all, const Launch& launch) {
+  const c10::cuda::CUDAGuard guard(device);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(device.index());
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  constexpr int kVec = kVectorBytes / sizeof(scalar_t);
+  constexpr int kThreads = kShapeFor<kInputs>.threads;
+  constexpr int kUnroll = kShapeFor<kInputs>.unroll;
+  constexpr int kSmallThreads = OPFORGE_CUDA_THREADS_SMALL > 0 ? OPFORGE_CUDA_THREADS_SMALL : kThreads;
+  const int64_t resident = static_cast<int64_t>(sms) * kBlocksPerSm;
+  const auto grid = [&](int64_t per_block) {
+    const int64_t tiles = (n + per_block - 1) / per_block;
+    return static_cast<int>(std::min<int64_t>(kGridStride ? std::min(tiles, resident) : tiles, INT32_MAX));
+  };
+  if (!aligned_all) {
+    launch(IntC<1>{}, IntC<1>{}, IntC<kThreads>{}, std::false_type{}, grid(kThreads), stream);
+  } else if ((n + kThreads * kVec * kUnroll - 1) / (kThreads * kVec * kUnroll) >= resident) {
+    launch(IntC<kVec>{}, IntC<kUnroll>{}, IntC<kThreads>{}, std::bool_constant<kStreamingLoads>{},
+           grid(int64_t{kThreads} * kVec * kUnroll), stream);
+  } else {
+    // Too small to fill the GPU with `unroll` vectors per thread: the small-tensor shape, more blocks.
+    constexpr int kSmallUnroll = OPFORGE_CUDA_UNROLL_SMALL;
+    launch(IntC<kVec>{}, IntC<kSmallUnroll>{}, IntC<kSmallThreads>{}, std::bool_constant<kStreamingLoadsSmall>{},
+           grid(int64_t{kSmallThreads} * kVec * kSmallUnroll), stream);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // Launch `fn` over `n` elements of dense buffers that share one layout, on the current stream of `device`.
 template <typename scalar_t, typename Fn, typename... In>
 void launch_elementwise(const c10::Device& device, scalar_t* out, int64_t n, const Fn& fn, const In*... in) {
@@ -184,31 +219,91 @@ void launch_elementwise(const c10::Device& device, scalar_t* out, int64_t n, con
   if (n == 0) {
     return;
   }
-  const c10::cuda::CUDAGuard guard(device);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(device.index());
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  constexpr int kVec = kVectorBytes / sizeof(scalar_t);
-  constexpr int kThreads = kShapeFor<sizeof...(In)>.threads;
-  constexpr int kUnroll = kShapeFor<sizeof...(In)>.unroll;
-  constexpr int kSmallThreads = OPFORGE_CUDA_THREADS_SMALL > 0 ? OPFORGE_CUDA_THREADS_SMALL : kThreads;
-  const int64_t resident = static_cast<int64_t>(sms) * kBlocksPerSm;
-  const auto grid = [&](int64_t per_block) {
-    const int64_t tiles = (n + per_block - 1) / per_block;
-    return static_cast<int>(std::min<int64_t>(kGridStride ? std::min(tiles, resident) : tiles, INT32_MAX));
-  };
-  if (!(aligned(out) && (aligned(in) && ...))) {
-    elementwise_kernel<scalar_t, 1, 1, kThreads, false>
-        <<<grid(kThreads), kThreads, 0, stream>>>(n, fn, out, in...);
-  } else if ((n + kThreads * kVec * kUnroll - 1) / (kThreads * kVec * kUnroll) >= resident) {
-    elementwise_kernel<scalar_t, kVec, kUnroll, kThreads, kStreamingLoads>
-        <<<grid(int64_t{kThreads} * kVec * kUnroll), kThreads, 0, stream>>>(n, fn, out, in...);
-  } else {
-    // Too small to fill the GPU with `unroll` vectors per thread: the small-tensor shape, more blocks.
-    constexpr int kSmallUnroll = OPFORGE_CUDA_UNROLL_SMALL;
-    elementwise_kernel<scalar_t, kVec, kSmallUnroll, kSmallThreads, kStreamingLoadsSmall>
-        <<<grid(int64_t{kSmallThreads} * kVec * kSmallUnroll), kSmallThreads, 0, stream>>>(n, fn, out, in...);
+  launch_shaped<scalar_t, sizeof...(In)>(
+      device, n, aligned(out) && (aligned(in) && ...),
+      [&](auto vec, auto unroll, auto threads, auto stream_loads, int grid, cudaStream_t stream) {
+        elementwise_kernel<scalar_t, decltype(vec)::value, decltype(unroll)::value, decltype(threads)::value,
+                           decltype(stream_loads)::value><<<grid, decltype(threads)::value, 0, stream>>>(n, fn, out,
+                                                                                                        in...);
+      });
+}
+
+// Two results of one elementwise function, e.g. the gradients of both inputs of a backward.
+template <typename T>
+struct Two {
+  T first;
+  T second;
+};
+
+template <typename scalar_t, int kVec, typename Fn, size_t... I>
+__device__ __forceinline__ void apply_pack2(Pack<scalar_t, kVec>& out0, Pack<scalar_t, kVec>& out1, const Fn& fn,
+                                            const Pack<scalar_t, kVec> (&in)[sizeof...(I)],
+                                            std::index_sequence<I...>) {
+  using acc_t = opmath_t<scalar_t>;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const Two<acc_t> r = fn(static_cast<acc_t>(in[I].v[j])...);
+    out0.v[j] = static_cast<scalar_t>(r.first);
+    out1.v[j] = static_cast<scalar_t>(r.second);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// (out0[i], out1[i]) = fn(in...[i]): elementwise_kernel for a function with two results (a Two), both stored from
+// the one load of the inputs.
+template <typename scalar_t, int kVec, int kU, int kThreads, bool kStreamLoads, typename Fn, typename... In>
+__global__ void __launch_bounds__(kThreads) elementwise_kernel2(int64_t n, Fn fn, scalar_t* __restrict__ out0,
+                                                               scalar_t* __restrict__ out1,
+                                                               const In* __restrict__... in) {
+  using acc_t = opmath_t<scalar_t>;
+  using P = Pack<scalar_t, kVec>;
+  constexpr int kInputs = sizeof...(In);
+  const int64_t per_block = static_cast<int64_t>(kThreads) * kVec * kU;
+  const int64_t step = per_block * gridDim.x;
+  for (int64_t block_start = static_cast<int64_t>(blockIdx.x) * per_block; block_start < n; block_start += step) {
+    if (block_start + per_block <= n) {
+      P loaded[kU][kInputs];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int64_t i = block_start + (static_cast<int64_t>(u) * kThreads + threadIdx.x) * kVec;
+        int k = 0;
+        ((loaded[u][k++] = load_pack<P, kStreamLoads>(in + i)), ...);
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int64_t i = block_start + (static_cast<int64_t>(u) * kThreads + threadIdx.x) * kVec;
+        P result0;
+        P result1;
+        apply_pack2<scalar_t, kVec>(result0, result1, fn, loaded[u], std::index_sequence_for<In...>{});
+        store_pack(out0 + i, result0);
+        store_pack(out1 + i, result1);
+      }
+    } else {
+      for (int64_t i = block_start + threadIdx.x; i < n; i += kThreads) {
+        const Two<acc_t> r = fn(static_cast<acc_t>(in[i])...);
+        out0[i] = static_cast<scalar_t>(r.first);
+        out1[i] = static_cast<scalar_t>(r.second);
+      }
+    }
+  }
+}
+
+// launch_elementwise for a function with two results, written to `out0` and `out1`. The shape follows the inputs'
+// count as for one result (the multi-input shape for custom_loss's 3-input backward); not yet measured separately
+// with two outputs (benchmarks/cuda_bandwidth.py --sweep times the one-output kernels).
+template <typename scalar_t, typename Fn, typename... In>
+void launch_elementwise2(const c10::Device& device, scalar_t* out0, scalar_t* out1, int64_t n, const Fn& fn,
+                         const In*... in) {
+  static_assert((std::is_same_v<In, scalar_t> && ...), "all inputs share the outputs' dtype");
+  if (n == 0) {
+    return;
+  }
+  launch_shaped<scalar_t, sizeof...(In)>(
+      device, n, aligned(out0) && aligned(out1) && (aligned(in) && ...),
+      [&](auto vec, auto unroll, auto threads, auto stream_loads, int grid, cudaStream_t stream) {
+        elementwise_kernel2<scalar_t, decltype(vec)::value, decltype(unroll)::value, decltype(threads)::value,
+                            decltype(stream_loads)::value><<<grid, decltype(threads)::value, 0, stream>>>(
+            n, fn, out0, out1, in...);
+      });
 }
 
 }  // namespace opforge::cuda

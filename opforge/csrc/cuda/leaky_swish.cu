@@ -1,4 +1,5 @@
-// CUDA kernels of opforge::leaky_swish and its backward (schemas are defined in ../leaky_swish.cpp).
+// CUDA kernels of opforge::leaky_swish, its in-place and out= variants and its backward (schemas are defined in
+// ../leaky_swish.cpp).
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
@@ -11,6 +12,7 @@ namespace {
 
 using leaky_swish::check_backward_args;
 using leaky_swish::check_input;
+using leaky_swish::prepare_out;
 
 #ifndef OPFORGE_CUDA_FAST_EXP
 #define OPFORGE_CUDA_FAST_EXP 1
@@ -50,16 +52,39 @@ struct Backward {
   }
 };
 
+// out = leaky_swish(xd) for dense tensors of one layout. `out` may be `xd` itself, the in-place op: each element is
+// read once, by the thread that writes it, before it is written, and no element is read after any write to it, so
+// the kernel's __restrict__ and read-only loads stay exact.
+void forward_into(const at::Tensor& out, const at::Tensor& xd, double alpha) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xd.scalar_type(), "opforge::leaky_swish", [&] {
+    using acc_t = opmath_t<scalar_t>;
+    launch_elementwise<scalar_t>(xd.device(), out.data_ptr<scalar_t>(), out.numel(),
+                                 Forward<acc_t>{static_cast<acc_t>(alpha)}, xd.const_data_ptr<scalar_t>());
+  });
+}
+
 at::Tensor leaky_swish(const at::Tensor& x, double alpha) {
   check_input(x, "opforge::leaky_swish");
   at::Tensor out = elementwise_output_like(x);
-  const at::Tensor xd = with_layout_of(x, out);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "opforge::leaky_swish", [&] {
-    using acc_t = opmath_t<scalar_t>;
-    launch_elementwise<scalar_t>(x.device(), out.data_ptr<scalar_t>(), out.numel(),
-                                 Forward<acc_t>{static_cast<acc_t>(alpha)}, xd.const_data_ptr<scalar_t>());
-  });
+  forward_into(out, with_layout_of(x, out), alpha);
   return out;
+}
+
+at::Tensor& leaky_swish_(at::Tensor& self, double alpha) {
+  check_input(self, "opforge::leaky_swish_", "self");
+  // A strided self's copies run with its device current, as ATen's device_guard makes them for native ops.
+  const c10::cuda::CUDAGuard guard(self.device());
+  return elementwise_into(self, self, [alpha](const at::Tensor& dst, const at::Tensor& src) {
+    forward_into(dst, src, alpha);
+  });
+}
+
+at::Tensor& leaky_swish_out(const at::Tensor& x, double alpha, at::Tensor& out) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  prepare_out(x, out);
+  return elementwise_into(out, x, [alpha](const at::Tensor& dst, const at::Tensor& src) {
+    forward_into(dst, src, alpha);
+  });
 }
 
 at::Tensor leaky_swish_backward(const at::Tensor& grad, const at::Tensor& x, double alpha) {
@@ -80,6 +105,8 @@ at::Tensor leaky_swish_backward(const at::Tensor& grad, const at::Tensor& x, dou
 
 TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
   m.impl("leaky_swish", &leaky_swish);
+  m.impl("leaky_swish_", &leaky_swish_);
+  m.impl("leaky_swish.out", &leaky_swish_out);
   m.impl("leaky_swish_backward", &leaky_swish_backward);
 }
 

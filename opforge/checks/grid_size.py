@@ -1,0 +1,107 @@
+"""grid_size (CUDA, on by default): one case past 2^24 elements, compared in full with the reference.
+
+A kernel that caps its grid at 65,535 blocks (the y/z grid limit, or an old x limit) without a grid-stride loop, or
+computes its block count in 16 bits, leaves every element past 65,535 x its block size unwritten: right at every
+shape of the spec, wrong on a large tensor. large_index catches it past 2^31 elements, opt-in and at a cost of GBs;
+this case is 2^25 + 4099 elements (covering 65,535 blocks of 256 or 512 threads, or of 256 threads with two
+elements each), in the op's narrowest claimed floating dtype, so every CUDA run has it.
+
+An elementwise op (tensor inputs that share a shape in one of the spec's pairings) gets the 1-D shape for each
+input; any other op names its shapes in the spec (`grid_size: {shapes: {x: [70000, 256], weight: [256]}}`: rows past
+65,535 for a kernel with a block per row), else the check skips, saying so. The output is the op's own allocation:
+before the call a NaN-filled block of its size goes back to the allocator, so an element the kernel never writes
+shows as NaN, not as a stale right value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from opforge.cases import Case
+from opforge.checks.base import Check, CheckContext, Outcomes
+from opforge.checks.calls import (
+    against_reference,
+    call_reference,
+    compare_with_reference,
+    inputs_for,
+    mutated_values,
+    output_baseline,
+    outputs_of,
+)
+from opforge.loading import LoadedOp, Target
+from opforge.outcomes import CheckFailure, CheckSkipped
+from opforge.spec.model import OpSpec
+
+# 2^25 + 4099: past 65,535 blocks x 512 threads (33,553,920), and no multiple of a vector width. A float16 input is
+# 64 MiB on the GPU and its float64 reference copy 256 MiB on the host.
+ELEMENTS = 2**25 + 4099
+# The dtypes tried, narrowest first: the case is about indexing, not precision, and fewer bytes cost less. Floating
+# only: the unwritten elements are found by the NaN they keep.
+NARROWEST_FIRST = ("float16", "bfloat16", "float32", "float64")
+
+
+def grid_shapes(spec: OpSpec) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
+    """The spec's grid_size shapes, else one 1-D shape for every tensor input of an elementwise op, else None."""
+    if spec.grid_size is not None:
+        return spec.grid_size.shapes
+    tensors = spec.tensor_inputs()
+    elementwise = any(len({t.shapes[i] for t in tensors}) == 1 for i in range(spec.shape_count))
+    return tuple((t.name, (ELEMENTS,)) for t in tensors) if tensors and elementwise else None
+
+
+def grid_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+    """One CUDA case, first argument values, in the narrowest claimed floating dtype."""
+    base = next((c for c in cases if c.values_index == 0 and c.layout == "contiguous"), None)
+    dtype = next((d for d in NARROWEST_FIRST if d in loaded.spec.dtypes), None)
+    if base is None or dtype is None:
+        return []
+    shapes = grid_shapes(loaded.spec) or ()
+    return [replace(base, dtype=dtype, shapes=shapes, shape_index=-1, label="grid")]
+
+
+def grid_size(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+    import torch
+
+    loaded = ctx.loaded
+    if not case.shapes:
+        raise CheckSkipped(
+            "the op is not elementwise (its tensor inputs never share a shape): give the shapes of a case past 2^24 "
+            "elements under `grid_size: {shapes: ...}` in the spec"
+        )
+    inputs = inputs_for(loaded, case, ctx.base_seed)
+    largest = max(math.prod(shape) for _, shape in case.shapes)
+    _poison_free_memory(largest, getattr(torch, case.dtype), case.device)
+    baseline = output_baseline(loaded, inputs, case.dtype)
+    got = outputs_of(loaded, target, inputs)
+    compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))
+    try:
+        compare_with_reference(loaded, case.dtype, case.device, compared, baseline, label=f" ({largest} elements)")
+    except CheckFailure as failure:
+        raise CheckFailure(
+            f"{failure.message} Wrong only on a tensor this large: a grid capped at 65,535 blocks (or a block "
+            "count computed in 16 or 32 bits) leaves the elements past it unwritten. Size the grid from the element "
+            "count in int64, or loop over the elements with a grid-stride loop.",
+            failure.mismatch,
+        ) from None
+    return {"grid_size": None}
+
+
+def _poison_free_memory(elements: int, dtype, device: str) -> None:
+    """Hand the allocator a NaN-filled block of the output's likely size, so that what the op's output does not
+    write reads NaN: a block that last held a right result (another implementation's, same inputs) would hide it."""
+    import torch
+
+    poison = torch.full((elements,), float("nan"), dtype=dtype, device=device)
+    del poison
+
+
+CHECKS = (
+    Check(
+        "grid_size",
+        "a tensor past 2^24 elements: a grid capped at 65,535 blocks leaves the rest unwritten",
+        grid_cases,
+        grid_size,
+        devices=("cuda",),
+    ),
+)

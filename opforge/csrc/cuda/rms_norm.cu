@@ -1,0 +1,784 @@
+// CUDA kernels of opforge::rms_norm and its backward ops (schemas and the math are in ../rms_norm.cpp).
+//
+// A row is split into units: 16-byte vectors of kVec elements (one element in the scalar fallback, taken when a
+// pointer is not 16-byte aligned or the hidden size is no multiple of kVec). A group of threads owns one row at a
+// time and keeps it in registers: thread t of the group owns units t, t + group size, ... (kN of them), so each of a
+// warp's loads is contiguous. The row's sums are reduced by warp shuffles, then across the group's warps through
+// shared memory. Every value crosses DRAM once: the forward reads x and weight and writes y; the backward reads grad,
+// x and weight and writes grad_x, recomputing each row's 1 / rms from the x it holds anyway. The weight, which
+// every row reads, comes from L1/L2 (forward) or from a copy in shared memory (backward).
+//
+// The weight gradient sums grad * x * r over all rows, without atomics: the backward runs a capped grid of blocks
+// that loop over the rows (block b takes row steps b, b + grid, ...); each thread adds its columns' terms in
+// registers, the block's row groups are added in a fixed order, and each block writes one row of float partial sums.
+// A second kernel adds the partial rows of each column in a fixed order, in double. Same inputs, same grid, same
+// bits. The grid is what fits on the GPU at once (a few blocks per SM), so the partial rows cost grid x hidden
+// floats (doubles for float32, see sum_t): 4 MiB for hidden 4096 on 132 SMs x 2 blocks, against the 96 MiB a
+// 4096 x 4096 bfloat16 backward moves.
+//
+// Rows longer than the register-resident shapes hold (bfloat16: 65536 forward, 16384 backward) go through loop
+// kernels that read the row twice (the second read mostly from L2) and keep the weight gradient's partial sums in
+// their global row.
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <array>
+#include <atomic>
+
+#include "elementwise.cuh"
+#include "rms_norm.h"
+
+// Streaming (evict-first) loads of x and grad, each read exactly once. Off by default, as for the elementwise
+// kernels, where plain loads were faster past 2^24 elements on an H200 (elementwise.cuh); the weight always uses
+// the default caching, since every row reads it.
+#ifndef OPFORGE_RMS_STREAMING_LOADS
+#define OPFORGE_RMS_STREAMING_LOADS 0
+#endif
+// Cap on the backward's resident blocks per SM (0: as many as the occupancy calculator says fit). Fewer blocks mean
+// fewer rows of partial sums for the weight gradient, and less parallelism to hide DRAM latency.
+#ifndef OPFORGE_RMS_BWD_BLOCKS_PER_SM
+#define OPFORGE_RMS_BWD_BLOCKS_PER_SM 0
+#endif
+
+namespace opforge::cuda {
+namespace {
+
+using rms_norm::check_backward_args;
+using rms_norm::check_input;
+using rms_norm::contiguous_like;
+using rms_norm::Rows;
+using rms_norm::rows_of;
+
+constexpr bool kStreamRows = OPFORGE_RMS_STREAMING_LOADS;
+constexpr int kWarp = 32;
+
+// The backward's row sums, 1 / rms and weight gradient: float for float16/bfloat16, double for float32 and float64.
+// A float32 weight gradient sums a term per row over all rows; in float its error grows with the rows and with the
+// rounding of each row's 1 / rms (on the CPU, 4096 x 4096 came out up to 9e-5 off the float64 result, outside
+// float32's tolerance; see ../rms_norm.cpp). In double the per-element cost is three conversions and five double
+// operations, far below what an H200 SM does per element at full bandwidth (16 conversions and 64 double FMAs per
+// clock, against about 1.5 float32 backward elements per clock); grad_x stays in float.
+// OPFORGE_RMS_FLOAT32_BACKWARD_SUMS_IN_DOUBLE=0 puts them back in float (ptxas, sm_90: 124 registers instead of 72
+// for the float32 4096-wide shape, 2 resident blocks of 256 threads per SM instead of 3).
+#ifndef OPFORGE_RMS_FLOAT32_BACKWARD_SUMS_IN_DOUBLE
+#define OPFORGE_RMS_FLOAT32_BACKWARD_SUMS_IN_DOUBLE 1
+#endif
+template <typename T>
+using sum_t = std::conditional_t<std::is_same_v<T, float> && OPFORGE_RMS_FLOAT32_BACKWARD_SUMS_IN_DOUBLE, double,
+                                 opmath_t<T>>;
+
+// How a block covers rows: kGroups groups of kGroupWarps warps, each group one row at a time, each thread kN units
+// of kVec elements of it. kUnits is the longest row (in units) the shape holds.
+template <int kVec_, int kN_, int kGroupWarps_, int kGroups_>
+struct RowShape {
+  static constexpr int kVec = kVec_;
+  static constexpr int kN = kN_;
+  static constexpr int kGroupWarps = kGroupWarps_;
+  static constexpr int kGroupThreads = kWarp * kGroupWarps_;
+  static constexpr int kGroups = kGroups_;
+  static constexpr int kThreads = kGroupThreads * kGroups_;
+  static constexpr int kUnits = kGroupThreads * kN_;
+};
+
+template <typename acc_t>
+__device__ __forceinline__ acc_t warp_sum(acc_t v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  }
+  return v;
+}
+
+// Sums each of v[] over the row group; every thread of the group gets the sums, with the same bits (the xor
+// butterfly adds the same two values on both lanes of a pair, and zeros for absent warps change nothing). With more
+// than one warp per group this synchronizes the block and uses `scratch` (kGroups * kGroupWarps * kValues values):
+// callers in a loop alternate between two buffers, so a fast group cannot overwrite what a slow one still reads.
+template <class S, int kValues, typename acc_t>
+__device__ __forceinline__ void group_sum(acc_t (&v)[kValues], acc_t* scratch) {
+#pragma unroll
+  for (int k = 0; k < kValues; ++k) {
+    v[k] = warp_sum(v[k]);
+  }
+  if constexpr (S::kGroupWarps > 1) {
+    const int warp = threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    const int first_warp = (threadIdx.x / S::kGroupThreads) * S::kGroupWarps;
+    if (lane == 0) {
+#pragma unroll
+      for (int k = 0; k < kValues; ++k) {
+        scratch[warp * kValues + k] = v[k];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kValues; ++k) {
+      v[k] = warp_sum(lane < S::kGroupWarps ? scratch[(first_warp + lane) * kValues + k] : acc_t(0));
+    }
+  }
+}
+
+__device__ __forceinline__ float inverse_rms(float sum_xx, int64_t n, float eps) {
+  return 1.0f / sqrtf(sum_xx / static_cast<float>(n) + eps);
+}
+
+__device__ __forceinline__ double inverse_rms(double sum_xx, int64_t n, double eps) {
+  return 1.0 / sqrt(sum_xx / static_cast<double>(n) + eps);
+}
+
+// ------------------------------------------------------------------------------------------------------ units
+
+// A unit of kVec elements as the kernels hold it: a 16-byte vector as four 32-bit words (uint4), or one element in
+// the scalar fallback. Held as words, not as an array of 2-byte elements: the compiler split a Pack<BFloat16, 8>
+// into one register per element (the backward's bfloat16 grad and x took 64 registers instead of 32 per thread,
+// 146 in all, so half as many blocks fitted); from words each element is a shift or a mask away when it is used.
+template <typename T, int kVec>
+struct Unit {
+  static constexpr bool kVector = kVec * sizeof(T) == kVectorBytes;
+  static_assert(kVector || kVec == 1, "a 16-byte vector or a single element");
+  using Raw = std::conditional_t<kVector, uint4, T>;
+  using acc_t = opmath_t<T>;
+
+  template <bool kStreaming>
+  static __device__ __forceinline__ Raw load(const T* p) {
+    if constexpr (kVector) {
+      return kStreaming ? __ldcs(reinterpret_cast<const uint4*>(p)) : *reinterpret_cast<const uint4*>(p);
+    } else {
+      return *p;
+    }
+  }
+
+  static __device__ __forceinline__ Raw zero() {
+    if constexpr (kVector) {
+      return make_uint4(0, 0, 0, 0);
+    } else {
+      return T(0);
+    }
+  }
+
+  static __device__ __forceinline__ uint32_t word(const uint4& r, int k) {
+    return k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w;
+  }
+
+  // Element j (a constant once the caller's loop is unrolled) in the accumulation type.
+  static __device__ __forceinline__ acc_t get(const Raw& r, int j) {
+    if constexpr (!kVector) {
+      return static_cast<acc_t>(r);
+    } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      const uint32_t w = word(r, j / 2);
+      return __uint_as_float(j % 2 == 0 ? w << 16 : w & 0xffff0000u);
+    } else if constexpr (std::is_same_v<T, c10::Half>) {
+      const uint32_t w = word(r, j / 2);
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(j % 2 == 0 ? w & 0xffffu : w >> 16)));
+    } else if constexpr (std::is_same_v<T, float>) {
+      return __uint_as_float(word(r, j));
+    } else {
+      return __hiloint2double(static_cast<int>(word(r, 2 * j + 1)), static_cast<int>(word(r, 2 * j)));
+    }
+  }
+
+  // Stores v[0..kVec) rounded to T (round to nearest even, NaN stays NaN).
+  static __device__ __forceinline__ void store(T* p, const acc_t (&v)[kVec]) {
+    if constexpr (!kVector) {
+      *p = static_cast<T>(v[0]);
+    } else {
+      uint32_t w[4];
+      if constexpr (sizeof(T) == 2) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          w[k] = bits(v[2 * k]) | (bits(v[2 * k + 1]) << 16);
+        }
+      } else if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          w[k] = __float_as_uint(v[k]);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          w[2 * k] = static_cast<uint32_t>(__double2loint(v[k]));
+          w[2 * k + 1] = static_cast<uint32_t>(__double2hiint(v[k]));
+        }
+      }
+      const uint4 raw = make_uint4(w[0], w[1], w[2], w[3]);
+      if (kStreamingStores) {
+        __stcs(reinterpret_cast<uint4*>(p), raw);
+      } else {
+        *reinterpret_cast<uint4*>(p) = raw;
+      }
+    }
+  }
+
+  // A float rounded to a 16-bit T, as its bits.
+  static __device__ __forceinline__ uint32_t bits(float v) {
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    } else {
+      return __half_as_ushort(__float2half_rn(v));
+    }
+  }
+
+  // Makes the compiler forget what it knows about the bits of `r` (an empty asm that "may modify" each word), so
+  // that it keeps the 16-byte unit across a block reduction instead of the widened elements it already computed
+  // before it.
+  static __device__ __forceinline__ void forget(Raw& r) {
+    if constexpr (kVector) {
+      asm volatile("" : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w));
+    }
+  }
+};
+
+// -------------------------------------------------------------------------------------------------- forward
+
+// y = (x * r) * weight, one row per group. The grid covers every row step unless rows exceed the grid limit; the
+// loop over steps is uniform across the block, so the group reductions' __syncthreads are too.
+template <typename T, class S>
+__global__ void __launch_bounds__(S::kThreads)
+    forward_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t rows, int hidden,
+                   opmath_t<T> eps) {
+  using acc_t = opmath_t<T>;
+  using U = Unit<T, S::kVec>;
+  __shared__ acc_t scratch[2][S::kGroups * S::kGroupWarps];
+  const int group = threadIdx.x / S::kGroupThreads;
+  const int t = threadIdx.x % S::kGroupThreads;
+  const int units = hidden / S::kVec;
+  int parity = 0;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * S::kGroups; base < rows;
+       base += static_cast<int64_t>(gridDim.x) * S::kGroups, parity ^= 1) {
+    const int64_t row = base + group;
+    const bool live = row < rows;
+    const T* xr = x + row * hidden;
+    typename U::Raw xv[S::kN];
+#pragma unroll
+    for (int i = 0; i < S::kN; ++i) {
+      const int u = t + i * S::kGroupThreads;
+      xv[i] = live && u < units ? U::template load<kStreamRows>(xr + u * S::kVec) : U::zero();
+    }
+    acc_t sums[1] = {acc_t(0)};
+#pragma unroll
+    for (int i = 0; i < S::kN; ++i) {
+#pragma unroll
+      for (int j = 0; j < S::kVec; ++j) {
+        const acc_t v = U::get(xv[i], j);
+        sums[0] += v * v;
+      }
+    }
+    group_sum<S>(sums, scratch[parity]);
+    if (!live) {
+      continue;
+    }
+    const acc_t r = inverse_rms(sums[0], hidden, eps);
+    T* yr = y + row * hidden;
+#pragma unroll
+    for (int i = 0; i < S::kN; ++i) {
+      const int u = t + i * S::kGroupThreads;
+      if (u < units) {
+        U::forget(xv[i]);
+        // The weight is read here, after the reduction, so that only x is held across it (the weight comes from
+        // L1/L2: every row reads it).
+        const typename U::Raw wv = U::template load<false>(w + u * S::kVec);
+        acc_t out[S::kVec];
+#pragma unroll
+        for (int j = 0; j < S::kVec; ++j) {
+          out[j] = (U::get(xv[i], j) * r) * U::get(wv, j);
+        }
+        U::store(yr + u * S::kVec, out);
+      }
+    }
+  }
+}
+
+// Rows longer than any register-resident shape: the block reads the row once for its sum of squares and again
+// (from L2, mostly) for the output.
+template <typename T, class S>
+__global__ void __launch_bounds__(S::kThreads)
+    forward_loop_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t rows,
+                        int64_t hidden, opmath_t<T> eps) {
+  static_assert(S::kGroups == 1, "one row per block");
+  using acc_t = opmath_t<T>;
+  using U = Unit<T, S::kVec>;
+  __shared__ acc_t scratch[2][S::kGroupWarps];
+  const int64_t units = hidden / S::kVec;
+  int parity = 0;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x, parity ^= 1) {
+    const T* xr = x + row * hidden;
+    acc_t sums[1] = {acc_t(0)};
+    for (int64_t u = threadIdx.x; u < units; u += S::kThreads) {
+      const typename U::Raw v = U::template load<kStreamRows>(xr + u * S::kVec);
+#pragma unroll
+      for (int j = 0; j < S::kVec; ++j) {
+        const acc_t e = U::get(v, j);
+        sums[0] += e * e;
+      }
+    }
+    group_sum<S>(sums, scratch[parity]);
+    const acc_t r = inverse_rms(sums[0], hidden, eps);
+    T* yr = y + row * hidden;
+    for (int64_t u = threadIdx.x; u < units; u += S::kThreads) {
+      const typename U::Raw xv = U::template load<false>(xr + u * S::kVec);
+      const typename U::Raw wv = U::template load<false>(w + u * S::kVec);
+      acc_t out[S::kVec];
+#pragma unroll
+      for (int j = 0; j < S::kVec; ++j) {
+        out[j] = (U::get(xv, j) * r) * U::get(wv, j);
+      }
+      U::store(yr + u * S::kVec, out);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------- backward
+
+// grad_x for every row, and (when `partial` is given) one row of partial weight-gradient sums per block:
+// partial[blockIdx.x][c] = sum over the block's rows, in row order per group and group order after, of
+// grad * x * r.
+template <typename T, class S>
+__global__ void __launch_bounds__(S::kThreads)
+    backward_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ gx,
+                    sum_t<T>* __restrict__ partial, int64_t rows, int hidden, sum_t<T> eps) {
+  using acc_t = opmath_t<T>;
+  using wide_t = sum_t<T>;
+  using U = Unit<T, S::kVec>;
+  __shared__ wide_t scratch[2][S::kGroups * S::kGroupWarps * 2];
+  // The weight, read from global memory once per block and from shared memory twice per row (before and after the
+  // reduction), rather than held in registers across it: registers go to grad and x, the bytes in flight.
+  __shared__ typename U::Raw weight[S::kUnits];
+  const int group = threadIdx.x / S::kGroupThreads;
+  const int t = threadIdx.x % S::kGroupThreads;
+  const int units = hidden / S::kVec;
+  for (int u = threadIdx.x; u < units; u += S::kThreads) {
+    weight[u] = U::template load<false>(w + u * S::kVec);
+  }
+  __syncthreads();
+  wide_t dw[S::kN][S::kVec];
+#pragma unroll
+  for (int i = 0; i < S::kN; ++i) {
+#pragma unroll
+    for (int j = 0; j < S::kVec; ++j) {
+      dw[i][j] = wide_t(0);
+    }
+  }
+  int parity = 0;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * S::kGroups; base < rows;
+       base += static_cast<int64_t>(gridDim.x) * S::kGroups, parity ^= 1) {
+    const int64_t row = base + group;
+    const bool live = row < rows;
+    const T* gr = g + row * hidden;
+    const T* xr = x + row * hidden;
+    typename U::Raw gv[S::kN], xv[S::kN];
+#pragma unroll
+    for (int i = 0; i < S::kN; ++i) {
+      const int u = t + i * S::kGroupThreads;
+      const bool in = live && u < units;
+      gv[i] = in ? U::template load<kStreamRows>(gr + u * S::kVec) : U::zero();
+      xv[i] = in ? U::template load<kStreamRows>(xr + u * S::kVec) : U::zero();
+    }
+    wide_t sums[2] = {wide_t(0), wide_t(0)};  // sum(x^2), sum(grad * weight * x)
+#pragma unroll
+    for (int i = 0; i < S::kN; ++i) {
+      const int u = t + i * S::kGroupThreads;
+      const typename U::Raw wv = u < units ? weight[u] : U::zero();
+#pragma unroll
+      for (int j = 0; j < S::kVec; ++j) {
+        const wide_t xe = U::get(xv[i], j);
+        sums[0] += xe * xe;
+        sums[1] += static_cast<wide_t>(U::get(gv[i], j)) * static_cast<wide_t>(U::get(wv, j)) * xe;
+      }
+    }
+    group_sum<S>(sums, scratch[parity]);
+    if (!live) {
+      continue;
+    }
+    const wide_t r = inverse_rms(sums[0], hidden, eps);
+    const auto r_x = static_cast<acc_t>(r);
+    const auto c = static_cast<acc_t>(r * r * sums[1] / static_cast<wide_t>(hidden));
+    T* gxr = gx + row * hidden;
+#pragma unroll
+    for (int i = 0; i < S::kN; ++i) {
+      const int u = t + i * S::kGroupThreads;
+      if (u < units) {
+        U::forget(gv[i]);
+        U::forget(xv[i]);
+        const typename U::Raw wv = weight[u];
+        acc_t out[S::kVec];
+#pragma unroll
+        for (int j = 0; j < S::kVec; ++j) {
+          const acc_t ge = U::get(gv[i], j);
+          const acc_t xe = U::get(xv[i], j);
+          out[j] = r_x * (ge * U::get(wv, j) - xe * c);
+          dw[i][j] += static_cast<wide_t>(ge) * (static_cast<wide_t>(xe) * r);
+        }
+        U::store(gxr + u * S::kVec, out);
+      }
+    }
+  }
+  if (partial == nullptr) {
+    return;
+  }
+  wide_t* out = partial + static_cast<int64_t>(blockIdx.x) * hidden;
+  if constexpr (S::kGroups == 1) {
+#pragma unroll
+    for (int i = 0; i < S::kN; ++i) {
+      const int u = t + i * S::kGroupThreads;
+      if (u < units) {
+#pragma unroll
+        for (int j = 0; j < S::kVec; ++j) {
+          out[u * S::kVec + j] = dw[i][j];
+        }
+      }
+    }
+  } else {
+    // The groups' sums, added in group order through shared memory, then written by the whole block.
+    __shared__ wide_t combined[S::kUnits * S::kVec];
+    for (int k = 0; k < S::kGroups; ++k) {
+      if (group == k) {
+#pragma unroll
+        for (int i = 0; i < S::kN; ++i) {
+          const int u = t + i * S::kGroupThreads;
+          if (u < units) {
+#pragma unroll
+            for (int j = 0; j < S::kVec; ++j) {
+              wide_t& slot = combined[u * S::kVec + j];
+              slot = k == 0 ? dw[i][j] : slot + dw[i][j];
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+    for (int col = threadIdx.x; col < hidden; col += S::kThreads) {
+      out[col] = combined[col];
+    }
+  }
+}
+
+// Rows longer than any register-resident backward shape: two reads of the row, and the block's partial sums kept
+// in its own row of `partial` (read, added to, written back by the thread that owns the column).
+template <typename T, class S>
+__global__ void __launch_bounds__(S::kThreads)
+    backward_loop_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+                         T* __restrict__ gx, sum_t<T>* __restrict__ partial, int64_t rows, int64_t hidden,
+                         sum_t<T> eps) {
+  static_assert(S::kGroups == 1, "one row per block");
+  using acc_t = opmath_t<T>;
+  using wide_t = sum_t<T>;
+  using U = Unit<T, S::kVec>;
+  __shared__ wide_t scratch[2][S::kGroupWarps * 2];
+  const int64_t units = hidden / S::kVec;
+  wide_t* mine = partial == nullptr ? nullptr : partial + static_cast<int64_t>(blockIdx.x) * hidden;
+  if (mine != nullptr) {
+    // Each thread zeroes the columns it will add to: no other thread touches them.
+    for (int64_t u = threadIdx.x; u < units; u += S::kThreads) {
+#pragma unroll
+      for (int j = 0; j < S::kVec; ++j) {
+        mine[u * S::kVec + j] = wide_t(0);
+      }
+    }
+  }
+  int parity = 0;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x, parity ^= 1) {
+    const T* gr = g + row * hidden;
+    const T* xr = x + row * hidden;
+    wide_t sums[2] = {wide_t(0), wide_t(0)};
+    for (int64_t u = threadIdx.x; u < units; u += S::kThreads) {
+      const typename U::Raw gv = U::template load<kStreamRows>(gr + u * S::kVec);
+      const typename U::Raw xv = U::template load<kStreamRows>(xr + u * S::kVec);
+      const typename U::Raw wv = U::template load<false>(w + u * S::kVec);
+#pragma unroll
+      for (int j = 0; j < S::kVec; ++j) {
+        const wide_t xe = U::get(xv, j);
+        sums[0] += xe * xe;
+        sums[1] += static_cast<wide_t>(U::get(gv, j)) * static_cast<wide_t>(U::get(wv, j)) * xe;
+      }
+    }
+    group_sum<S>(sums, scratch[parity]);
+    const wide_t r = inverse_rms(sums[0], hidden, eps);
+    const auto r_x = static_cast<acc_t>(r);
+    const auto c = static_cast<acc_t>(r * r * sums[1] / static_cast<wide_t>(hidden));
+    T* gxr = gx + row * hidden;
+    for (int64_t u = threadIdx.x; u < units; u += S::kThreads) {
+      const typename U::Raw gv = U::template load<false>(gr + u * S::kVec);
+      const typename U::Raw xv = U::template load<false>(xr + u * S::kVec);
+      const typename U::Raw wv = U::template load<false>(w + u * S::kVec);
+      acc_t out[S::kVec];
+#pragma unroll
+      for (int j = 0; j < S::kVec; ++j) {
+        const acc_t ge = U::get(gv, j);
+        const acc_t xe = U::get(xv, j);
+        out[j] = r_x * (ge * U::get(wv, j) - xe * c);
+        if (mine != nullptr) {
+          mine[u * S::kVec + j] += static_cast<wide_t>(ge) * (static_cast<wide_t>(xe) * r);
+        }
+      }
+      U::store(gxr + u * S::kVec, out);
+    }
+  }
+}
+
+// grad_weight[c] = sum over p of partial[p][c], in a fixed order: column c's partial rows are split among the
+// kSumRows threads of its column of the block (thread y takes rows y, y + kSumRows, ...), and their sums are added
+// in thread order. In double for every dtype: a few hundred values per column, read from L2.
+constexpr int kSumCols = 32;
+constexpr int kSumRows = 16;
+
+template <typename T, typename part_t>
+__global__ void __launch_bounds__(kSumCols* kSumRows)
+    sum_partials_kernel(const part_t* __restrict__ partial, int64_t parts, int64_t hidden, T* __restrict__ out) {
+  __shared__ double tile[kSumRows][kSumCols];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kSumCols + threadIdx.x;
+  double s = 0.0;
+  if (col < hidden) {
+    for (int64_t p = threadIdx.y; p < parts; p += kSumRows) {
+      s += static_cast<double>(partial[p * hidden + col]);
+    }
+  }
+  tile[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < hidden) {
+    double total = 0.0;
+#pragma unroll
+    for (int k = 0; k < kSumRows; ++k) {
+      total += tile[k][threadIdx.x];
+    }
+    out[col] = static_cast<T>(static_cast<opmath_t<T>>(total));
+  }
+}
+
+// ------------------------------------------------------------------------------------------------- launching
+
+// The register-resident shapes, by row length in units. Up to 128 units a warp takes a row and a block 8 rows;
+// longer rows get more warps, 4 units per thread (4 16-byte loads of each row tensor in flight per thread), and 8 at
+// the longest. Registers per thread (ptxas for sm_90, bfloat16): the forward holds x alone across the reduction, 39
+// at 4 units and 58 at 8 (1024 threads allow 64), so it goes to 8192 units (65536 bfloat16 elements); the backward
+// holds grad, x and a float partial weight gradient per element, 99-102 at 4 units, which fits 512 threads (128
+// allowed) but not 1024, so past 2048 units (16384 bfloat16) it takes the loop kernel. The scalar fallback (kVec 1)
+// gets fewer shapes: it is for odd hidden sizes and unaligned pointers, not for speed.
+template <int kVec, typename Fn>
+bool with_forward_shape(int64_t units, Fn&& fn) {
+  if constexpr (kVec == 1) {
+    if (units <= 32) return fn(RowShape<1, 1, 1, 8>{}), true;
+    if (units <= 128) return fn(RowShape<1, 4, 1, 8>{}), true;
+    if (units <= 1024) return fn(RowShape<1, 4, 8, 1>{}), true;
+    if (units <= 4096) return fn(RowShape<1, 4, 32, 1>{}), true;
+  } else {
+    if (units <= 32) return fn(RowShape<kVec, 1, 1, 8>{}), true;
+    if (units <= 64) return fn(RowShape<kVec, 2, 1, 8>{}), true;
+    if (units <= 128) return fn(RowShape<kVec, 4, 1, 8>{}), true;
+    if (units <= 256) return fn(RowShape<kVec, 4, 2, 4>{}), true;
+    if (units <= 512) return fn(RowShape<kVec, 4, 4, 2>{}), true;
+    if (units <= 1024) return fn(RowShape<kVec, 4, 8, 1>{}), true;
+    if (units <= 2048) return fn(RowShape<kVec, 4, 16, 1>{}), true;
+    if (units <= 4096) return fn(RowShape<kVec, 4, 32, 1>{}), true;
+    if (units <= 8192) return fn(RowShape<kVec, 8, 32, 1>{}), true;
+  }
+  return false;
+}
+
+template <int kVec, typename Fn>
+bool with_backward_shape(int64_t units, Fn&& fn) {
+  if constexpr (kVec == 1) {
+    if (units <= 32) return fn(RowShape<1, 1, 1, 8>{}), true;
+    if (units <= 128) return fn(RowShape<1, 4, 1, 8>{}), true;
+    if (units <= 1024) return fn(RowShape<1, 4, 8, 1>{}), true;
+    if (units <= 2048) return fn(RowShape<1, 4, 16, 1>{}), true;
+  } else {
+    if (units <= 32) return fn(RowShape<kVec, 1, 1, 8>{}), true;
+    if (units <= 64) return fn(RowShape<kVec, 2, 1, 8>{}), true;
+    if (units <= 128) return fn(RowShape<kVec, 4, 1, 8>{}), true;
+    if (units <= 256) return fn(RowShape<kVec, 4, 2, 4>{}), true;
+    if (units <= 512) return fn(RowShape<kVec, 4, 4, 2>{}), true;
+    if (units <= 1024) return fn(RowShape<kVec, 4, 8, 1>{}), true;
+    if (units <= 2048) return fn(RowShape<kVec, 4, 16, 1>{}), true;
+  }
+  return false;
+}
+
+// The loop kernels' shape: 512 threads per row.
+template <int kVec>
+using LoopShape = RowShape<kVec, 1, 16, 1>;
+
+constexpr int kMaxDevices = 64;
+
+// Resident blocks per SM of kKernel at `threads` threads, asked once per kernel and device.
+template <auto kKernel>
+int blocks_per_sm(int threads, int device) {
+  static std::array<std::atomic<int>, kMaxDevices> cache{};
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  int blocks = cacheable ? cache[device].load(std::memory_order_relaxed) : 0;
+  if (blocks == 0) {
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, threads, 0));
+    blocks = std::max(blocks, 1);
+    if (cacheable) {
+      cache[device].store(blocks, std::memory_order_relaxed);
+    }
+  }
+  return blocks;
+}
+
+// The backward's grid: enough blocks to fill the GPU once, never more than there are row steps.
+template <auto kKernel>
+int64_t resident_grid(int threads, int64_t steps) {
+  const int device = c10::cuda::current_device();
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  int per_sm = blocks_per_sm<kKernel>(threads, device);
+  if (OPFORGE_RMS_BWD_BLOCKS_PER_SM > 0) {
+    per_sm = std::min(per_sm, OPFORGE_RMS_BWD_BLOCKS_PER_SM);
+  }
+  return std::max<int64_t>(1, std::min<int64_t>(steps, static_cast<int64_t>(sms) * per_sm));
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// A grid of at most INT32_MAX blocks: the kernels loop over the row steps beyond it.
+unsigned grid_of(int64_t blocks) {
+  return static_cast<unsigned>(std::min<int64_t>(blocks, INT32_MAX));
+}
+
+// The scalar fallback unless every pointer is 16-byte aligned and rows are whole vectors.
+template <typename T, typename... Ptr>
+bool vectorizable(int64_t hidden, const Ptr*... p) {
+  return hidden % (kVectorBytes / sizeof(T)) == 0 && (aligned(p) && ...);
+}
+
+template <typename T, int kVec>
+void launch_forward(const T* x, const T* w, T* y, Rows shape, double eps, cudaStream_t stream) {
+  using acc_t = opmath_t<T>;
+  const auto e = static_cast<acc_t>(eps);
+  const int64_t units = shape.hidden / kVec;
+  const bool fits = with_forward_shape<kVec>(units, [&](auto s) {
+    using S = decltype(s);
+    forward_kernel<T, S><<<grid_of(ceil_div(shape.rows, S::kGroups)), S::kThreads, 0, stream>>>(
+        x, w, y, shape.rows, static_cast<int>(shape.hidden), e);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  if (!fits) {
+    using S = LoopShape<kVec>;
+    forward_loop_kernel<T, S><<<grid_of(shape.rows), S::kThreads, 0, stream>>>(x, w, y, shape.rows, shape.hidden, e);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+template <typename T>
+void sum_partials(const at::Tensor& partial, at::Tensor& grad_weight, cudaStream_t stream) {
+  const int64_t hidden = partial.size(1);
+  sum_partials_kernel<T, sum_t<T>><<<grid_of(ceil_div(hidden, kSumCols)), dim3(kSumCols, kSumRows), 0, stream>>>(
+      partial.const_data_ptr<sum_t<T>>(), partial.size(0), hidden, grad_weight.data_ptr<T>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// grad_x, and grad_weight when it is defined.
+template <typename T, int kVec>
+void launch_backward(const T* g, const T* x, const T* w, T* gx, at::Tensor& grad_weight, Rows shape, double eps,
+                     const at::TensorOptions& options, cudaStream_t stream) {
+  using wide_t = sum_t<T>;
+  const auto e = static_cast<wide_t>(eps);
+  const bool weight_grad = grad_weight.defined();
+  const int64_t units = shape.hidden / kVec;
+  at::Tensor partial;
+  const auto partial_rows = [&](int64_t grid) {
+    if (weight_grad) {
+      partial = at::empty({grid, shape.hidden}, options.dtype(c10::CppTypeToScalarType<wide_t>::value));
+    }
+    return weight_grad ? partial.data_ptr<wide_t>() : nullptr;
+  };
+  const bool fits = with_backward_shape<kVec>(units, [&](auto s) {
+    using S = decltype(s);
+    const int64_t grid = resident_grid<backward_kernel<T, S>>(S::kThreads, ceil_div(shape.rows, S::kGroups));
+    wide_t* p = partial_rows(grid);
+    backward_kernel<T, S><<<grid_of(grid), S::kThreads, 0, stream>>>(g, x, w, gx, p, shape.rows,
+                                                                      static_cast<int>(shape.hidden), e);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  if (!fits) {
+    using S = LoopShape<kVec>;
+    const int64_t grid = resident_grid<backward_loop_kernel<T, S>>(S::kThreads, shape.rows);
+    wide_t* p = partial_rows(grid);
+    backward_loop_kernel<T, S><<<grid_of(grid), S::kThreads, 0, stream>>>(g, x, w, gx, p, shape.rows, shape.hidden, e);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (weight_grad) {
+    sum_partials<T>(partial, grad_weight, stream);
+  }
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_input(x, weight, "opforge::rms_norm");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = contiguous_like(x);
+  const Rows shape = rows_of(x);
+  if (shape.empty()) {
+    return y;
+  }
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor wc = weight.contiguous();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "opforge::rms_norm", [&] {
+    constexpr int kVec = kVectorBytes / sizeof(scalar_t);
+    const scalar_t* xp = xc.const_data_ptr<scalar_t>();
+    const scalar_t* wp = wc.const_data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    if (vectorizable<scalar_t>(shape.hidden, xp, wp, yp)) {
+      launch_forward<scalar_t, kVec>(xp, wp, yp, shape, eps, stream);
+    } else {
+      launch_forward<scalar_t, 1>(xp, wp, yp, shape, eps, stream);
+    }
+  });
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> backward_impl(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
+                                                 double eps, bool weight_grad, const char* op) {
+  check_backward_args(grad, x, weight, op);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor grad_x = contiguous_like(x);
+  at::Tensor grad_weight;
+  const Rows shape = rows_of(x);
+  if (weight_grad) {
+    // A sum over no rows is zero; a hidden size of 0 leaves nothing to sum.
+    grad_weight = shape.empty() ? at::zeros(weight.sizes(), weight.options()) : contiguous_like(weight);
+  }
+  if (shape.empty()) {
+    return {grad_x, grad_weight};
+  }
+  const at::Tensor gc = grad.contiguous();
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor wc = weight.contiguous();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index());
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "opforge::rms_norm_backward", [&] {
+    constexpr int kVec = kVectorBytes / sizeof(scalar_t);
+    const scalar_t* gp = gc.const_data_ptr<scalar_t>();
+    const scalar_t* xp = xc.const_data_ptr<scalar_t>();
+    const scalar_t* wp = wc.const_data_ptr<scalar_t>();
+    scalar_t* gxp = grad_x.data_ptr<scalar_t>();
+    if (vectorizable<scalar_t>(shape.hidden, gp, xp, wp, gxp)) {
+      launch_backward<scalar_t, kVec>(gp, xp, wp, gxp, grad_weight, shape, eps, x.options(), stream);
+    } else {
+      launch_backward<scalar_t, 1>(gp, xp, wp, gxp, grad_weight, shape, eps, x.options(), stream);
+    }
+  });
+  return {grad_x, grad_weight};
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad, const at::Tensor& x,
+                                                     const at::Tensor& weight, double eps) {
+  return backward_impl(grad, x, weight, eps, /*weight_grad=*/true, "opforge::rms_norm_backward");
+}
+
+at::Tensor rms_norm_backward_input(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
+                                   double eps) {
+  return std::get<0>(backward_impl(grad, x, weight, eps, /*weight_grad=*/false, "opforge::rms_norm_backward_input"));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
+  m.impl("rms_norm", &rms_norm);
+  m.impl("rms_norm_backward", &rms_norm_backward);
+  m.impl("rms_norm_backward_input", &rms_norm_backward_input);
+}
+
+}  // namespace opforge::cuda

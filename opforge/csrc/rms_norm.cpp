@@ -1,0 +1,317 @@
+// opforge::rms_norm(x, weight, eps) = x / sqrt(mean(x^2, -1) + eps) * weight, over the last dimension, and its
+// backward as ops of their own, so that autograd and torch.compile (registered in opforge/ops/rms_norm.py) see real
+// ops. The backward recomputes each row's 1 / rms from x, which it reads anyway: the forward writes nothing but y,
+// and autograd keeps nothing but x and weight alive.
+//
+//   rms_norm_backward(grad, x, weight, eps) -> (grad_x, grad_weight)
+//   rms_norm_backward_input(grad, x, weight, eps) -> grad_x      (a frozen weight: no cross-row reduction at all)
+//
+// With r = 1 / sqrt(mean(x^2) + eps) per row and n = x.size(-1):
+//   grad_x      = r * (grad * weight - x * r^2 * sum(grad * weight * x) / n)
+//   grad_weight = sum over rows of grad * x * r
+#include <torch/library.h>
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include <vector>
+
+#include "elementwise.h"
+#include "rms_norm.h"
+
+namespace opforge::cpu {
+namespace {
+
+using rms_norm::check_backward_args;
+using rms_norm::check_input;
+using rms_norm::contiguous_like;
+using rms_norm::Rows;
+using rms_norm::rows_of;
+
+// Row sums are accumulated in this many independent lanes, element i into lane i % kLanes, and the lanes are added
+// in a fixed tree at the end. GCC does not vectorize a plain `sum += v[i] * v[i]` without -ffast-math (it may not
+// reorder the additions); written over lanes the loop becomes four 8-float FMA chains with AVX2. The order depends on
+// the row length alone, never on alignment or threads, so results are reproducible bit for bit.
+constexpr int64_t kLanes = 32;
+
+// Rows of the weight-gradient reduction go into at most this many fixed chunks (each at least kGrainSize elements),
+// summed in chunk order at the end: the chunks, not the threads, fix the order of the additions, so the weight
+// gradient is the same on 1 thread as on 64. 128 chunks keep 2-64 threads busy and the partial sums small
+// (128 x hidden doubles: 8 MiB at hidden 8192).
+constexpr int64_t kMaxChunks = 128;
+
+// The backward's arithmetic: float for float16/bfloat16, double for float32 and float64. The weight gradient of a
+// float32 x sums a term per row over every row; computed in float, 4096 x 4096 inputs came out up to 9e-5 off the
+// float64 result (76 of 4096 elements outside float32's tolerance, F.rms_norm 35, torch.compile 1239) and
+// 32768 x 4096 up to 1.7e-4, from the rounding of the running sums and of each row's 1 / rms. In double only the
+// final rounding to float32 remains (0 of 4096 outside the tolerance at either size), at no cost in bandwidth.
+template <typename scalar_t>
+using backward_acc_t = std::conditional_t<std::is_same_v<scalar_t, float>, double, opmath_t<scalar_t>>;
+
+// The per-chunk weight-gradient sums are double for every dtype: a chunk's running sum then loses nothing.
+using partial_t = double;
+
+template <typename acc_t>
+acc_t add_lanes(acc_t (&lanes)[kLanes]) {
+  for (int64_t width = kLanes / 2; width >= 1; width /= 2) {
+    for (int64_t l = 0; l < width; ++l) {
+      lanes[l] += lanes[l + width];
+    }
+  }
+  return lanes[0];
+}
+
+template <typename acc_t>
+acc_t sum_of_squares(const acc_t* x, int64_t n) {
+  acc_t lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) {
+      lanes[l] += x[i + l] * x[i + l];
+    }
+  }
+  for (int64_t l = 0; i + l < n; ++l) {
+    lanes[l] += x[i + l] * x[i + l];
+  }
+  return add_lanes(lanes);
+}
+
+// sum(x^2) and sum(g * w * x) in one pass over the row.
+template <typename acc_t>
+void backward_sums(const acc_t* g, const acc_t* x, const acc_t* w, int64_t n, acc_t& xx, acc_t& gwx) {
+  acc_t lanes_xx[kLanes] = {};
+  acc_t lanes_gwx[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const acc_t xv = x[i + l];
+      lanes_xx[l] += xv * xv;
+      lanes_gwx[l] += g[i + l] * w[i + l] * xv;
+    }
+  }
+  for (int64_t l = 0; i + l < n; ++l) {
+    const acc_t xv = x[i + l];
+    lanes_xx[l] += xv * xv;
+    lanes_gwx[l] += g[i + l] * w[i + l] * xv;
+  }
+  xx = add_lanes(lanes_xx);
+  gwx = add_lanes(lanes_gwx);
+}
+
+template <typename acc_t>
+acc_t inverse_rms(acc_t sum_xx, int64_t n, acc_t eps) {
+  return acc_t(1) / std::sqrt(sum_xx / static_cast<acc_t>(n) + eps);
+}
+
+// A row of `n` elements as acc_t: the row itself when scalar_t is acc_t, else widened into `scratch`.
+template <typename scalar_t, typename acc_t>
+const acc_t* widened(const scalar_t* row, int64_t n, acc_t* scratch) {
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    return row;
+  } else {
+    at::vec::convert(row, scratch, n);
+    return scratch;
+  }
+}
+
+// The weight as acc_t, widened once per call rather than once per row.
+template <typename scalar_t, typename acc_t>
+const acc_t* widened_weight(const at::Tensor& weight, std::vector<acc_t>& storage) {
+  const scalar_t* w = weight.const_data_ptr<scalar_t>();
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    return w;
+  } else {
+    storage.resize(weight.numel());
+    at::vec::convert(w, storage.data(), weight.numel());
+    return storage.data();
+  }
+}
+
+// Rows per task of at::parallel_for: at least kGrainSize elements, as for opforge's elementwise kernels.
+int64_t row_grain(int64_t hidden) {
+  return std::max<int64_t>(1, kGrainSize / hidden);
+}
+
+template <typename scalar_t>
+void forward_rows(const scalar_t* x, const at::Tensor& weight, scalar_t* y, Rows shape, double eps) {
+  using acc_t = opmath_t<scalar_t>;
+  const int64_t n = shape.hidden;
+  std::vector<acc_t> weight_storage;
+  const acc_t* w = widened_weight<scalar_t, acc_t>(weight, weight_storage);
+  const auto e = static_cast<acc_t>(eps);
+  at::parallel_for(0, shape.rows, row_grain(n), [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> scratch(std::is_same_v<scalar_t, acc_t> ? 0 : n);
+    for (int64_t row = begin; row < end; ++row) {
+      const acc_t* xr = widened(x + row * n, n, scratch.data());
+      const acc_t r = inverse_rms(sum_of_squares(xr, n), n, e);
+      if constexpr (std::is_same_v<scalar_t, acc_t>) {
+        scalar_t* yr = y + row * n;
+        for (int64_t i = 0; i < n; ++i) {
+          yr[i] = (xr[i] * r) * w[i];
+        }
+      } else {
+        // In place in the widened row (the same element is read, then written), narrowed once at the end.
+        acc_t* out = scratch.data();
+        for (int64_t i = 0; i < n; ++i) {
+          out[i] = (out[i] * r) * w[i];
+        }
+        at::vec::convert(out, y + row * n, n);
+      }
+    }
+  });
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_input(x, weight, "opforge::rms_norm");
+  at::Tensor y = contiguous_like(x);
+  const Rows shape = rows_of(x);
+  if (shape.empty()) {
+    return y;
+  }
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor wc = weight.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "opforge::rms_norm", [&] {
+    forward_rows<scalar_t>(xc.const_data_ptr<scalar_t>(), wc, y.data_ptr<scalar_t>(), shape, eps);
+  });
+  return y;
+}
+
+// The fixed split of the rows into chunks for the weight gradient (see kMaxChunks).
+struct Chunks {
+  int64_t rows_per_chunk;
+  int64_t count;
+};
+
+Chunks chunks_for(Rows shape) {
+  const int64_t by_grain = row_grain(shape.hidden);
+  const int64_t by_count = (shape.rows + kMaxChunks - 1) / kMaxChunks;
+  const int64_t per_chunk = std::max(by_grain, by_count);
+  return {per_chunk, (shape.rows + per_chunk - 1) / per_chunk};
+}
+
+// grad_x for the rows [begin, end) and, when `partial` is given, their sum of grad * x * r added to it (in row
+// order, one value per column).
+template <typename scalar_t, typename acc_t>
+void backward_rows(const scalar_t* g, const scalar_t* x, const acc_t* w, scalar_t* gx, partial_t* partial,
+                   int64_t begin, int64_t end, int64_t n, acc_t eps) {
+  constexpr bool kWide = std::is_same_v<scalar_t, acc_t>;
+  std::vector<acc_t> scratch(kWide ? 0 : 3 * n);
+  acc_t* g_scratch = scratch.data();
+  acc_t* x_scratch = kWide ? nullptr : g_scratch + n;
+  acc_t* out_scratch = kWide ? nullptr : g_scratch + 2 * n;
+  for (int64_t row = begin; row < end; ++row) {
+    const acc_t* gr = widened(g + row * n, n, g_scratch);
+    const acc_t* xr = widened(x + row * n, n, x_scratch);
+    acc_t xx, gwx;
+    backward_sums(gr, xr, w, n, xx, gwx);
+    const acc_t r = inverse_rms(xx, n, eps);
+    const acc_t c = r * r * gwx / static_cast<acc_t>(n);
+    acc_t* out = out_scratch;
+    if constexpr (kWide) {
+      out = gx + row * n;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      out[i] = r * (gr[i] * w[i] - xr[i] * c);
+    }
+    if constexpr (!kWide) {
+      at::vec::convert(out, gx + row * n, n);
+    }
+    if (partial != nullptr) {
+      for (int64_t i = 0; i < n; ++i) {
+        partial[i] += gr[i] * (xr[i] * r);
+      }
+    }
+  }
+}
+
+// grad_weight[j] = sum over chunks c, in order, of partial[c][j].
+template <typename scalar_t>
+void sum_chunks(const partial_t* partial, int64_t chunks, int64_t n, scalar_t* out) {
+  at::parallel_for(0, n, kGrainSize / std::max<int64_t>(1, chunks), [&](int64_t begin, int64_t end) {
+    std::vector<partial_t> sum(partial + begin, partial + end);
+    for (int64_t c = 1; c < chunks; ++c) {
+      const partial_t* p = partial + c * n;
+      for (int64_t j = begin; j < end; ++j) {
+        sum[j - begin] += p[j];
+      }
+    }
+    for (int64_t j = begin; j < end; ++j) {
+      out[j] = static_cast<scalar_t>(static_cast<opmath_t<scalar_t>>(sum[j - begin]));
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> backward_impl(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
+                                                 double eps, bool weight_grad, const char* op) {
+  check_backward_args(grad, x, weight, op);
+  at::Tensor grad_x = contiguous_like(x);
+  at::Tensor grad_weight;
+  const Rows shape = rows_of(x);
+  if (weight_grad) {
+    // A sum over no rows is zero; a hidden size of 0 leaves nothing to sum.
+    grad_weight = shape.empty() ? at::zeros(weight.sizes(), weight.options()) : contiguous_like(weight);
+  }
+  if (shape.empty()) {
+    return {grad_x, grad_weight};
+  }
+  const at::Tensor gc = grad.contiguous();
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor wc = weight.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "opforge::rms_norm_backward", [&] {
+    using acc_t = backward_acc_t<scalar_t>;
+    const int64_t n = shape.hidden;
+    std::vector<acc_t> weight_storage;
+    const acc_t* w = widened_weight<scalar_t, acc_t>(wc, weight_storage);
+    const scalar_t* g = gc.const_data_ptr<scalar_t>();
+    const scalar_t* xd = xc.const_data_ptr<scalar_t>();
+    scalar_t* gx = grad_x.data_ptr<scalar_t>();
+    const auto e = static_cast<acc_t>(eps);
+    if (!weight_grad) {
+      at::parallel_for(0, shape.rows, row_grain(n), [&](int64_t begin, int64_t end) {
+        backward_rows<scalar_t, acc_t>(g, xd, w, gx, nullptr, begin, end, n, e);
+      });
+      return;
+    }
+    const Chunks chunks = chunks_for(shape);
+    at::Tensor partial = at::empty({chunks.count, n}, x.options().dtype(at::kDouble));
+    partial_t* p = partial.data_ptr<partial_t>();
+    at::parallel_for(0, chunks.count, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        partial_t* pc = p + c * n;
+        std::fill(pc, pc + n, partial_t(0));
+        const int64_t first = c * chunks.rows_per_chunk;
+        const int64_t last = std::min(shape.rows, first + chunks.rows_per_chunk);
+        backward_rows<scalar_t, acc_t>(g, xd, w, gx, pc, first, last, n, e);
+      }
+    });
+    sum_chunks(p, chunks.count, n, grad_weight.data_ptr<scalar_t>());
+  });
+  return {grad_x, grad_weight};
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad, const at::Tensor& x,
+                                                     const at::Tensor& weight, double eps) {
+  return backward_impl(grad, x, weight, eps, /*weight_grad=*/true, "opforge::rms_norm_backward");
+}
+
+at::Tensor rms_norm_backward_input(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
+                                   double eps) {
+  return std::get<0>(backward_impl(grad, x, weight, eps, /*weight_grad=*/false, "opforge::rms_norm_backward_input"));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(opforge, m) {
+  m.set_python_module("opforge.ops.rms_norm");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps=1e-06) -> Tensor");
+  m.def("rms_norm_backward(Tensor grad, Tensor x, Tensor weight, float eps) -> (Tensor grad_x, Tensor grad_weight)");
+  m.def("rms_norm_backward_input(Tensor grad, Tensor x, Tensor weight, float eps) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(opforge, CPU, m) {
+  m.impl("rms_norm", &rms_norm);
+  m.impl("rms_norm_backward", &rms_norm_backward);
+  m.impl("rms_norm_backward_input", &rms_norm_backward_input);
+}
+
+}  // namespace opforge::cpu

@@ -1,0 +1,83 @@
+"""The comparison rules themselves (opforge/compare.py): the fixed tolerance, and the low-precision rule that lets a
+composite round as often as eager PyTorch does, but no worse."""
+
+from __future__ import annotations
+
+import pytest
+
+from opforge.compare import Baseline, Rule, check_result
+from opforge.outcomes import CheckFailure
+from opforge.spec.model import Tolerance
+
+torch = pytest.importorskip("torch")
+
+FLOAT16 = Tolerance(atol=1e-5, rtol=1e-3)
+LOWP = Rule(FLOAT16, lowp=True)
+
+
+def composite(x, dtype):
+    """A chain of four roundings in `dtype`: what an ordinary implementation of x * sigmoid(x) * 3 - x does."""
+    v = x.to(dtype)
+    return v * torch.sigmoid(v) * 3 - v
+
+
+def judge(got, reference, eager, rule=LOWP):
+    baseline = Baseline("float16", lambda: {"result": eager})
+    check_result("result", got, reference, rule, torch.float16, "cpu", baseline=baseline)
+
+
+@pytest.fixture
+def values():
+    return torch.linspace(-6, 6, 4099, dtype=torch.float64)
+
+
+def test_a_composite_as_accurate_as_eager_passes_where_the_fixed_tolerance_fails(values):
+    reference = composite(values, torch.float64)
+    eager = composite(values, torch.float16)
+    fused = reference.to(torch.float16)  # one rounding: better than eager
+    judge(eager, reference, eager)
+    judge(fused, reference, eager)
+    with pytest.raises(CheckFailure, match="elements differ from the reference beyond tolerance"):
+        judge(eager, reference, eager, Rule(FLOAT16, lowp=False))
+
+
+def test_an_op_less_accurate_than_eager_fails_with_the_figures_and_the_worst_element(values):
+    reference = composite(values, torch.float64)
+    eager = composite(values, torch.float16)
+    sloppy = composite(values.to(torch.bfloat16).to(torch.float64), torch.float16)  # inputs rounded to bfloat16
+    with pytest.raises(CheckFailure) as failure:
+        judge(sloppy, reference, eager)
+    message = str(failure.value)
+    assert "exceeds the" in message and "allowed by the reference computed in float16" in message
+    assert (
+        failure.value.mismatch is not None
+        and failure.value.mismatch.rms_error > failure.value.mismatch.allowed_rms_error
+    )
+
+
+def test_where_eager_overflows_the_op_may_match_eager_or_the_reference_but_nothing_else():
+    # 40000 * 2 overflows float16 (max 65504) in eager; float64 gives 80000, which float16 cannot hold either.
+    x = torch.tensor([40000.0, 1.0, -2.0], dtype=torch.float64)
+    reference = x * 2
+    eager = (x.to(torch.float16) * 2).to(torch.float16)
+    assert eager[0].isinf()
+    judge(eager, reference, eager)  # the same overflow: identical to eager
+    saturating = reference.clamp(max=65504).to(torch.float16)
+    with pytest.raises(CheckFailure, match="close to neither"):
+        judge(saturating, reference, eager)
+    with pytest.raises(CheckFailure, match="close to neither"):
+        judge(torch.where(torch.arange(3) == 0, torch.nan, eager), reference, eager)
+    wrong_sign = eager.clone()
+    wrong_sign[0] = -torch.inf
+    with pytest.raises(CheckFailure, match=r"at 1 element\(s\) where the reference computed in float16 is not finite"):
+        judge(wrong_sign, reference, eager)
+
+
+def test_where_eager_overflows_the_remaining_elements_are_still_judged():
+    x = torch.tensor([40000.0, 1.0, -2.0, 3.0], dtype=torch.float64)
+    reference = x * 2
+    eager = (x.to(torch.float16) * 2).to(torch.float16)
+    off = eager.clone()
+    off[1:] += 0.25  # finite elements off by far more than eager's (exact) result
+    with pytest.raises(CheckFailure, match="RMS error"):
+        judge(off, reference, eager)
