@@ -43,7 +43,7 @@ app = typer.Typer(
     name="opforge",
     help="Prove a PyTorch custom operator right before you ship it.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 _state = {"debug": False}
@@ -55,8 +55,22 @@ Dtypes = Annotated[list[str], typer.Option("--dtype", help="Only these dtypes (r
 CudaArch = Annotated[str | None, typer.Option("--cuda-arch", help="CUDA archs to build for, e.g. 9.0.")]
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from opforge import __version__
+
+        out.info(f"opforge {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
 @app.callback()
-def _main(debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")] = False) -> None:
+def _main(
+    debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print opforge's version and exit.", callback=_print_version, is_eager=True),
+    ] = False,
+) -> None:
     _state["debug"] = debug
 
 
@@ -599,6 +613,37 @@ def _check_bench_options(
     for option, ok, expected, got, hint in rules:
         if not ok:
             raise UsageError(option, expected, repr(got), hint)
+
+
+@app.command()
+def doctor(
+    build_probes: Annotated[
+        bool,
+        typer.Option(
+            "--build",
+            help="Also compile: an OpenMP program, and a tiny extension whose error message formats a number "
+            "(about 20 s the first time, then cached).",
+        ),
+    ] = False,
+) -> None:
+    """Check this machine for what building, checking and benchmarking custom ops needs; each finding with its fix.
+
+    Exits 1 when something needed to build or run the bundled ops is missing.
+
+    Examples:
+      opforge doctor
+      opforge doctor --build
+    """
+
+    def body() -> int:
+        from opforge.doctor import diagnose
+        from opforge.reporters.doctor_terminal import render_diagnosis
+
+        diagnosis = diagnose(build_probes)
+        render_diagnosis(diagnosis)
+        return EXIT_FAILED if diagnosis.failed else EXIT_OK
+
+    _guarded(body)
 
 
 def main() -> None:

@@ -7,16 +7,20 @@
 #include <cstdint>
 #include <utility>
 
+#include "message.h"
+
 namespace opforge::affine_leaky_swish {
 
 inline void check_inputs(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, const char* op) {
   TORCH_CHECK(at::isFloatingType(x.scalar_type()), op, ": x must be float32, float64, float16 or bfloat16, got ",
               x.scalar_type(), ". Cast it first, e.g. x.float().");
-  TORCH_CHECK(x.dim() == 4, op, ": x must be 4-D (N, C, H, W), got ", x.dim(), "-D shape ", x.sizes(),
+  TORCH_CHECK(x.dim() == 4, op, ": x must be 4-D (N, C, H, W), got ", number_text(x.dim()), "-D shape ",
+              shape_text(x.sizes()),
               ". Add the missing dimensions, e.g. x[..., None, None] for (N, C).");
   for (const auto& [name, p] : {std::pair<const char*, const at::Tensor&>{"scale", scale}, {"shift", shift}}) {
-    TORCH_CHECK(p.dim() == 1 && p.size(0) == x.size(1), op, ": ", name, " must be 1-D with x's ", x.size(1),
-                " channels, got shape ", p.sizes(), ". Give one value per channel (x.shape[1]).");
+    TORCH_CHECK(p.dim() == 1 && p.size(0) == x.size(1), op, ": ", name, " must be 1-D with x's ",
+                number_text(x.size(1)), " channels, got shape ", shape_text(p.sizes()),
+                ". Give one value per channel (x.shape[1]).");
     TORCH_CHECK(p.scalar_type() == x.scalar_type(), op, ": ", name, " must have x's dtype ", x.scalar_type(),
                 ", got ", p.scalar_type(), ". Cast it, e.g. ", name, ".to(x.dtype).");
     TORCH_CHECK(p.device() == x.device(), op, ": ", name, " must be on x's device ", x.device(), ", got ", p.device(),
@@ -28,7 +32,8 @@ inline void check_backward_args(const at::Tensor& grad, const at::Tensor& x, con
                                 const at::Tensor& shift) {
   constexpr const char* op = "opforge::affine_leaky_swish_backward";
   check_inputs(x, scale, shift, op);
-  TORCH_CHECK(grad.sizes() == x.sizes(), op, ": grad must have x's shape ", x.sizes(), ", got ", grad.sizes(), ".");
+  TORCH_CHECK(grad.sizes() == x.sizes(), op, ": grad must have x's shape ", shape_text(x.sizes()), ", got ",
+              shape_text(grad.sizes()), ".");
   TORCH_CHECK(grad.scalar_type() == x.scalar_type(), op, ": grad must have x's dtype ", x.scalar_type(), ", got ",
               grad.scalar_type(), ".");
   TORCH_CHECK(grad.device() == x.device(), op, ": grad must be on x's device ", x.device(), ", got ", grad.device(),

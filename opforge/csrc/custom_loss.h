@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
+#include "message.h"
+
 namespace opforge::custom_loss {
 
 inline void check_pair(const at::Tensor& pred, const at::Tensor& target, const char* op) {
@@ -23,8 +25,8 @@ inline at::Tensor broadcast_output(const at::Tensor& a, const at::Tensor& b) {
 
 // A backward's grad must match the forward's output: the broadcast shape, pred's dtype and device.
 inline void check_backward_grad(const at::Tensor& grad, const at::Tensor& out, const char* op) {
-  TORCH_CHECK(grad.sizes() == out.sizes(), op, ": grad must have the broadcast shape ", out.sizes(), ", got ",
-              grad.sizes(), ".");
+  TORCH_CHECK(grad.sizes() == out.sizes(), op, ": grad must have the broadcast shape ", shape_text(out.sizes()),
+              ", got ", shape_text(grad.sizes()), ".");
   TORCH_CHECK(grad.scalar_type() == out.scalar_type(), op, ": grad must have pred's dtype ", out.scalar_type(),
               ", got ", grad.scalar_type(), ".");
   TORCH_CHECK(grad.device() == out.device(), op, ": grad must be on pred's device ", out.device(), ", got ",

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "message.h"
+
 namespace opforge::rms_norm {
 
 inline bool is_supported_dtype(at::ScalarType t) {
@@ -20,7 +22,8 @@ inline void check_input(const at::Tensor& x, const at::Tensor& weight, const cha
   TORCH_CHECK(x.dim() >= 1, op, ": x must have at least 1 dimension (the last one is normalized), got a 0-d tensor. ",
               "Give it one, e.g. x.reshape(1).");
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), op, ": weight must be 1-D with x.size(-1) = ",
-              x.size(-1), " elements, got shape ", weight.sizes(), ". Pass one weight per element of x's last dimension.");
+              number_text(x.size(-1)), " elements, got shape ", shape_text(weight.sizes()),
+              ". Pass one weight per element of x's last dimension.");
   TORCH_CHECK(weight.scalar_type() == x.scalar_type(), op, ": weight must have x's dtype ", x.scalar_type(), ", got ",
               weight.scalar_type(), ". Cast one of them, e.g. weight.to(x.dtype).");
   TORCH_CHECK(weight.device() == x.device(), op, ": weight must be on x's device ", x.device(), ", got ",
@@ -30,7 +33,8 @@ inline void check_input(const at::Tensor& x, const at::Tensor& weight, const cha
 inline void check_backward_args(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
                                 const char* op) {
   check_input(x, weight, op);
-  TORCH_CHECK(grad.sizes() == x.sizes(), op, ": grad must have x's shape ", x.sizes(), ", got ", grad.sizes(), ".");
+  TORCH_CHECK(grad.sizes() == x.sizes(), op, ": grad must have x's shape ", shape_text(x.sizes()), ", got ",
+              shape_text(grad.sizes()), ".");
   TORCH_CHECK(grad.scalar_type() == x.scalar_type(), op, ": grad must have x's dtype ", x.scalar_type(), ", got ",
               grad.scalar_type(), ".");
   TORCH_CHECK(grad.device() == x.device(), op, ": grad must be on x's device ", x.device(), ", got ", grad.device(),

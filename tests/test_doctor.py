@@ -1,0 +1,77 @@
+"""`opforge doctor`: each finding OK/INFO/WARN/FAIL with its fix, exit 1 when the bundled ops could not be built or
+run, and the probes shown failing on a faked broken machine."""
+
+from __future__ import annotations
+
+import signal
+
+from typer.testing import CliRunner
+
+from opforge import doctor
+from opforge.cli import app
+from opforge.doctor import Verdict
+
+runner = CliRunner()
+
+
+def invoke(*args: str, env: dict[str, str] | None = None):
+    return runner.invoke(app, list(args), env={"NO_COLOR": "1", "COLUMNS": "100", **(env or {})})
+
+
+def test_this_machine_can_build_the_bundled_ops():
+    result = invoke("doctor")
+    assert result.exit_code == 0, result.output
+    for topic in ("torch", "C++ compiler", "ninja", "CUDA toolkit", "GPUs", "opforge build cache", "inductor cache"):
+        assert topic in result.output
+    assert "OK: this machine can build and run the bundled ops" in result.output
+
+
+def test_a_machine_without_compiler_or_ninja_fails_with_the_fixes(tmp_path):
+    result = invoke("doctor", env={"PATH": str(tmp_path), "CXX": "c++"})
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert "FAIL C++ compiler expected `c++` on PATH, got nothing" in text
+    assert "fix: Install a C++17 compiler" in text
+    assert "FAIL ninja" in text and "pip install ninja" in text
+    assert "FAIL: C++ compiler, ninja: the bundled ops cannot be built or run here" in text
+
+
+def test_a_compiler_without_openmp_fails_the_build_probe(tmp_path, monkeypatch):
+    fake = tmp_path / "c++"
+    fake.write_text("#!/bin/sh\necho 'fatal error: omp.h: No such file or directory' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    finding = doctor._openmp()
+    assert finding.verdict == Verdict.FAIL and "omp.h: No such file" in finding.found
+    assert "OpenMP runtime" in finding.fix
+
+
+def test_an_error_message_that_kills_the_process_is_a_failure(monkeypatch):
+    monkeypatch.setattr(doctor, "MESSAGE_PROBE_CHILD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    finding = doctor._extension_messages()
+    assert finding.verdict == Verdict.FAIL
+    assert f"killed the process (signal {int(signal.SIGSEGV)})" in finding.found
+    assert "Build with the compiler torch was built with" in finding.fix
+
+
+def test_an_error_message_that_raises_is_ok_and_one_that_builds_nothing_names_the_error(monkeypatch):
+    raised = "print('raised: opforge doctor: expected 99 dimensions, got 1 of shape [3]')"
+    monkeypatch.setattr(doctor, "MESSAGE_PROBE_CHILD", raised)
+    assert doctor._extension_messages().verdict == Verdict.OK
+    monkeypatch.setattr(doctor, "MESSAGE_PROBE_CHILD", "raise SystemExit('error: no such compiler')")
+    broken = doctor._extension_messages()
+    assert broken.verdict == Verdict.FAIL and "exit 1: error: no such compiler" in broken.found
+
+
+def test_openmp_builds_and_runs_here():
+    finding = doctor._openmp()
+    assert finding.verdict == Verdict.OK and "parallel region ran" in finding.found
+
+
+def test_transparent_huge_pages_always_warns_for_cpu_benchmarks(tmp_path):
+    setting = tmp_path / "enabled"
+    setting.write_text("[always] madvise never\n")
+    warned = doctor._huge_pages(setting)
+    assert warned.verdict == Verdict.WARN and "madvise" in warned.fix
+    setting.write_text("always [madvise] never\n")
+    assert doctor._huge_pages(setting) == doctor.Finding("transparent huge pages", Verdict.OK, "madvise")
