@@ -25,6 +25,18 @@ SPECS = REPO / "specs"
 requires_cuda = pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
 
 
+# Options that need worker processes: a `check` given one keeps them.
+_WORKER_OPTIONS = ("-j", "--jobs", "--timeout", "--no-isolation")
+
+
+def in_process(args: tuple[str, ...]) -> list[str]:
+    """`opforge check` arguments run in the test's own process: worker isolation has its tests
+    (tests/test_isolation.py), and a worker start (importing torch, loading the op) costs ~1.5 s a run here."""
+    if args and args[0] == "check" and not any(a in _WORKER_OPTIONS for a in args):
+        return [*args, "--no-isolation"]
+    return list(args)
+
+
 def run_spec(path: Path, **filters) -> OpReport:
     return run_op(load_op(load_spec(path)), Filters(**filters))
 

@@ -8,7 +8,7 @@ import os
 import stat
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, in_process
 from typer.testing import CliRunner
 
 from opforge.cli import app
@@ -30,7 +30,7 @@ runner = CliRunner()
 
 
 def invoke(*args: str):
-    return runner.invoke(app, list(args), env={"NO_COLOR": "1"})
+    return runner.invoke(app, in_process(args), env={"NO_COLOR": "1"})
 
 
 def ids_in(path) -> list[str]:

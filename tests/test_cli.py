@@ -9,7 +9,7 @@ import sys
 from xml.etree import ElementTree
 
 import pytest
-from conftest import FIXTURES, REPO
+from conftest import FIXTURES, REPO, in_process
 from typer.testing import CliRunner
 
 from opforge.cli import app
@@ -18,7 +18,7 @@ runner = CliRunner()
 
 
 def invoke(*args: str):
-    return runner.invoke(app, list(args), env={"NO_COLOR": "1"})
+    return runner.invoke(app, in_process(args), env={"NO_COLOR": "1"})
 
 
 def test_list_shows_bundled_specs():

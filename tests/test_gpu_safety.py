@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import FIXTURES, describe, failures_by_check, requires_cuda, run_spec
+from conftest import FIXTURES, describe, failures_by_check, in_process, requires_cuda, run_spec
 from typer.testing import CliRunner
 
 from opforge.cli import app
@@ -18,7 +18,7 @@ runner = CliRunner()
 
 
 def invoke(*args: str):
-    return runner.invoke(app, list(args), env={"NO_COLOR": "1"})
+    return runner.invoke(app, in_process(args), env={"NO_COLOR": "1"})
 
 
 # ----------------------------------------------------------------------------------------------- offset layout

@@ -9,7 +9,7 @@ import shutil
 import textwrap
 
 import pytest
-from conftest import FIXTURES, describe, run_spec
+from conftest import FIXTURES, describe, in_process, run_spec
 from typer.testing import CliRunner
 
 from opforge.cli import app
@@ -19,7 +19,7 @@ runner = CliRunner()
 
 
 def invoke(*args: str):
-    return runner.invoke(app, list(args), env={"NO_COLOR": "1"})
+    return runner.invoke(app, in_process(args), env={"NO_COLOR": "1"})
 
 
 def test_an_existing_extension_package_is_checked_unmodified():
@@ -126,10 +126,11 @@ def test_a_fixed_fake_kernel_is_seen_by_the_next_run_not_a_cached_graph(tmp_path
         checks: [compile]
         """)
     )
-    broken = invoke("check", str(spec))
+    # Each run in worker processes (-j 1), as a user's two runs are: the fix must reach the next process.
+    broken = invoke("check", str(spec), "-j", "1")
     assert broken.exit_code == 1 and "expected size 7==8" in broken.output, broken.output
     (tmp_path / "cacheop.py").write_text(_CACHE_OP.format(extra=0))
-    fixed = invoke("check", str(spec))
+    fixed = invoke("check", str(spec), "-j", "1")
     assert fixed.exit_code == 0, fixed.output
 
 
