@@ -148,6 +148,7 @@ def test_build_error_exits_3_with_first_compiler_error_and_log():
     assert result.exit_code == 3, result.output
     assert "broken.cpp:4:" in result.output and "error:" in result.output
     assert "build.log" in result.output
+    assert result.output.count("expected the sources to compile") == 1, "a build error is printed once, not twice"
 
 
 def test_build_command_reports_cached_library():

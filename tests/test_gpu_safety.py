@@ -93,9 +93,11 @@ def test_a_sanitizer_failure_names_kernel_access_case_and_the_log(tmp_path):
     assert "memcheck: 2 report(s) in 1 of 12 CUDA cases" in message
     assert "Invalid __global__ read of size 4 bytes at void unchecked_bounds_kernel" in message
     assert "(case float32-cuda-contiguous-x=1000003)" in message and str(tmp_path / "memcheck.log") in message
-    repeated = parse_reports(
-        MEMCHECK_OUTPUT.replace("x=7\nOPFORGE", "x=7\n" + MEMCHECK_OUTPUT.split("\n", 3)[3] + "OPFORGE")
-    )
+    # The same two reports in a second case: one line each, with the count and both cases.
+    reports = MEMCHECK_OUTPUT[
+        MEMCHECK_OUTPUT.index("========= Invalid") : MEMCHECK_OUTPUT.index("OPFORGE-SANITIZE-CASE float16")
+    ]
+    repeated = parse_reports(MEMCHECK_OUTPUT.replace("x=7\n", "x=7\n" + reports, 1))
     grouped = describe_reports("memcheck", repeated, 12, tmp_path / "memcheck.log")
     assert "4 report(s) in 2 of 12" in grouped
     assert "- 2x Invalid __global__ read of size 4 bytes at void unchecked_bounds_kernel" in grouped

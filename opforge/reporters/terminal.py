@@ -5,6 +5,7 @@ command, and the totals. Also the tables of `opforge list` and `opforge build`."
 from __future__ import annotations
 
 import os
+import re
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from opforge.checks.catalog import CATALOG
+from opforge.engine.plan import LOAD_CHECK
 from opforge.reporters.base import Reporter
 from opforge.reporters.console import console, error
 from opforge.results import CaseResult, OpReport, RunReport, Status, failure_details
@@ -22,6 +24,22 @@ from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES
 
 # The column header under which the dtypes check's unclaimed dtypes are folded.
 UNCLAIMED_COLUMN = "other"
+# The column that stands for every dtype of a device on which every row was skipped (CUDA on a CPU machine).
+ALL_SKIPPED_COLUMN = "all"
+# Dtype column headers short enough for an 80-column terminal.
+SHORT_DTYPES = {
+    "float32": "f32",
+    "float64": "f64",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "complex64": "c64",
+    "complex128": "c128",
+    "int8": "i8",
+    "int16": "i16",
+    "int32": "i32",
+    "int64": "i64",
+    "uint8": "u8",
+}
 
 
 # Failure panels printed in full; the rest are counted and left to --json / --junit.
@@ -117,7 +135,10 @@ def render_run(report: RunReport, verbose: bool = False) -> None:
     # Each op that could not load gets its error as a line of its own, as a single op's error would be shown.
     for op in report.ops:
         if op.load_exit_code is not None:
-            error(op.results[-1].message)
+            row = op.results[-1]
+            error(row.message)
+            if row.repro:
+                console.print(Text("repro: ", style="dim") + Text(row.repro), soft_wrap=True)
 
 
 def render_op(op: OpReport, verbose: bool = False) -> None:
@@ -125,16 +146,44 @@ def render_op(op: OpReport, verbose: bool = False) -> None:
     for r in op.results:
         cells[(r.target, r.check)][(r.device, r.dtype)].append(r)
     _fold_unclaimed_dtypes(cells)
+    _fold_skipped_devices(cells)
     columns = sorted({c for by_column in cells.values() for c in by_column}, key=_column_order)
-    table = Table(title=f"{op.op}  ({op.spec_path})", title_justify="left", show_lines=False)
-    table.add_column("implementation", no_wrap=True)
-    table.add_column("check", no_wrap=True)
-    for device, dtype in columns:
-        table.add_column(f"{dtype}\n{device}", justify="center")
     rows = sorted(cells.items(), key=lambda item: _row_order(op, item[0]))
+    title = f"{op.op}  ({op.spec_path})"
+    # The title on a line of its own: as a table title it would wrap at the width of a narrow table.
+    whole = _result_table(rows, columns)
+    if _narrowest(whole) <= console.width:
+        console.print(Text(title, style="italic"), whole)
+    else:  # too wide for the terminal (two devices at 80 columns): one table per device
+        for device in dict.fromkeys(d for d, _ in columns):
+            table = _result_table(rows, [c for c in columns if c[0] == device])
+            console.print(Text(f"{title}  on {device}", style="italic"), table)
+    _render_op_notes(op, verbose)
+
+
+# Columns of a table: padding on both sides and a border.
+_COLUMN_FRAME = 3
+
+
+def _narrowest(table: Table) -> int:
+    return sum((c.min_width or 0) + _COLUMN_FRAME for c in table.columns) + 1
+
+
+def _result_table(rows, columns: list[tuple[str, str]]) -> Table:
+    """Names keep their width; cells wrap at their space ("pass\n40") rather than being cut to "…": an
+    80-column terminal still reads every word."""
+    table = Table(show_lines=False)
+    table.add_column("impl", no_wrap=True, min_width=max((len(t) for (t, _), _ in rows), default=4))
+    table.add_column("check", no_wrap=True, min_width=max((len(_row_label(c)) for (_, c), _ in rows), default=5))
+    for device, dtype in columns:
+        header = SHORT_DTYPES.get(dtype, dtype)
+        table.add_column(f"{header}\n{device}", justify="center", min_width=max(4, len(header), len(device)))
     for (target, check), by_column in rows:
         table.add_row(target, _row_label(check), *(_cell(by_column.get(c, [])) for c in columns))
-    console.print(table)
+    return table
+
+
+def _render_op_notes(op: OpReport, verbose: bool) -> None:
     for reason in dict.fromkeys(r.message for r in op.results if r.status == Status.SKIP and r.message):
         console.print(f"[dim]skip: {reason}[/dim]")
     # Passes with something to say: a dtype the spec does not claim that works anyway.
@@ -156,9 +205,15 @@ def render_op(op: OpReport, verbose: bool = False) -> None:
             )
 
 
+# Words shortened in row labels so that the longest (opcheck's sub-tests) fits an 80-column table.
+_LABEL_ABBREVIATIONS = {":test_": ":", "aot_dispatch_": "aot_", "_registration": "_reg"}
+
+
 def _row_label(row: str) -> str:
-    """A sub-row without its sub-test prefix (opcheck:test_schema shows as opcheck:schema)."""
-    return row.replace(":test_", ":")
+    """A sub-row as the table shows it: opcheck:test_aot_dispatch_dynamic as opcheck:aot_dynamic."""
+    for long, short in _LABEL_ABBREVIATIONS.items():
+        row = row.replace(long, short)
+    return row
 
 
 def _visits_unclaimed_dtypes(row: str) -> bool:
@@ -175,6 +230,17 @@ def _fold_unclaimed_dtypes(cells) -> None:
         if _visits_unclaimed_dtypes(check):
             for device, dtype in [c for c in by_column if c not in claimed]:
                 by_column[(device, UNCLAIMED_COLUMN)] += by_column.pop((device, dtype))
+
+
+def _fold_skipped_devices(cells) -> None:
+    """A device on which every row was skipped gets one column, not one per dtype: its skip lines say why."""
+    devices = {device for by_column in cells.values() for device, _ in by_column}
+    for device in devices:
+        results = [r for by_column in cells.values() for (d, _), rs in by_column.items() if d == device for r in rs]
+        if all(r.status == Status.SKIP for r in results):
+            for by_column in cells.values():
+                for column in [c for c in by_column if c[0] == device]:
+                    by_column[(device, ALL_SKIPPED_COLUMN)] += by_column.pop(column)
 
 
 def _column_order(column: tuple[str, str]) -> tuple[int, int]:
@@ -214,18 +280,51 @@ _FAILURE_STYLE: dict[str, Callable[[str], Text]] = {
 
 
 def render_failures(report: RunReport) -> None:
-    failures = [r for r in report.results() if r.status.failed]
-    for r in failures[:MAX_FAILURE_PANELS]:
-        details = failure_details(r) or [("message", r.status.value)]
-        body = Text("\n").join(_FAILURE_STYLE[kind](text) for kind, text in details)
+    """One panel per root cause: the failures of one implementation and check whose messages differ only in their
+    numbers are one group, shown by its first case with the count and the others' ids. A build or load error is
+    left to the error line under the totals (printed once). Repro commands go under the panel on one unwrapped
+    line, so that they copy and paste."""
+    unloaded = {op.op for op in report.ops if op.load_exit_code is not None}
+    groups = group_failures(
+        [r for r in report.results() if r.status.failed and not (r.check == LOAD_CHECK and r.op in unloaded)]
+    )
+    for members in list(groups.values())[:MAX_FAILURE_PANELS]:
+        first = members[0]
+        details = failure_details(first) or [("message", first.status.value)]
+        body = Text("\n").join(_FAILURE_STYLE[kind](text) for kind, text in details if kind != "repro")
+        if len(members) > 1:
+            body.append(f"\n{len(members)} cases: {_case_list(members)}", style="dim")
+        title = f"[bold red]{_LABEL[first.status]}[/] {first.op}/{first.target}::{first.check}"
+        title += f" ({len(members)} cases)" if len(members) > 1 else f"[{first.case_id}]"
+        console.print(Panel(body, title=title, title_align="left", border_style="red"))
+        if first.repro:
+            console.print(Text("repro: ", style="dim") + Text(first.repro), soft_wrap=True)
+    if len(groups) > MAX_FAILURE_PANELS:
+        left = sum(len(m) for m in list(groups.values())[MAX_FAILURE_PANELS:])
         console.print(
-            Panel(body, title=f"[bold red]{_LABEL[r.status]}[/] {r.full_id}", title_align="left", border_style="red")
+            f"[red]... and {len(groups) - MAX_FAILURE_PANELS} more kinds of failure ({left} results; write them all "
+            "with --json or --junit).[/red]"
         )
-    if len(failures) > MAX_FAILURE_PANELS:
-        console.print(
-            f"[red]... and {len(failures) - MAX_FAILURE_PANELS} more failures (write them all with "
-            "--json or --junit).[/red]"
-        )
+
+
+# Case ids named under a grouped failure.
+SHOWN_CASES = 4
+_NUMBER = re.compile(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?|\b(nan|inf)\b")
+
+
+def group_failures(failures: list[CaseResult]) -> dict[tuple[str, ...], list[CaseResult]]:
+    """Failures by (op, implementation, check, status, first line of the message with its numbers blanked)."""
+    groups: dict[tuple[str, ...], list[CaseResult]] = {}
+    for r in failures:
+        signature = _NUMBER.sub("#", (r.message or "").splitlines()[0] if r.message else "")
+        groups.setdefault((r.op, r.target, r.check, r.status.value, signature), []).append(r)
+    return groups
+
+
+def _case_list(members: list[CaseResult]) -> str:
+    ids = [r.case_id for r in members]
+    more = f" and {len(ids) - SHOWN_CASES} more" if len(ids) > SHOWN_CASES else ""
+    return ", ".join(ids[:SHOWN_CASES]) + more
 
 
 def render_totals(report: RunReport) -> None:

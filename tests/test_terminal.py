@@ -1,0 +1,110 @@
+"""The terminal report at the widths people have: every word readable at 80 and 140 columns (no cell cut to "…"),
+one table per device when both do not fit, one panel per root cause, repro commands on one line."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FIXTURES, in_process
+from typer.testing import CliRunner
+
+from opforge.cli import app
+from opforge.reporters import console as console_module
+from opforge.results import CaseResult, OpReport, RunReport, Status
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def width(monkeypatch):
+    def set_width(columns: int) -> None:
+        monkeypatch.setattr(console_module.console, "width", columns)
+
+    return set_width
+
+
+def check(*args: str):
+    return runner.invoke(app, in_process(("check", *args)), env={"NO_COLOR": "1"})
+
+
+def table_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line[:1] in "┏┃┡│└"]
+
+
+@pytest.mark.parametrize("columns", [80, 140])
+def test_the_result_table_reads_whole_at_80_and_140_columns(width, columns):
+    width(columns)
+    result = check(str(FIXTURES / "good.yaml"), "--check", "correctness", "--check", "opcheck", "--check", "dtypes")
+    assert result.exit_code == 0, result.output
+    lines = table_lines(result.output)
+    assert lines and all(len(line) <= columns for line in lines), "\n".join(lines)
+    assert "…" not in "\n".join(lines)
+    header = " ".join(lines[:3])
+    for name in ("impl", "check", "f32", "f64", "bf16", "other", "cpu"):
+        assert name in header
+    assert "opcheck:aot_dynamic" in result.output and "opcheck:autograd_reg" in result.output
+
+
+def _result(device: str, dtype: str, check: str = "correctness", status: Status = Status.PASS) -> CaseResult:
+    return CaseResult("op", "native", check, f"{dtype}-{device}-contiguous-x=7", dtype, device, status)
+
+
+def test_two_devices_too_wide_for_the_terminal_get_a_table_each(width, capsys):
+    from opforge.reporters.terminal import render_op
+
+    dtypes = ("float32", "float64", "float16", "bfloat16")
+    check = "opcheck:test_autograd_registration"  # the longest row label
+    results = [_result(d, t, check) for d in ("cpu", "cuda") for t in dtypes]
+    op = OpReport(op="op", spec_path="op.yaml", results=results)
+    width(80)
+    render_op(op)
+    narrow = capsys.readouterr().out
+    assert "op  (op.yaml)  on cpu" in narrow and "op  (op.yaml)  on cuda" in narrow
+    assert all(len(line) <= 80 for line in table_lines(narrow)) and "…" not in narrow
+    width(140)
+    render_op(op)
+    wide = capsys.readouterr().out
+    assert " on cpu" not in wide and wide.count("pass 1") == 8
+
+
+def test_failures_with_one_cause_are_one_panel_with_their_count_and_a_repro_on_one_line(width):
+    width(100)
+    result = check(str(FIXTURES / "ignores_strides.yaml"), "--check", "correctness", "--dtype", "float32")
+    assert result.exit_code == 1, result.output
+    assert result.output.count("╭─ FAIL") == 1, result.output
+    assert "FAIL ignores_strides/native::correctness (3 cases)" in result.output
+    assert "3 cases: float32-cpu-transposed-x=5x6, float32-cpu-strided-x=7, float32-cpu-strided-x=5x6" in result.output
+    assert "worst mismatch in result at [" in result.output
+    [repro] = [line for line in result.output.splitlines() if line.startswith("repro: ")]
+    assert (
+        repro.endswith("--seed 0") and "-k 'ignores_strides/native::correctness[float32-cpu-transposed-x=5x6]'" in repro
+    )
+    assert len(repro) > 100  # longer than the terminal, and still one line
+
+
+def test_different_failures_of_one_check_stay_apart():
+    from opforge.reporters.terminal import group_failures
+
+    mismatch = "result: 3 of 30 elements differ from the reference beyond tolerance."
+    rows = [
+        CaseResult("op", "native", "correctness", "a", "float32", "cpu", Status.FAIL, message=mismatch),
+        CaseResult(
+            "op", "native", "correctness", "b", "float32", "cpu", Status.FAIL, message=mismatch.replace("3", "7")
+        ),
+        CaseResult(
+            "op", "native", "correctness", "c", "float32", "cpu", Status.FAIL, message="native raised ValueError"
+        ),
+        CaseResult("op", "native", "correctness", "d", "float32", "cpu", Status.CRASH, message=mismatch),
+    ]
+    assert [[r.case_id for r in g] for g in group_failures(rows).values()] == [["a", "b"], ["c"], ["d"]]
+
+
+def test_more_kinds_of_failure_than_panels_are_counted(monkeypatch, capsys):
+    from opforge.reporters import terminal
+
+    monkeypatch.setattr(terminal, "MAX_FAILURE_PANELS", 1)
+    rows = [
+        CaseResult("op", "native", check, "a", "float32", "cpu", Status.FAIL, message=check)
+        for check in ("correctness", "stream", "stream")
+    ]
+    terminal.render_failures(RunReport(environment={}, ops=[OpReport(op="op", spec_path="op.yaml", results=rows)]))
+    assert "... and 1 more kinds of failure (2 results;" in capsys.readouterr().out
