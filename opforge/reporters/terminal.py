@@ -309,7 +309,8 @@ def render_failures(report: RunReport) -> None:
 
 # Case ids named under a grouped failure.
 SHOWN_CASES = 4
-_NUMBER = re.compile(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?|\b(nan|inf)\b")
+# What a failure message says that differs from case to case of one cause: numbers and dtype names.
+_NUMBER = re.compile(r"\b(b?float|complex|u?int)\d+\b|[-+]?\d+(\.\d+)?(e[-+]?\d+)?|\b(nan|inf)\b")
 
 
 def group_failures(failures: list[CaseResult]) -> dict[tuple[str, ...], list[CaseResult]]:
