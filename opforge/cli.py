@@ -53,6 +53,15 @@ Targets = Annotated[list[str] | None, typer.Argument(help="Op names (see `opforg
 Devices = Annotated[list[str], typer.Option("--device", help="Only these devices (repeatable).")]
 Dtypes = Annotated[list[str], typer.Option("--dtype", help="Only these dtypes (repeatable).")]
 CudaArch = Annotated[str | None, typer.Option("--cuda-arch", help="CUDA archs to build for, e.g. 9.0.")]
+Modes = Annotated[list[str], typer.Option("--mode", help="fwd, bwd or fwd+bwd (repeatable).")]
+Impls = Annotated[
+    list[str],
+    typer.Option("--impl", help="Only these contenders: native, a spec implementation, eager, compile (repeatable)."),
+]
+Sizes = Annotated[
+    list[str],
+    typer.Option("--sizes", help="Elements per tensor input, e.g. 2**20,2**24 (replaces the spec's sizes and shapes)."),
+]
 
 
 def _print_version(asked: bool) -> None:
@@ -494,19 +503,9 @@ def bench(
     ] = False,
     device: Devices = [],  # noqa: B006 (typer copies it)
     dtype: Dtypes = [],  # noqa: B006
-    mode: Annotated[list[str], typer.Option("--mode", help="fwd, bwd or fwd+bwd (repeatable).")] = [],  # noqa: B006
-    impl: Annotated[
-        list[str],
-        typer.Option(
-            "--impl", help="Only these contenders: native, a spec implementation, eager, compile (repeatable)."
-        ),
-    ] = [],  # noqa: B006
-    sizes: Annotated[
-        list[str],
-        typer.Option(
-            "--sizes", help="Elements per tensor input, e.g. 2**20,2**24 (replaces the spec's sizes and shapes)."
-        ),
-    ] = [],  # noqa: B006
+    mode: Modes = [],  # noqa: B006
+    impl: Impls = [],  # noqa: B006
+    sizes: Sizes = [],  # noqa: B006
     baseline: Annotated[
         Path | None,
         typer.Option("--baseline", help="A --json of an earlier run to gate against."),
@@ -613,6 +612,60 @@ def _check_bench_options(
     for option, ok, expected, got, hint in rules:
         if not ok:
             raise UsageError(option, expected, repr(got), hint)
+
+
+@app.command()
+def profile(
+    target: Annotated[str, typer.Argument(help="An op name (see `opforge list`) or a spec file.")],
+    device: Devices = [],  # noqa: B006
+    dtype: Dtypes = [],  # noqa: B006
+    mode: Modes = [],  # noqa: B006
+    impl: Impls = [],  # noqa: B006
+    sizes: Sizes = [],  # noqa: B006
+    calls: Annotated[int, typer.Option("--calls", help="Calls profiled per implementation.")] = 10,
+    trace: Annotated[
+        Path | None,
+        typer.Option("--trace", help="Write a Chrome/Perfetto trace per implementation: FILE-NN-impl-....json."),
+    ] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs.")] = 0,
+) -> None:
+    """Profile each implementation of an op: kernels per call, each kernel's time and share, host time, GB/s.
+
+    The points are `opforge bench`'s (the spec's first bench size unless --sizes is given).
+
+    Examples:
+      opforge profile leaky_swish --dtype float32 --mode fwd
+      opforge profile rms_norm --device cuda --impl native --impl compile --trace rms.json
+    """
+
+    def body() -> int:
+        import json
+
+        from opforge.bench.runner import BenchFilters, parse_sizes
+        from opforge.profile import profile_op
+        from opforge.reporters.profile_terminal import render_profile
+
+        filters = BenchFilters(
+            devices=_validate(device, KNOWN_DEVICES, "--device"),
+            dtypes=_validate(dtype, KNOWN_DTYPES, "--dtype"),
+            modes=_validate(mode, BENCH_MODES, "--mode"),
+            impls=tuple(impl),
+            sizes=parse_sizes(sizes),
+            seed=seed,
+        )
+        [spec_path] = _specs([target], False)
+        run = profile_op(load_spec(spec_path), filters, trace, calls, on_step=out.info)
+        render_profile(run)
+        if json_path is not None:
+            json_path.write_text(json.dumps(run.to_json(), indent=2))
+            out.info(f"JSON: {json_path}")
+        if not run.results:
+            out.error(f"opforge profile: expected something to profile, got nothing ({run.skipped_devices}).")
+            return EXIT_NOTHING_RAN
+        return EXIT_FAILED if any(r.error for r in run.results) else EXIT_OK
+
+    _guarded(body)
 
 
 @app.command()

@@ -40,7 +40,7 @@ LAYERS = [
     # like a worker does.
     ("engine", ["engine", "checks.large_index_child", "checks.sanitize_child"]),
     ("bench", ["bench"]),
-    ("tools", ["doctor", "scaffold"]),
+    ("tools", ["doctor", "scaffold", "profile"]),
     ("reporters", ["reporters"]),
     ("commands", ["cli", "pytest_plugin", "__main__"]),
 ]
