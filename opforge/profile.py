@@ -210,8 +210,8 @@ def _is_work(event, on_device: bool) -> bool:
 def _self_seconds(event, on_device: bool) -> float:
     if on_device:
         # self_cuda_time_total: torch before the device-neutral names.
-        micros = getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
-        return float(micros) / 1e6
+        micros: float = getattr(event, "self_device_time_total", 0) or getattr(event, "self_cuda_time_total", 0)
+        return micros / 1e6
     return event.self_cpu_time_total / 1e6
 
 
