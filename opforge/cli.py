@@ -49,18 +49,42 @@ app = typer.Typer(
 _state = {"debug": False}
 
 # Options shared by several commands, declared once.
+# The panels `--help` groups options into.
+SELECTION, REPORTS, EXECUTION = "Selection", "Reports", "Execution"
 Targets = Annotated[list[str] | None, typer.Argument(help="Op names (see `opforge list`) or paths to spec files.")]
-Devices = Annotated[list[str], typer.Option("--device", help="Only these devices (repeatable).")]
-Dtypes = Annotated[list[str], typer.Option("--dtype", help="Only these dtypes (repeatable).")]
-CudaArch = Annotated[str | None, typer.Option("--cuda-arch", help="CUDA archs to build for, e.g. 9.0.")]
-Modes = Annotated[list[str], typer.Option("--mode", help="fwd, bwd or fwd+bwd (repeatable).")]
+Devices = Annotated[
+    list[str],
+    typer.Option(
+        "--device", help=f"Only these devices (repeatable): {', '.join(KNOWN_DEVICES)}.", rich_help_panel=SELECTION
+    ),
+]
+Dtypes = Annotated[
+    list[str],
+    typer.Option(
+        "--dtype", help=f"Only these dtypes (repeatable): {', '.join(KNOWN_DTYPES)}.", rich_help_panel=SELECTION
+    ),
+]
+CudaArch = Annotated[
+    str | None, typer.Option("--cuda-arch", help="CUDA archs to build for, e.g. 9.0.", rich_help_panel=EXECUTION)
+]
+Modes = Annotated[
+    list[str], typer.Option("--mode", help="fwd, bwd or fwd+bwd (repeatable).", rich_help_panel=SELECTION)
+]
 Impls = Annotated[
     list[str],
-    typer.Option("--impl", help="Only these contenders: native, a spec implementation, eager, compile (repeatable)."),
+    typer.Option(
+        "--impl",
+        help="Only these contenders: native, a spec implementation, eager, compile (repeatable).",
+        rich_help_panel=SELECTION,
+    ),
 ]
 Sizes = Annotated[
     list[str],
-    typer.Option("--sizes", help="Elements per tensor input, e.g. 2**20,2**24 (replaces the spec's sizes and shapes)."),
+    typer.Option(
+        "--sizes",
+        help="Elements per tensor input, e.g. 2**20,2**24 (replaces the spec's sizes and shapes).",
+        rich_help_panel=SELECTION,
+    ),
 ]
 
 
@@ -121,7 +145,7 @@ def with_report_options(formats: tuple[ReportFormat, ...]) -> Callable[[Callable
                 param_name(fmt),
                 inspect.Parameter.KEYWORD_ONLY,
                 default=None,
-                annotation=Annotated[Path | None, typer.Option(fmt.option, help=fmt.help)],
+                annotation=Annotated[Path | None, typer.Option(fmt.option, help=fmt.help, rich_help_panel=REPORTS)],
             )
             for fmt in formats
         ]
@@ -162,24 +186,51 @@ def _validate(values: list[str], known: tuple[str, ...], option: str) -> tuple[s
 @with_report_options(CHECK_FORMATS)
 def check(
     targets: Targets = None,
-    all_specs: Annotated[bool, typer.Option("--all", help="Check every bundled spec.")] = False,
+    all_specs: Annotated[
+        bool, typer.Option("--all", help="Check every bundled spec.", rich_help_panel=SELECTION)
+    ] = False,
     dtype: Dtypes = [],  # noqa: B006 (typer copies it)
     device: Devices = [],  # noqa: B006
-    check_: Annotated[list[str], typer.Option("--check", help="Only these checks (repeatable).")] = [],  # noqa: B006
-    keyword: Annotated[str | None, typer.Option("-k", help="Only results whose id contains this substring.")] = None,
+    check_: Annotated[
+        list[str],
+        typer.Option(
+            "--check",
+            help=f"Only these checks (repeatable): {', '.join(CATALOG.names)}, or a sub-row such as "
+            "opcheck:test_schema.",
+            rich_help_panel=SELECTION,
+        ),
+    ] = [],  # noqa: B006
+    keyword: Annotated[
+        str | None, typer.Option("-k", help="Only results whose id contains this substring.", rich_help_panel=SELECTION)
+    ] = None,
     last_failed: Annotated[
         bool,
-        typer.Option("--last-failed", "--lf", help="Only what failed last time (all of it when nothing is recorded)."),
+        typer.Option(
+            "--last-failed",
+            "--lf",
+            help="Only what failed last time (all of it when nothing is recorded).",
+            rich_help_panel=SELECTION,
+        ),
     ] = False,
-    seed: Annotated[int, typer.Option("--seed", help="Base seed; each case derives its own from it and its id.")] = 0,
-    fail_fast: Annotated[bool, typer.Option("--fail-fast", "-x", help="Stop at the first failure.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="List every result.")] = False,
+    seed: Annotated[
+        int,
+        typer.Option(
+            "--seed", help="Base seed; each case derives its own from it and its id.", rich_help_panel=EXECUTION
+        ),
+    ] = 0,
+    fail_fast: Annotated[
+        bool, typer.Option("--fail-fast", "-x", help="Stop at the first failure.", rich_help_panel=EXECUTION)
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="List every result.", rich_help_panel=REPORTS)
+    ] = False,
     timeout: Annotated[
         float | None,
         typer.Option(
             "--timeout",
             help="Seconds one check on one case may take before it is killed (TIMEOUT); overrides the specs' "
             "`timeout:`. Default 300.",
+            rich_help_panel=EXECUTION,
         ),
     ] = None,
     jobs: Annotated[
@@ -189,6 +240,7 @@ def check(
             "-j",
             help="Check this many ops at once, each in its own process (each with its own share of the GPUs where "
             "there are several).",
+            rich_help_panel=EXECUTION,
         ),
     ] = 1,
     no_isolation: Annotated[
@@ -197,11 +249,17 @@ def check(
             "--no-isolation",
             help="Run the checks in this process (for a debugger); a crash then ends the run and --timeout does not "
             "apply.",
+            rich_help_panel=EXECUTION,
         ),
     ] = False,
     cuda_arch: CudaArch = None,
     large: Annotated[
-        bool, typer.Option("--large", help="Also run large_index (tensors past 2^31 elements: GBs of GPU memory).")
+        bool,
+        typer.Option(
+            "--large",
+            help="Also run large_index (tensors past 2^31 elements: GBs of GPU memory).",
+            rich_help_panel=EXECUTION,
+        ),
     ] = False,
     sanitize: Annotated[
         str | None,
@@ -209,12 +267,19 @@ def check(
             "--sanitize",
             help="Also run the op's CUDA cases under compute-sanitizer with these tools: memcheck, racecheck, "
             "initcheck, synccheck (comma-separated), or all.",
+            rich_help_panel=EXECUTION,
         ),
     ] = None,
     *,
     reports: dict[ReportFormat, Path | None],
 ) -> None:
-    """Build an op's kernels and run every check its spec declares."""
+    """Build an op's kernels and run every check its spec declares.
+
+    Examples:
+      opforge check leaky_swish
+      opforge check my_op.yaml --dtype float32 --check correctness -k 33x65 -v
+      opforge check --all --json report.json --junit report.xml --markdown summary.md
+    """
 
     def body() -> int:
         from opforge.engine.plan import Filters
@@ -537,7 +602,13 @@ def bench(
     *,
     reports: dict[ReportFormat, Path | None],
 ) -> None:
-    """Time an op's implementations against its eager reference and torch.compile of it; gate regressions."""
+    """Time an op's implementations against its eager reference and torch.compile of it; gate regressions.
+
+    Examples:
+      opforge bench leaky_swish
+      opforge bench rms_norm --device cuda --dtype bfloat16 --mode bwd --impl native --impl compile
+      opforge bench --all --baseline main.json --max-regression 5 --markdown summary.md
+    """
 
     def body() -> int:
         from opforge.bench.runner import BenchFilters, BenchHooks, parse_sizes, run_bench

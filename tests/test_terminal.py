@@ -108,3 +108,26 @@ def test_more_kinds_of_failure_than_panels_are_counted(monkeypatch, capsys):
     ]
     terminal.render_failures(RunReport(environment={}, ops=[OpReport(op="op", spec_path="op.yaml", results=rows)]))
     assert "... and 1 more kinds of failure (2 results;" in capsys.readouterr().out
+
+
+def test_without_a_terminal_progress_is_a_heartbeat_line_at_most_every_few_seconds(capsys):
+    from opforge.reporters.terminal import HEARTBEAT_S, TerminalReport
+
+    now = [0.0]
+    report = TerminalReport(clock=lambda: now[0])
+    report.start()  # pytest's capture is no terminal: no bar
+    report.planned("op", 3)
+    report.result("op", _result("cpu", "float32"))
+    now[0] = HEARTBEAT_S + 1
+    report.result("op", _result("cpu", "float64", status=Status.FAIL))
+    report.result("op", _result("cpu", "float16"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("... ")]
+    assert lines == ["... op: 2/3 rows done, 1 failed; now correctness [float64-cpu-contiguous-x=7]"]
+
+
+def test_a_bench_row_whose_spread_is_large_against_its_median_is_flagged_noisy():
+    from opforge.reporters.bench_terminal import noise_note
+
+    assert noise_note(1e-3, 0.5e-4) == ""
+    assert noise_note(1e-3, 2.3e-4) == "noisy: IQR 23% of median"
+    assert noise_note(None, None) == ""

@@ -36,6 +36,17 @@ def bench_progress(total: int) -> Iterator[Callable[[object], None]]:
         yield advance
 
 
+# IQR / median above which a row is flagged noisy: two contenders 10% apart are then not told apart by their
+# medians alone.
+NOISY_IQR = 0.10
+
+
+def noise_note(median_s: float | None, iqr_s: float | None) -> str:
+    if not median_s or iqr_s is None or iqr_s / median_s <= NOISY_IQR:
+        return ""
+    return f"noisy: IQR {iqr_s / median_s:.0%} of median"
+
+
 def render_bench(run) -> None:
     """One table per op: a row per (point, contender), speedups over each baseline timed on the same point."""
     from opforge.bench.baseline import format_seconds
@@ -75,8 +86,19 @@ def render_bench(run) -> None:
                     for b in baselines
                 ]
                 note = r.message
-            table.add_row(r.case, r.dtype, r.mode, r.device, r.impl, *cells, Text(note, style="dim"))
+            noise = noise_note(r.median_s, r.iqr_s) if r.status not in (WRONG, ERROR, SKIP) else ""
+            notes = Text(note, style="dim") + Text(("; " if note and noise else "") + noise, style="yellow")
+            table.add_row(r.case, r.dtype, r.mode, r.device, r.impl, *cells, notes)
         console.print(table)
+        if any(noise_note(r.median_s, r.iqr_s) for r in rows if r.status not in (WRONG, ERROR, SKIP)):
+            console.print(
+                Text(
+                    f"noisy: an IQR above {NOISY_IQR:.0%} of the median makes speedups unreliable. Time longer "
+                    "(--budget, --min-reps), set transparent huge pages to madvise for CPU runs (opforge doctor), or "
+                    "keep other work off the cores (taskset, an idle GPU).",
+                    style="yellow",
+                )
+            )
     for r in run.results:
         if r.mismatch is not None:
             console.print(Text(f"WRONG {r.id}: ", style="bold red") + Text(describe_mismatch(r.mismatch)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,9 @@ SHORT_DTYPES = {
     "uint8": "u8",
 }
 
+
+# Seconds between progress lines when there is no terminal to draw a bar on (a CI log).
+HEARTBEAT_S = 10.0
 
 # Failure panels printed in full; the rest are counted and left to --json / --junit.
 MAX_FAILURE_PANELS = 20
@@ -87,11 +91,16 @@ class TerminalReport(Reporter):
     """A progress bar per op while the run goes (ops may run side by side in worker processes; on a terminal only),
     then the tables, the failures and the totals."""
 
-    def __init__(self, verbose: bool = False):
+    def __init__(self, verbose: bool = False, clock: Callable[[], float] = time.monotonic):
         self.verbose = verbose
         self._bar: Progress | None = None
         self._tasks: dict[str, Any] = {}
         self._failures: dict[str, int] = defaultdict(int)
+        # Without a terminal (a CI log) there is no bar: a heartbeat line instead, at most every HEARTBEAT_S.
+        self._clock = clock
+        self._planned: dict[str, int] = {}
+        self._done: dict[str, int] = defaultdict(int)
+        self._last_beat = clock()
 
     def start(self) -> None:
         if not console.is_terminal:
@@ -110,15 +119,21 @@ class TerminalReport(Reporter):
         console.print(message)
 
     def planned(self, op: str, total: int) -> None:
+        self._planned[op] = total
         if self._bar is not None:
             self._tasks[op] = self._bar.add_task(op, total=total, failed="")
 
     def result(self, op: str, result: CaseResult) -> None:
-        if self._bar is None or op not in self._tasks:
-            return
         self._failures[op] += result.status.failed
+        self._done[op] += 1
         failed = self._failures[op]
-        self._bar.update(self._tasks[op], advance=1, failed=f"{failed} failed" if failed else "")
+        if self._bar is not None and op in self._tasks:
+            self._bar.update(self._tasks[op], advance=1, failed=f"{failed} failed" if failed else "")
+        elif self._bar is None and self._clock() - self._last_beat >= HEARTBEAT_S:
+            self._last_beat = self._clock()
+            total = self._planned.get(op)
+            done = f"{self._done[op]}/{total}" if total else str(self._done[op])
+            console.print(Text(f"... {op}: {done} rows done, {failed} failed; now {result.check} [{result.case_id}]"))
 
     def finish(self, run: RunReport) -> None:
         if self._bar is not None:
