@@ -97,8 +97,8 @@ def test_a_hang_is_killed_at_the_specs_time_limit_and_the_op_goes_on(misbehaving
     _, report, _ = misbehaving_run
     rows = rows_of(report, "hangs")
     assert {k: r["status"] for k, r in rows.items()} == {"x=0d": "pass", "x=7": "timeout", "x=5x6": "pass"}
-    assert "time limit of 10 s" in rows["x=7"]["message"]
-    assert rows["x=7"]["seconds"] >= 10
+    assert "time limit of 5 s" in rows["x=7"]["message"]
+    assert rows["x=7"]["seconds"] >= 5
 
 
 def test_the_run_completes_fails_and_every_report_says_why(misbehaving_run):
@@ -377,7 +377,7 @@ def test_stderr_excerpt_prefers_the_fatal_error_and_its_innermost_frames():
 
 def test_time_limit_cli_over_spec_over_default(tmp_path):
     spec = load_spec(FIXTURES / "hangs.yaml")
-    assert time_limit(spec, None) == 10 and time_limit(spec, 2.5) == 2.5
+    assert time_limit(spec, None) == 5 and time_limit(spec, 2.5) == 2.5
     assert time_limit(load_spec(FIXTURES / "good.yaml"), None) == DEFAULT_CHECK_TIMEOUT
 
 

@@ -20,7 +20,8 @@ def test_the_python_stage_passes_every_check(tmp_path):
     made = invoke("new", "scaffold_py", "--dir", str(tmp_path / "op"))
     assert made.exit_code == 0, made.output
     assert {p.name for p in (tmp_path / "op").iterdir()} == {"scaffold_py.yaml", "scaffold_py.py"}
-    checked = invoke("check", str(tmp_path / "op" / "scaffold_py.yaml"))
+    # Every check, in a full-precision dtype and a low-precision one (the stages' dtype handling is the same code).
+    checked = invoke("check", str(tmp_path / "op" / "scaffold_py.yaml"), "--dtype", "float32", "--dtype", "bfloat16")
     assert checked.exit_code == 0, checked.output
     assert "OK:" in checked.output
 
@@ -35,7 +36,7 @@ def test_the_cpp_stage_adds_its_kernel_to_the_same_spec_and_passes(tmp_path):
     spec = (directory / "scaffold_cc.yaml").read_text()
     assert "op: myops::scaffold_cc\n" in spec and "sources: [scaffold_cc.cpp]" in spec
     assert "prototype: scaffold_cc:scaffold_cc_prototype" in spec
-    checked = invoke("check", str(directory / "scaffold_cc.yaml"), "--dtype", "float32", "--dtype", "bfloat16")
+    checked = invoke("check", str(directory / "scaffold_cc.yaml"), "--dtype", "bfloat16")
     assert checked.exit_code == 0, checked.output
     rows = checked.output
     assert "native" in rows and "prototype" in rows and "opcheck:aot_dynamic" in rows

@@ -33,6 +33,7 @@ def table_lines(output: str) -> list[str]:
 @pytest.mark.parametrize("columns", [80, 140])
 def test_the_result_table_reads_whole_at_80_and_140_columns(width, columns):
     width(columns)
+    # opcheck for its long row labels; dtypes for the folded "other" column.
     result = check(str(FIXTURES / "good.yaml"), "--check", "correctness", "--check", "opcheck", "--check", "dtypes")
     assert result.exit_code == 0, result.output
     lines = table_lines(result.output)
