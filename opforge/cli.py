@@ -611,19 +611,12 @@ def bench(
     """
 
     def body() -> int:
-        from opforge.bench.runner import BenchFilters, BenchHooks, parse_sizes, run_bench
+        from opforge.bench.runner import BenchHooks, run_bench
         from opforge.bench.timing import TimingOptions
         from opforge.reporters import bench_terminal
 
         _check_bench_options(budget, warmup, noise, min_reps, max_regression, threads)
-        filters = BenchFilters(
-            devices=_validate(device, KNOWN_DEVICES, "--device"),
-            dtypes=_validate(dtype, KNOWN_DTYPES, "--dtype"),
-            modes=_validate(mode, BENCH_MODES, "--mode"),
-            impls=tuple(impl),
-            sizes=parse_sizes(sizes),
-            seed=seed,
-        )
+        filters = _bench_filters(device, dtype, mode, impl, sizes, seed)
         files = _file_reporters(reports)
         timing = TimingOptions(
             budget_s=budget, warmup_s=warmup, noise_target=noise, min_reps=min_reps, cuda_graph=cuda_graph
@@ -661,6 +654,22 @@ def bench(
         return code if written else max(code, EXIT_USAGE)
 
     _guarded(body)
+
+
+def _bench_filters(
+    device: list[str], dtype: list[str], mode: list[str], impl: list[str], sizes: list[str], seed: int
+) -> Any:
+    """The points and contenders `bench` and `profile` run, from their shared options."""
+    from opforge.bench.runner import BenchFilters, parse_sizes
+
+    return BenchFilters(
+        devices=_validate(device, KNOWN_DEVICES, "--device"),
+        dtypes=_validate(dtype, KNOWN_DTYPES, "--dtype"),
+        modes=_validate(mode, BENCH_MODES, "--mode"),
+        impls=tuple(impl),
+        sizes=parse_sizes(sizes),
+        seed=seed,
+    )
 
 
 def _check_bench_options(
@@ -713,18 +722,10 @@ def profile(
     def body() -> int:
         import json
 
-        from opforge.bench.runner import BenchFilters, parse_sizes
         from opforge.profile import profile_op
         from opforge.reporters.profile_terminal import render_profile
 
-        filters = BenchFilters(
-            devices=_validate(device, KNOWN_DEVICES, "--device"),
-            dtypes=_validate(dtype, KNOWN_DTYPES, "--dtype"),
-            modes=_validate(mode, BENCH_MODES, "--mode"),
-            impls=tuple(impl),
-            sizes=parse_sizes(sizes),
-            seed=seed,
-        )
+        filters = _bench_filters(device, dtype, mode, impl, sizes, seed)
         [spec_path] = _specs([target], False)
         run = profile_op(load_spec(spec_path), filters, trace, calls, on_step=out.info)
         render_profile(run)

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "grad_checks.h"
 #include "message.h"
 
 namespace opforge::affine_leaky_swish {
@@ -32,12 +33,7 @@ inline void check_backward_args(const at::Tensor& grad, const at::Tensor& x, con
                                 const at::Tensor& shift) {
   constexpr const char* op = "opforge::affine_leaky_swish_backward";
   check_inputs(x, scale, shift, op);
-  TORCH_CHECK(grad.sizes() == x.sizes(), op, ": grad must have x's shape ", shape_text(x.sizes()), ", got ",
-              shape_text(grad.sizes()), ".");
-  TORCH_CHECK(grad.scalar_type() == x.scalar_type(), op, ": grad must have x's dtype ", x.scalar_type(), ", got ",
-              grad.scalar_type(), ".");
-  TORCH_CHECK(grad.device() == x.device(), op, ": grad must be on x's device ", x.device(), ", got ", grad.device(),
-              ".");
+  check_grad_matches(grad, x, op);
 }
 
 // The memory format the kernels walk x in, which is also the output's: channels_last (NHWC) when x is and is not

@@ -4,7 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
 
-#include "message.h"
+#include "grad_checks.h"
 
 namespace opforge::leaky_swish {
 
@@ -18,12 +18,7 @@ inline void check_input(const at::Tensor& x, const char* op, const char* name = 
 inline void check_backward_args(const at::Tensor& grad, const at::Tensor& x) {
   constexpr const char* op = "opforge::leaky_swish_backward";
   check_input(x, op);
-  TORCH_CHECK(grad.sizes() == x.sizes(), op, ": grad must have x's shape ", shape_text(x.sizes()), ", got ",
-              shape_text(grad.sizes()), ".");
-  TORCH_CHECK(grad.scalar_type() == x.scalar_type(), op, ": grad must have x's dtype ", x.scalar_type(), ", got ",
-              grad.scalar_type(), ".");
-  TORCH_CHECK(grad.device() == x.device(), op, ": grad must be on x's device ", x.device(), ", got ", grad.device(),
-              ".");
+  check_grad_matches(grad, x, op);
 }
 
 // out= as in PyTorch's native out= ops: out keeps its dtype and device (no implicit cast or move), and is resized

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "grad_checks.h"
 #include "message.h"
 
 namespace opforge::rms_norm {
@@ -33,12 +34,7 @@ inline void check_input(const at::Tensor& x, const at::Tensor& weight, const cha
 inline void check_backward_args(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
                                 const char* op) {
   check_input(x, weight, op);
-  TORCH_CHECK(grad.sizes() == x.sizes(), op, ": grad must have x's shape ", shape_text(x.sizes()), ", got ",
-              shape_text(grad.sizes()), ".");
-  TORCH_CHECK(grad.scalar_type() == x.scalar_type(), op, ": grad must have x's dtype ", x.scalar_type(), ", got ",
-              grad.scalar_type(), ".");
-  TORCH_CHECK(grad.device() == x.device(), op, ": grad must be on x's device ", x.device(), ", got ", grad.device(),
-              ".");
+  check_grad_matches(grad, x, op);
 }
 
 // x viewed as rows x hidden: the kernels normalize each row of a contiguous buffer.
