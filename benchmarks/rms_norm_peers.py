@@ -1,7 +1,7 @@
 """H200 bandwidth of opforge::rms_norm against its peers: F.rms_norm, torch.compile of the reference, Liger-Kernel.
 
 Run on a GPU machine from the repository root (Liger-Kernel is a pure-Python wheel; install it without its
-dependencies, or leave it in .whl/, where this script finds it and imports it from the wheel):
+dependencies, or leave it in .whl/, where this script finds it and unpacks it into a temporary folder):
     pip install --no-deps .whl/liger_kernel-*.whl
     python benchmarks/rms_norm_peers.py [--json out.json] [--markdown out.md]
     python benchmarks/rms_norm_peers.py --shapes 4096x4096 --dtypes bfloat16 --modes bwd --impl opforge --impl liger
@@ -36,7 +36,9 @@ import json
 import platform
 import statistics
 import sys
+import tempfile
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -156,7 +158,8 @@ def compile_peer() -> Peer:
 
 
 def import_liger():
-    """LigerRMSNorm, installed or from a wheel under .whl/ (a pure-Python wheel imports from the zip)."""
+    """LigerRMSNorm, installed or unpacked from a wheel under .whl/. Not imported from the zip itself: the wheel's
+    liger_kernel/ops/experimental has no __init__.py, and zipimport cannot import such a namespace package."""
     try:
         from liger_kernel.transformers.rms_norm import LigerRMSNorm
 
@@ -165,10 +168,13 @@ def import_liger():
         wheels = sorted(glob.glob(str(REPO / ".whl" / "liger_kernel-*.whl")))
         if not wheels:
             raise installed_error
-        sys.path.insert(0, wheels[-1])
+        unpacked = tempfile.mkdtemp(prefix="liger-")
+        with zipfile.ZipFile(wheels[-1]) as wheel:
+            wheel.extractall(unpacked)
+        sys.path.insert(0, unpacked)
         from liger_kernel.transformers.rms_norm import LigerRMSNorm
 
-        return LigerRMSNorm, f"imported from {Path(wheels[-1]).name}"
+        return LigerRMSNorm, f"unpacked from {Path(wheels[-1]).name}"
 
 
 def liger_peer() -> Peer:

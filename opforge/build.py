@@ -161,6 +161,22 @@ def _cuda_archs(cuda_arch: str | None) -> tuple[str, ...]:
     return ("9.0",)
 
 
+def arch_runs_on(arch: str, capability: str) -> bool:
+    """Whether a build for a TORCH_CUDA_ARCH_LIST entry runs on a GPU of this compute capability ("9.0"). A cubin
+    runs on its own major version at the same or a higher minor ("10.0f", family code, alike); an arch-specific one
+    ("9.0a") on its own capability only; "+PTX" adds PTX that the driver compiles for any later GPU. A named entry
+    ("Hopper") counts as a match: the build resolves it, and rejects one it does not know."""
+    name = arch.removesuffix("+PTX")
+    match = re.fullmatch(r"(\d+)\.(\d+)([af]?)", name)
+    if match is None:
+        return True
+    built = (int(match[1]), int(match[2]))
+    gpu = tuple(int(part) for part in capability.split("."))
+    if gpu == built or (arch.endswith("+PTX") and gpu > built):
+        return True
+    return match[3] != "a" and gpu[0] == built[0] and gpu > built
+
+
 def _extra_flags(variable: str) -> tuple[str, ...]:
     """Extra compiler flags from the environment (OPFORGE_EXTRA_CFLAGS, OPFORGE_EXTRA_CUDA_CFLAGS): for a kernel
     author's experiments, e.g. sweeping a tuned constant; they are part of the cache key."""

@@ -41,6 +41,19 @@ def run_spec(path: Path, **filters) -> OpReport:
     return run_op(load_op(load_spec(path)), Filters(**filters))
 
 
+def run_spec_isolated(path: Path, **filters) -> OpReport:
+    """run_spec in worker processes, for ops that break the process they run in: a CUDA fault such as a misaligned
+    address is sticky (every later CUDA call of the process fails), and two copies of one TORCH_LIBRARY namespace
+    cannot be loaded into one process. The workers start afresh after a fault, as `opforge check` does."""
+    from opforge.engine.isolated import Isolation, run_isolated
+    from opforge.results import RunReport
+
+    run = RunReport(environment={})
+    run_isolated([load_spec(path)], Filters(**filters), Isolation(), run)
+    (report,) = run.ops
+    return report
+
+
 def failures_by_check(report: OpReport, target: str = "native") -> dict[str, list]:
     """The FAIL rows of one target by check: an ERROR (the reference or the inputs broke) flags nothing."""
     failed = defaultdict(list)

@@ -4,7 +4,10 @@ run, and the probes shown failing on a faked broken machine."""
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
+import pytest
+import torch
 from typer.testing import CliRunner
 
 from opforge import doctor
@@ -46,10 +49,10 @@ def test_a_compiler_without_openmp_fails_the_build_probe(tmp_path, monkeypatch):
     assert "OpenMP runtime" in finding.fix
 
 
-def test_an_error_message_that_kills_the_process_is_a_failure(monkeypatch):
+def test_an_error_message_that_kills_the_process_is_a_warning_the_bundled_ops_are_safe_from(monkeypatch):
     monkeypatch.setattr(doctor, "MESSAGE_PROBE_CHILD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     finding = doctor._extension_messages()
-    assert finding.verdict == Verdict.FAIL
+    assert finding.verdict == Verdict.WARN
     assert f"killed the process (signal {int(signal.SIGSEGV)})" in finding.found
     assert "Build with the compiler torch was built with" in finding.fix
 
@@ -75,3 +78,27 @@ def test_transparent_huge_pages_always_warns_for_cpu_benchmarks(tmp_path):
     assert warned.verdict == Verdict.WARN and "madvise" in warned.fix
     setting.write_text("always [madvise] never\n")
     assert doctor._huge_pages(setting) == doctor.Finding("transparent huge pages", Verdict.OK, "madvise")
+
+
+@pytest.mark.parametrize(
+    "arch_list, verdict",
+    [
+        ("9.0a", Verdict.OK),
+        ("9.0", Verdict.OK),
+        ("8.0+PTX", Verdict.OK),
+        ("8.0;8.6", Verdict.FAIL),
+        ("9.0a;10.0", Verdict.OK),
+    ],
+)
+def test_the_gpu_line_knows_which_builds_run_on_which_gpu(monkeypatch, arch_list, verdict):
+    """On the H200 image TORCH_CUDA_ARCH_LIST is 9.0a: that build runs on sm 9.0 and must not be flagged."""
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr("opforge.build.find_cuda_home", lambda: Path("/usr/local/cuda"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
+    finding = doctor._gpus()
+    assert finding.verdict == verdict, finding
+    assert (verdict == Verdict.FAIL) == ("no build for 9.0" in finding.found)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import FIXTURES, describe, failures_by_check, in_process, requires_cuda, run_spec
+from conftest import FIXTURES, describe, failures_by_check, in_process, requires_cuda, run_spec, run_spec_isolated
 from typer.testing import CliRunner
 
 from opforge.cli import app
@@ -181,13 +181,13 @@ GPU_BUGS = [
 @requires_cuda
 @pytest.mark.parametrize("fixture, check", GPU_BUGS, ids=[b[0] for b in GPU_BUGS])
 def test_each_gpu_memory_bug_is_flagged_by_its_check(fixture, check):
-    failed = failures_by_check(run_spec(CUDA_OPS / f"{fixture}.yaml", devices=("cuda",)))
+    failed = failures_by_check(run_spec_isolated(CUDA_OPS / f"{fixture}.yaml", devices=("cuda",)))
     assert check in failed, f"{fixture}: expected {check} to fail; failures were {sorted(failed)}"
 
 
 @requires_cuda
 def test_a_launch_error_is_its_own_case_s_failure_and_the_other_cases_run_clean():
-    report = run_spec(CUDA_OPS / "empty_launch_swish.yaml", devices=("cuda",), checks=("correctness",))
+    report = run_spec_isolated(CUDA_OPS / "empty_launch_swish.yaml", devices=("cuda",), checks=("correctness",))
     failed = [r for r in report.results if r.status.failed]
     assert failed and all("=0" in r.case_id for r in failed), describe(failed)
     assert all("CUDA error pending" in r.message for r in failed)
@@ -199,6 +199,6 @@ def test_an_op_declared_not_graph_capturable_keeps_its_stream_order_check(tmp_pa
     spec.write_text((CUDA_OPS / "syncing_swish.yaml").read_text() + "cuda_graphs: false\n")
     for name in ("memory_bugs.cpp", "memory_bugs.cu", "memory_bugs.py"):
         (tmp_path / name).write_text((CUDA_OPS / name).read_text())
-    report = run_spec(spec, devices=("cuda",), checks=("stream",))
+    report = run_spec_isolated(spec, devices=("cuda",), checks=("stream",))
     assert report.results and {r.status for r in report.results} == {Status.PASS}, describe(report.results)
     assert all("cuda_graphs: false" in r.message for r in report.results)

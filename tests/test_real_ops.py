@@ -6,7 +6,7 @@ exercise (low-precision comparison, float32 gradcheck, per-input layouts and spe
 from __future__ import annotations
 
 import pytest
-from conftest import FIXTURES, describe, failures_by_check, requires_cuda, run_spec
+from conftest import FIXTURES, describe, failures_by_check, requires_cuda, run_spec, run_spec_isolated
 
 from opforge.results import Status
 
@@ -40,9 +40,23 @@ def _unexpected(report) -> list:
     return [r for r in report.results if r.status.failed]
 
 
+def _crashes_on_number_messages() -> bool:
+    """Whether this machine's toolchain kills a process whose TORCH_CHECK message formats a number (`opforge doctor`'s
+    probe; seen on the H200 image): a third-party op's error path then crashes, through no fault of opforge's."""
+    from opforge import doctor
+
+    return doctor._extension_messages().verdict == doctor.Verdict.WARN
+
+
 @pytest.mark.parametrize("spec, checks", CORRECT, ids=[c[0] for c in CORRECT])
 def test_a_correct_op_written_elsewhere_passes(spec, checks):
-    report = run_spec(REAL / f"{spec}.yaml", checks=checks, devices=("cpu",))
+    # error_inputs runs the op's error paths: in a worker, so that a crash there is a row, not this test process.
+    run = run_spec_isolated if "error_inputs" in checks else run_spec
+    report = run(REAL / f"{spec}.yaml", checks=checks, devices=("cpu",))
+    crashed = [r for r in report.results if r.status == Status.CRASH]
+    if crashed and _crashes_on_number_messages():
+        why = "this toolchain crashes on TORCH_CHECK messages with numbers (opforge doctor)"
+        pytest.xfail(f"{why}: {describe(crashed)}")
     assert not _unexpected(report), describe(_unexpected(report))
     ran = {r.check.split(":", 1)[0] for r in report.results if r.status == Status.PASS}
     assert ran == set(checks), f"{spec}: no passing row of {set(checks) - ran}"

@@ -24,13 +24,17 @@ inline void check_backward_args(const at::Tensor& grad, const at::Tensor& x) {
 // out= as in PyTorch's native out= ops: out keeps its dtype and device (no implicit cast or move), and is resized
 // to x's shape when it has another one, with ATen's warning when a non-empty out is resized (at::native::
 // resize_output, which gives a resized out contiguous strides).
-inline void prepare_out(const at::Tensor& x, const at::Tensor& out) {
+inline void check_out(const at::Tensor& x, const at::Tensor& out) {
   constexpr const char* op = "opforge::leaky_swish.out";
   check_input(x, op);
   TORCH_CHECK(out.scalar_type() == x.scalar_type(), op, ": out must have x's dtype ", x.scalar_type(), ", got ",
               out.scalar_type(), ". Allocate out with x's dtype, e.g. torch.empty_like(x).");
   TORCH_CHECK(out.device() == x.device(), op, ": out must be on x's device ", x.device(), ", got ", out.device(),
               ". Allocate out on x's device, e.g. torch.empty_like(x).");
+}
+
+inline void prepare_out(const at::Tensor& x, const at::Tensor& out) {
+  check_out(x, out);
   at::native::resize_output(out, x.sizes());
 }
 

@@ -13,6 +13,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from opforge.engine.protocol import (
     Done,
@@ -32,6 +33,9 @@ from opforge.engine.protocol import (
 )
 from opforge.errors import OpforgeError
 from opforge.results import CaseResult
+
+if TYPE_CHECKING:
+    from opforge.engine.plan import Plan
 
 Send = Callable[[Event], None]
 
@@ -68,6 +72,7 @@ def run(job: Job, send: Send) -> None:
     filters = job.filters
     loaded = load_checked(spec, job.cuda_arch, on_step=lambda message: send(Step(message)))
     plan = plan_op(loaded, filters)
+    start_cuda(plan)
     if job.start == 0:
         headers = tuple(
             RowHeader(
@@ -112,6 +117,21 @@ def run(job: Job, send: Send) -> None:
     )
     if ran_to_the_end or not unusable:
         send(Done())
+
+
+def start_cuda(plan: Plan) -> None:
+    """Creates the CUDA context of each device the rows use while the worker is still loading (under the load's time
+    limit): on a busy machine that takes seconds, and a spec's per-check `timeout:` is for the op, not for it."""
+    devices = sorted({row.case.device for row in plan.rows if row.case.device.startswith("cuda")})
+    if not devices:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        return  # the rows say why they cannot run
+    for device in devices:
+        torch.empty(1, device=device)
+        torch.cuda.synchronize(device)
 
 
 def device_error() -> str | None:

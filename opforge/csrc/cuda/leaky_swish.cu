@@ -12,7 +12,7 @@ namespace {
 
 using leaky_swish::check_backward_args;
 using leaky_swish::check_input;
-using leaky_swish::prepare_out;
+using leaky_swish::check_out;
 
 #ifndef OPFORGE_CUDA_FAST_EXP
 #define OPFORGE_CUDA_FAST_EXP 1
@@ -80,8 +80,11 @@ at::Tensor& leaky_swish_(at::Tensor& self, double alpha) {
 }
 
 at::Tensor& leaky_swish_out(const at::Tensor& x, double alpha, at::Tensor& out) {
+  // The devices are checked before the guard: the dispatcher sends a CPU x with a CUDA out here too, and a guard on
+  // the CPU device throws an error that names neither argument.
+  check_out(x, out);
   const c10::cuda::CUDAGuard guard(x.device());
-  prepare_out(x, out);
+  at::native::resize_output(out, x.sizes());
   return elementwise_into(out, x, [alpha](const at::Tensor& dst, const at::Tensor& src) {
     forward_into(dst, src, alpha);
   });
