@@ -588,6 +588,14 @@ def bench(
     min_reps: Annotated[
         int, typer.Option("--min-reps", help="Samples taken before the noise target may stop timing.")
     ] = 25,
+    contender_limit: Annotated[
+        float,
+        typer.Option(
+            "--contender-limit",
+            help="Seconds one contender may take on one case (verification and warm-up included) before it is cut "
+            "off with a note; 0: no limit.",
+        ),
+    ] = 60.0,
     cuda_graph: Annotated[
         bool,
         typer.Option(
@@ -615,11 +623,16 @@ def bench(
         from opforge.bench.timing import TimingOptions
         from opforge.reporters import bench_terminal
 
-        _check_bench_options(budget, warmup, noise, min_reps, max_regression, threads)
+        _check_bench_options(budget, warmup, noise, min_reps, max_regression, threads, contender_limit)
         filters = _bench_filters(device, dtype, mode, impl, sizes, seed)
         files = _file_reporters(reports)
         timing = TimingOptions(
-            budget_s=budget, warmup_s=warmup, noise_target=noise, min_reps=min_reps, cuda_graph=cuda_graph
+            budget_s=budget,
+            warmup_s=warmup,
+            noise_target=noise,
+            min_reps=min_reps,
+            cuda_graph=cuda_graph,
+            contender_limit_s=contender_limit or None,
         )
         old = None
         if baseline is not None:
@@ -673,7 +686,13 @@ def _bench_filters(
 
 
 def _check_bench_options(
-    budget: float, warmup: float, noise: float, min_reps: int, max_regression: float, threads: int | None
+    budget: float,
+    warmup: float,
+    noise: float,
+    min_reps: int,
+    max_regression: float,
+    threads: int | None,
+    contender_limit: float,
 ) -> None:
     rules = [
         ("--budget", budget > 0, "seconds > 0", budget, "Pass e.g. --budget 2."),
@@ -687,6 +706,13 @@ def _check_bench_options(
             "an integer >= 1",
             threads,
             "Pass e.g. --threads 2, or leave it out for torch's default.",
+        ),
+        (
+            "--contender-limit",
+            contender_limit >= 0 and contender_limit != float("inf"),
+            "seconds >= 0",
+            contender_limit,
+            "Pass e.g. --contender-limit 120, or 0 for no limit.",
         ),
     ]
     for option, ok, expected, got, hint in rules:

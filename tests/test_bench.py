@@ -183,6 +183,7 @@ def test_plot_without_matplotlib_is_refused_before_timing(tmp_path, monkeypatch)
         (["bench", BENCH_GOOD, "--min-reps", "0"], "--min-reps: expected an integer >= 1, got 0"),
         (["bench", BENCH_GOOD, "--threads", "0"], "--threads: expected an integer >= 1, got 0"),
         (["bench", BENCH_GOOD, "--max-regression", "-2"], "--max-regression: expected a percentage >= 0, got -2.0"),
+        (["bench", BENCH_GOOD, "--contender-limit", "-1"], "--contender-limit: expected seconds >= 0, got -1.0"),
     ],
 )
 def test_bad_usage_exits_2(args, fragment):
@@ -640,6 +641,30 @@ def test_a_contender_raising_while_verified_or_timed_costs_its_row(tmp_path, mon
         and eager["message"] == "eager raised RuntimeError: CUDA out of memory (simulated) while being timed"
     )
     assert "FAILED: 1 timed, 2 error, 1 skip" in result.output and "Traceback" not in result.output
+
+
+def test_a_contender_past_its_time_limit_is_cut_off_with_a_note_and_the_run_goes_on(tmp_path):
+    path = copy_fixture(
+        tmp_path, "bench_good.yaml", lambda text: text.replace("broken_ops:reference", "bench_ops:slow_reference")
+    )
+    out = tmp_path / "run.json"
+    args = ("bench", str(path), "--sizes", "64", "--mode", "fwd", "--impl", "native", "--impl", "eager")
+    result = invoke(*args, "--contender-limit", "1", "--json", str(out), *QUICK)
+    assert result.exit_code == 0, result.output
+    rows = results_by_id(out)
+    assert rows["good/native[fwd-float32-cpu-n=2^6]"]["status"] == "ok"
+    eager = rows["good/eager[fwd-float32-cpu-n=2^6]"]
+    assert eager["status"] == "skip" and eager["message"].startswith("cut off after 1 s (--contender-limit): eager")
+    assert "cut off after 1 s" in result.output and "OK: 1 timed, 1 skip" in result.output
+
+
+def test_an_implementation_past_its_time_limit_is_an_error(tmp_path):
+    from opforge.bench.model import ERROR, SKIP
+    from opforge.bench.runner import Contender, cut_off
+
+    native = Contender("native", "implementation", None)
+    eager = Contender("eager", "baseline", None)
+    assert cut_off(native, 5)[0] == ERROR and cut_off(eager, 5)[0] == SKIP
 
 
 # --------------------------------------------------------------------------------------- nothing timed

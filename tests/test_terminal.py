@@ -112,7 +112,8 @@ def test_more_kinds_of_failure_than_panels_are_counted(monkeypatch, capsys):
 
 
 def test_without_a_terminal_progress_is_a_heartbeat_line_at_most_every_few_seconds(capsys):
-    from opforge.reporters.terminal import HEARTBEAT_S, TerminalReport
+    from opforge.reporters.console import HEARTBEAT_S
+    from opforge.reporters.terminal import TerminalReport
 
     now = [0.0]
     report = TerminalReport(clock=lambda: now[0])
@@ -124,6 +125,25 @@ def test_without_a_terminal_progress_is_a_heartbeat_line_at_most_every_few_secon
     report.result("op", _result("cpu", "float16"))
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("... ")]
     assert lines == ["... op: 2/3 rows done, 1 failed; now correctness [float64-cpu-contiguous-x=7]"]
+
+
+def test_without_a_terminal_a_long_step_prints_a_heartbeat_until_it_ends(capsys):
+    """A compile or a slow contender is one long call: the heartbeat comes from a thread of its own."""
+    import time
+
+    from opforge.reporters.console import Heartbeat
+
+    printed = ""
+    with Heartbeat(lambda: "still compiling op.cpp", interval=0.02):
+        deadline = time.monotonic() + 5
+        while printed.count("\n") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+            printed += capsys.readouterr().out
+    printed += capsys.readouterr().out
+    time.sleep(0.1)
+    assert capsys.readouterr().out == "", "the heartbeat went on after its step ended"
+    beats = printed.splitlines()
+    assert len(beats) >= 2 and all(line.startswith("... still compiling op.cpp (") for line in beats), beats
 
 
 def test_a_bench_row_whose_spread_is_large_against_its_median_is_flagged_noisy():

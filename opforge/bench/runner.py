@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -308,9 +310,54 @@ def run_point(
             emit(contender, ERROR, message=str(exc))
         return results
     for contender in chosen:
-        status, fields = _run_contender(loaded, point, contender, inputs, nbytes, timing, seed, timer or time_callable)
+        try:
+            with contender_time_limit(timing.contender_limit_s):
+                status, fields = _run_contender(
+                    loaded, point, contender, inputs, nbytes, timing, seed, timer or time_callable
+                )
+        except ContenderTimeLimit as cut:
+            status, fields = cut_off(contender, cut.seconds)
         emit(contender, status, bytes=nbytes, **fields)
     return results
+
+
+class ContenderTimeLimit(BaseException):
+    """Raised into a contender that ran past its time limit. A BaseException, so that the `except Exception`
+    of the contender's own code (and of this module's error rows) does not swallow it."""
+
+    def __init__(self, seconds: float):
+        super().__init__(seconds)
+        self.seconds = seconds
+
+
+@contextmanager
+def contender_time_limit(seconds: float | None) -> Iterator[None]:
+    """Interrupts the block after `seconds` of wall-clock time (SIGALRM; the main thread of a POSIX process only,
+    elsewhere no limit). A Python-level loop is interrupted at once, a single long native call when it returns."""
+    if seconds is None or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise ContenderTimeLimit(seconds)
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def cut_off(contender: Contender, seconds: float) -> tuple[str, dict]:
+    """A baseline past the limit is skipped (a slow reference proves nothing about the op); the op itself past it is
+    an error: an implementation that slow on a benchmark case is a bug or a case too large to bench."""
+    why = (
+        f"cut off after {seconds:g} s (--contender-limit): {contender.name} had not finished. Bench smaller "
+        "--sizes, or raise --contender-limit"
+    )
+    return (SKIP if contender.role == BASELINE else ERROR), {"message": why}
 
 
 def _fresh_inputs(loaded: LoadedOp, point: BenchPoint, seed: int) -> CaseInputs:

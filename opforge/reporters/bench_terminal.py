@@ -10,15 +10,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from opforge.reporters.console import console, error, warning
+from opforge.reporters.console import Heartbeat, console, error, warning
 from opforge.results import describe_mismatch
 
 
 @contextmanager
 def bench_progress(total: int) -> Iterator[Callable[[object], None]]:
-    """A progress bar over (point, contender) pairs on a terminal; nothing in a log."""
+    """A progress bar over (point, contender) pairs on a terminal; in a log, a heartbeat line every few seconds."""
     if not console.is_terminal:
-        yield lambda result: None
+        done: list[str] = []
+        with Heartbeat(lambda: f"bench: {len(done)}/{total} timed" + (f", last {done[-1]}" if done else "")):
+            yield lambda result: done.append(result.id)  # type: ignore[attr-defined]
         return
     columns = (
         TextColumn("[bold]bench"),

@@ -19,7 +19,7 @@ from rich.text import Text
 from opforge.checks.catalog import CATALOG
 from opforge.engine.plan import LOAD_CHECK
 from opforge.reporters.base import Reporter
-from opforge.reporters.console import console, error
+from opforge.reporters.console import HEARTBEAT_S, Heartbeat, console, error
 from opforge.results import CaseResult, OpReport, RunReport, Status, failure_details
 from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES
 
@@ -42,9 +42,6 @@ SHORT_DTYPES = {
     "uint8": "u8",
 }
 
-
-# Seconds between progress lines when there is no terminal to draw a bar on (a CI log).
-HEARTBEAT_S = 10.0
 
 # Failure panels printed in full; the rest are counted and left to --json / --junit.
 MAX_FAILURE_PANELS = 20
@@ -101,6 +98,8 @@ class TerminalReport(Reporter):
         self._planned: dict[str, int] = {}
         self._done: dict[str, int] = defaultdict(int)
         self._last_beat = clock()
+        # After a step message (a worker compiling the op), a heartbeat until the next event says the step goes on.
+        self._step_beat: Heartbeat | None = None
 
     def start(self) -> None:
         if not console.is_terminal:
@@ -116,14 +115,23 @@ class TerminalReport(Reporter):
         self._bar.start()
 
     def step(self, message: str) -> None:
+        self._end_step_beat()
         console.print(message)
+        self._step_beat = Heartbeat(lambda: f"still {message}").start()
+
+    def _end_step_beat(self) -> None:
+        if self._step_beat is not None:
+            self._step_beat.stop()
+            self._step_beat = None
 
     def planned(self, op: str, total: int) -> None:
+        self._end_step_beat()
         self._planned[op] = total
         if self._bar is not None:
             self._tasks[op] = self._bar.add_task(op, total=total, failed="")
 
     def result(self, op: str, result: CaseResult) -> None:
+        self._end_step_beat()
         self._failures[op] += result.status.failed
         self._done[op] += 1
         failed = self._failures[op]
@@ -136,6 +144,7 @@ class TerminalReport(Reporter):
             console.print(Text(f"... {op}: {done} rows done, {failed} failed; now {result.check} [{result.case_id}]"))
 
     def finish(self, run: RunReport) -> None:
+        self._end_step_beat()
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
