@@ -36,6 +36,7 @@ from opforge.errors import (
 from opforge.reporters import BENCH_FORMATS, CHECK_FORMATS
 from opforge.reporters import console as out
 from opforge.reporters.base import NotWritten, Reporter, ReportFormat
+from opforge.shard import parse_shard
 from opforge.spec.load import find_spec, list_specs, load_spec
 from opforge.spec.model import BENCH_MODES, KNOWN_DEVICES, KNOWN_DTYPES, OpSpec
 
@@ -62,6 +63,16 @@ Dtypes = Annotated[
     list[str],
     typer.Option(
         "--dtype", help=f"Only these dtypes (repeatable): {', '.join(KNOWN_DTYPES)}.", rich_help_panel=SELECTION
+    ),
+]
+ShardOption = Annotated[
+    str | None,
+    typer.Option(
+        "--shard",
+        metavar="K/N",
+        help="Only the K-th of N shares of the work (a stable split, for a CI matrix); join the shards' --json "
+        "reports with `opforge merge-reports`.",
+        rich_help_panel=SELECTION,
     ),
 ]
 CudaArch = Annotated[
@@ -203,6 +214,7 @@ def check(
     keyword: Annotated[
         str | None, typer.Option("-k", help="Only results whose id contains this substring.", rich_help_panel=SELECTION)
     ] = None,
+    shard: ShardOption = None,
     last_failed: Annotated[
         bool,
         typer.Option(
@@ -297,11 +309,12 @@ def check(
             fail_fast=fail_fast,
             large=large,
             sanitize=_sanitizer_tools(sanitize),
+            shard=parse_shard(shard) if shard else None,
         )
         files = _file_reporters(reports)
         only_ids, paths = _selection(last_failed, targets or [], all_specs)
         filters = dataclasses.replace(filters, ids=only_ids)
-        run = RunReport(environment={}, seed=seed)
+        run = RunReport(environment={}, seed=seed, shard=filters.shard)
         specs = _load_specs(paths, run)
         run.notes += _unlisted_check_notes(specs, filters)
         terminal = TerminalReport(verbose)
@@ -571,6 +584,7 @@ def bench(
     mode: Modes = [],  # noqa: B006
     impl: Impls = [],  # noqa: B006
     sizes: Sizes = [],  # noqa: B006
+    shard: ShardOption = None,
     baseline: Annotated[
         Path | None,
         typer.Option("--baseline", help="A --json of an earlier run to gate against."),
@@ -625,6 +639,8 @@ def bench(
 
         _check_bench_options(budget, warmup, noise, min_reps, max_regression, threads, contender_limit)
         filters = _bench_filters(device, dtype, mode, impl, sizes, seed)
+        if shard:
+            filters = dataclasses.replace(filters, shard=parse_shard(shard))
         files = _file_reporters(reports)
         timing = TimingOptions(
             budget_s=budget,
@@ -718,6 +734,57 @@ def _check_bench_options(
     for option, ok, expected, got, hint in rules:
         if not ok:
             raise UsageError(option, expected, repr(got), hint)
+
+
+@app.command("merge-reports")
+@with_report_options(CHECK_FORMATS)
+def merge_reports(
+    paths: Annotated[
+        list[Path], typer.Argument(help="The --json reports of `check` (or of `bench`) runs: every shard of a split.")
+    ],
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="List every result.")] = False,
+    *,
+    reports: dict[ReportFormat, Path | None],
+) -> None:
+    """Join the --json reports of a run's shards (`--shard K/N` jobs) or of several machines into one report.
+
+    Check reports are shown as `opforge check` shows a run and exit as it would; bench reports are joined into one
+    --json (a baseline for `opforge bench --baseline`). Every shard of a split must be there.
+
+    Examples:
+      opforge merge-reports shard-*/report.json --junit merged.xml --markdown "$GITHUB_STEP_SUMMARY"
+      opforge merge-reports cpu.json gpu.json --json all.json
+      opforge merge-reports bench-*.json --json bench-baseline.json
+    """
+
+    def body() -> int:
+        from opforge.merge import BENCH, check_kinds_and_shards, merge_bench_reports, merge_check_reports, read_report
+        from opforge.reporters.terminal import TerminalReport
+        from opforge.results import dumps_json
+
+        read = [read_report(path) for path in paths]
+        if check_kinds_and_shards(read) == BENCH:
+            asked = {fmt.option: path for fmt, path in reports.items() if path is not None}
+            if set(asked) - {"--json"} or not asked:
+                raise UsageError(
+                    "merge-reports",
+                    "--json for bench reports",
+                    ", ".join(asked) or "no report option",
+                    "Pass --json PATH: bench reports merge into one bench JSON.",
+                )
+            merged = merge_bench_reports(read)
+            asked["--json"].write_text(dumps_json(merged) + "\n")
+            out.info(f"merged {len(merged['results'])} bench results of {len(read)} reports: {asked['--json']}")
+            return EXIT_OK if merged["results"] else EXIT_NOTHING_RAN
+        files = _file_reporters(reports)
+        run = merge_check_reports(read)
+        TerminalReport(verbose).finish(run)
+        code = _exit_code(run)
+        if not _finish_files(files, run):
+            code = max(code, EXIT_USAGE)
+        return code
+
+    _guarded(body)
 
 
 @app.command()

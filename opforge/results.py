@@ -161,6 +161,8 @@ class RunReport:
     incomplete: bool = False
     # What a reader of the results must know about the run itself (e.g. a check that cannot run as configured).
     notes: list[str] = field(default_factory=list)
+    # --shard K/N: this run holds the K-th of N shares of the rows (opforge merge-reports joins them).
+    shard: tuple[int, int] | None = None
 
     @property
     def failed(self) -> bool:
@@ -189,6 +191,7 @@ class RunReport:
             "seconds": self.seconds,
             "incomplete": self.incomplete,
             "notes": self.notes,
+            "shard": None if self.shard is None else f"{self.shard[0]}/{self.shard[1]}",
             "counts": self.counts(),
             "ops": [
                 {
@@ -203,6 +206,30 @@ class RunReport:
                 for op in self.ops
             ],
         }
+
+
+def run_from_json(data: dict[str, Any]) -> RunReport:
+    """The inverse of RunReport.to_json (what `opforge merge-reports` reads)."""
+    shard = data.get("shard")
+    return RunReport(
+        environment=data.get("environment", {}),
+        ops=[
+            OpReport(
+                op=op["op"],
+                spec_path=op["spec"],
+                results=[result_from_json(r) for r in op["results"]],
+                build=op.get("build"),
+                seconds=op.get("seconds", 0.0),
+                load_exit_code=op.get("load_exit_code"),
+            )
+            for op in data["ops"]
+        ],
+        seed=data.get("seed", 0),
+        seconds=data.get("seconds", 0.0),
+        incomplete=data.get("incomplete", False),
+        notes=list(data.get("notes", [])),
+        shard=None if shard is None else (int(shard.split("/")[0]), int(shard.split("/")[1])),
+    )
 
 
 def result_json(r: CaseResult) -> dict[str, Any]:

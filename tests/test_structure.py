@@ -27,7 +27,7 @@ PACKAGE = REPO / "opforge"
 LAYERS = [
     (
         "vocabulary",
-        ["errors", "results", "outcomes", "schema", "environment", "files", "cuda_spin", "__init__"],
+        ["errors", "results", "outcomes", "schema", "environment", "files", "cuda_spin", "shard", "__init__"],
     ),
     (
         "spec model",
@@ -40,7 +40,7 @@ LAYERS = [
     # like a worker does.
     ("engine", ["engine", "checks.large_index_child", "checks.sanitize_child"]),
     ("bench", ["bench"]),
-    ("tools", ["doctor", "scaffold", "profile"]),
+    ("tools", ["doctor", "scaffold", "profile", "merge"]),
     ("reporters", ["reporters"]),
     ("commands", ["cli", "pytest_plugin", "__main__"]),
 ]

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opforge.bench import environment
-from opforge.bench.model import BASELINE, BENCH_SCHEMA_VERSION, OK, BenchRun
+from opforge.bench.model import BASELINE, BENCH_SCHEMA_VERSION, OK, BenchRun, point_key
 from opforge.bench.stats import RatioInterval, ratio_of_medians
 from opforge.bench.timing import Timing
 from opforge.errors import UsageError
+from opforge.shard import owns, parse_shard
 
 REGRESSION, FASTER, SAME = "regression", "faster", "same"
 # Timing fields whose difference makes two samples of a case incomparable, whatever the environment.
@@ -91,7 +92,15 @@ def load_baseline(path: Path) -> dict:
 
 
 def compare(run: BenchRun, baseline: dict, threshold_pct: float, path: str = "") -> Comparison:
-    old = {r["id"]: r for r in baseline["results"] if r.get("status") == OK and _samples(r)}
+    # A --shard run is gated on its own points: the baseline's others are another job's, not cases left out.
+    shard = parse_shard(run.options["shard"]) if run.options.get("shard") else None
+    old = {
+        r["id"]: r
+        for r in baseline["results"]
+        if r.get("status") == OK
+        and _samples(r)
+        and owns(shard, point_key(r["op"], r["mode"], r["dtype"], r["device"], r["case"]))
+    }
     comparison = Comparison(
         path,
         threshold_pct,

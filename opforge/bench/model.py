@@ -19,6 +19,12 @@ IMPLEMENTATION, BASELINE = "implementation", "baseline"
 OK, WRONG, ERROR, SKIP = "ok", "wrong", "error", "skip"
 
 
+def point_key(op: str, mode: str, dtype: str, device: str, case: str) -> str:
+    """What `--shard` splits a benchmark by: a point, all of whose contenders run in one job (their speedups are
+    over each other)."""
+    return f"{op}[{mode}-{dtype}-{device}-{case}]"
+
+
 @dataclass
 class BenchResult:
     op: str

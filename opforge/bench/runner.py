@@ -19,7 +19,17 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
-from opforge.bench.model import BASELINE, ERROR, IMPLEMENTATION, OK, SKIP, WRONG, BenchResult, BenchRun
+from opforge.bench.model import (
+    BASELINE,
+    ERROR,
+    IMPLEMENTATION,
+    OK,
+    SKIP,
+    WRONG,
+    BenchResult,
+    BenchRun,
+    point_key,
+)
 from opforge.bench.timing import Timing, TimingOptions, graph_input_copies, l2_bytes, time_callable
 from opforge.cases import Case, CaseInputs, make_inputs
 from opforge.checks.base import CheckContext
@@ -32,6 +42,7 @@ from opforge.errors import SpecError, UsageError
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import short
 from opforge.results import Status
+from opforge.shard import Shard, owns, shard_text
 from opforge.spec import bytes_expr as expr
 from opforge.spec.bench import POWER_OF_TWO
 from opforge.spec.model import FLOATING_DTYPES, BenchSpec, OpSpec, ScalarInput
@@ -53,6 +64,7 @@ class BenchFilters:
     impls: tuple[str, ...] = ()
     sizes: tuple[int, ...] = ()
     seed: int = 0
+    shard: Shard | None = None  # --shard K/N: only the points whose key hashes to this shard
 
 
 @dataclass(frozen=True)
@@ -164,6 +176,8 @@ def plan_points(spec: OpSpec, filters: BenchFilters, devices: tuple[str, ...]) -
         for dtype in dtypes:
             for mode in modes:
                 for index, (label, shapes) in enumerate(size_points(spec, filters)):
+                    if not owns(filters.shard, point_key(spec.name, mode, dtype, device, label)):
+                        continue
                     case = Case(dtype, device, "contiguous", shapes, values, values_index=0, shape_index=index)
                     elements = max((math.prod(s) for _, s in shapes), default=1)
                     points.append(BenchPoint(mode, case, label, elements))
@@ -237,7 +251,8 @@ def run_bench(
         plans.append((loaded, plan_points(spec, filters, devices), contenders(loaded, filters)))
     used = tuple(dict.fromkeys(p.device for _, points, _ in plans for p in points))
     env = fingerprint(used)
-    run = BenchRun(environment=env, options={**vars(timing), "seed": filters.seed}, skipped=skipped)
+    options = {**vars(timing), "seed": filters.seed, "shard": shard_text(filters.shard)}
+    run = BenchRun(environment=env, options=options, skipped=skipped)
     for device in used:
         with hooks.step(f"peak bandwidth of {device}"):
             peak = peak_bandwidth(device, env, refresh=refresh_peak)

@@ -14,6 +14,7 @@ from opforge.checks.base import Check, OptIns
 from opforge.checks.catalog import CATALOG
 from opforge.errors import OpforgeError
 from opforge.results import CaseResult, OpReport, Status, result_id
+from opforge.shard import Shard, owns
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ class Filters:
     # Only these full result ids (--last-failed). An op whose loading failed is listed by its load row's id and
     # then runs whole.
     ids: tuple[str, ...] = ()
+    # --shard K/N: only the rows whose key hashes to this shard (opforge.shard).
+    shard: Shard | None = None
 
     @property
     def opt_ins(self) -> OptIns:
@@ -151,19 +154,23 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
                 plan.skipped += [
                     r
                     for r in (_skip_case(spec, target, row, case, opted_out) for row in rows for case in wanted)
-                    if filters.wants_id(spec.name, r.full_id)
+                    if filters.wants_id(spec.name, r.full_id) and owns(filters.shard, r.full_id)
                 ]
                 continue
             for case in check.cases(loaded, target, matrix):
-                if any(_matches(filters, spec, target, r, case) for r in rows) and (
-                    not filters.dtypes or case.dtype in filters.dtypes
+                if (
+                    any(_matches(filters, spec, target, r, case) for r in rows)
+                    and (not filters.dtypes or case.dtype in filters.dtypes)
+                    and owns(filters.shard, result_id(spec.name, target.name, check.name, case.id))
                 ):
                     plan.rows.append(PlannedRow(target, check, case))
             for device in devices:
                 reason = device_unavailable(device)
                 if reason:
                     skips = (_skip(spec, target, row, dtype, device, reason) for row in rows for dtype in dtypes)
-                    plan.skipped += [r for r in skips if filters.wants_id(spec.name, r.full_id)]
+                    plan.skipped += [
+                        r for r in skips if filters.wants_id(spec.name, r.full_id) and owns(filters.shard, r.full_id)
+                    ]
     return plan
 
 

@@ -357,6 +357,8 @@ def render_totals(report: RunReport) -> None:
     parts = [f"{counts[s.value]} {s.value}" for s in Status if counts[s.value]]
     verdict, style = run_verdict(report)
     suffix = " (incomplete)" if report.incomplete else ""
+    if report.shard is not None:
+        suffix += f" (shard {report.shard[0]}/{report.shard[1]}: merge the shards' --json with opforge merge-reports)"
     for note in report.notes:
         console.print(Text("note: ", style="bold yellow") + Text(note))
     if report.nothing_ran and not report.failed:
