@@ -40,6 +40,24 @@ from opforge.shard import parse_shard
 from opforge.spec.load import find_spec, list_specs, load_spec
 from opforge.spec.model import BENCH_MODES, KNOWN_DEVICES, KNOWN_DTYPES, OpSpec
 
+# What a value looks like, for the help's type column. typer 0.29 shows Python annotations there (`<bool>`,
+# `<list[str]>`); a user wants nothing for a flag and a word for a value, as click used to show.
+_VALUE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "path": "PATH", "file": "PATH"}
+
+
+def _value_word(param: Any, ctx: Any) -> str | None:
+    if param.metavar is not None:
+        return str(param.metavar)
+    label = str(param.display_type(ctx)).strip("<>")
+    label = label.removeprefix("list[").removesuffix("]")
+    if label == "bool":
+        return None
+    return _VALUE_WORDS.get(label, label.upper())
+
+
+typer.core.TyperOption.display_type_rich = _value_word  # type: ignore[method-assign, assignment]
+typer.core.TyperArgument.display_type_rich = _value_word  # type: ignore[method-assign, assignment]
+
 app = typer.Typer(
     name="opforge",
     help="Prove a PyTorch custom operator right before you ship it.",
@@ -748,8 +766,8 @@ def merge_reports(
 ) -> None:
     """Join the --json reports of a run's shards (`--shard K/N` jobs) or of several machines into one report.
 
-    Check reports are shown as `opforge check` shows a run and exit as it would; bench reports are joined into one
-    --json (a baseline for `opforge bench --baseline`). Every shard of a split must be there.
+    Check reports are shown as `opforge check` shows a run, and exit as it would. Bench reports are joined into
+    one bench JSON (a baseline for `opforge bench --baseline`). Every shard of a split must be there.
 
     Examples:
       opforge merge-reports shard-*/report.json --junit merged.xml --markdown "$GITHUB_STEP_SUMMARY"

@@ -167,6 +167,14 @@ def test_python_dash_m_and_help_do_not_import_torch():
     assert "check" in out.stdout and out.stdout.strip().endswith("False")
 
 
+@pytest.mark.parametrize("command", ["check", "bench", "build", "merge-reports", "profile", "new", "doctor", "list"])
+def test_help_shows_value_words_not_python_types(command):
+    result = runner.invoke(app, [command, "--help"], env={"NO_COLOR": "1", "COLUMNS": "140"})
+    assert result.exit_code == 0, result.output
+    assert "<bool>" not in result.output and "<list[" not in result.output and "<str>" not in result.output
+    assert "Show this message and exit." in result.output
+
+
 def test_unclaimed_dtype_that_works_is_noted_in_the_report():
     result = invoke("check", str(FIXTURES / "good.yaml"), "--check", "dtypes")
     assert result.exit_code == 0, result.output
