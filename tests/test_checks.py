@@ -235,6 +235,18 @@ def test_error_input_pinned_to_a_device_the_run_leaves_out_is_not_called(tmp_pat
     assert ("another", "cpu") in {(c.label.split("_")[2], c.device) for c in _planned(path, "error_inputs")}
 
 
+def test_error_input_pinned_to_the_only_device_of_the_run_makes_the_mixed_device_call(tmp_path, monkeypatch):
+    from opforge.checks import error_inputs
+
+    # A machine with a GPU (pretended), checked with --device cuda: the entry pinning y to cuda is still called,
+    # with x on the CPU (on the GPU it would be a valid call); the found H200 bug was a CUDA out= kernel whose
+    # device guard threw before its own device check.
+    monkeypatch.setattr(error_inputs, "device_unavailable", lambda device: None)
+    path = _pinned_to(tmp_path, "cuda", "[cpu, cuda]")
+    planned = {(c.label.split("_")[2], c.device) for c in _planned(path, "error_inputs", devices=("cuda",))}
+    assert planned == {("x", "cuda"), ("another", "cpu")}, planned
+
+
 def test_error_input_on_a_missing_device_is_skipped_with_the_reason(tmp_path):
     import torch
 

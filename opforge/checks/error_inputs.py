@@ -19,12 +19,25 @@ def error_input_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> li
     the mixed-device call on the CPU case, and a valid call on the CUDA one). So is an entry that pins a tensor to a
     device the run leaves out (`--device cpu` on a machine with a GPU): it would use the device the user excluded."""
     run = list(dict.fromkeys(c.device for c in cases))
+    spec = loaded.spec
     return [
-        _error_case(loaded.spec, entry, device)
-        for entry in loaded.spec.error_inputs
-        for device in run
-        if _pinned_devices(entry) != {device} and not _pins_an_excluded_device(loaded.spec, entry, run)
+        _error_case(spec, entry, device)
+        for entry in spec.error_inputs
+        if not _pins_an_excluded_device(spec, entry, run)
+        for device in _unpinned_devices(spec, entry, run)
     ]
+
+
+def _unpinned_devices(spec: OpSpec, entry: ErrorInput, run: list[str]) -> list[str]:
+    """Where the entry's unpinned tensors go: each run device but the one every pinned tensor is on. When that
+    leaves none (`--device cuda` and an entry pinning `out` to cuda), the first other device the spec lists and
+    this machine has (the CPU): the mixed-device call the entry stands for, the one an unfiltered run makes too;
+    dropping it would drop the only call that tests the CUDA kernel's device check."""
+    pinned = _pinned_devices(entry)
+    devices = [d for d in run if pinned != {d}]
+    if devices or not pinned or not pinned <= set(run):
+        return devices
+    return [d for d in spec.devices if d not in pinned and device_unavailable(d) is None][:1]
 
 
 def _pinned_devices(entry: ErrorInput) -> set[str]:
