@@ -38,7 +38,7 @@ from opforge.reporters import console as out
 from opforge.reporters.base import NotWritten, Reporter, ReportFormat
 from opforge.shard import parse_shard
 from opforge.spec.load import find_spec, list_specs, load_spec
-from opforge.spec.model import BENCH_MODES, KNOWN_DEVICES, KNOWN_DTYPES, OpSpec
+from opforge.spec.model import BENCH_LAYOUTS, BENCH_MODES, KNOWN_DEVICES, KNOWN_DTYPES, OpSpec
 
 # What a value looks like, for the help's type column. typer 0.29 shows Python annotations there (`<bool>`,
 # `<list[str]>`); a user wants nothing for a flag and a word for a value, as click used to show.
@@ -602,6 +602,13 @@ def bench(
     mode: Modes = [],  # noqa: B006
     impl: Impls = [],  # noqa: B006
     sizes: Sizes = [],  # noqa: B006
+    layout: Annotated[
+        list[str],
+        typer.Option(
+            "--layout",
+            help="Memory formats to time (repeatable): contiguous, channels_last (default: the spec's bench.layouts).",
+        ),
+    ] = [],  # noqa: B006
     shard: ShardOption = None,
     baseline: Annotated[
         Path | None,
@@ -657,8 +664,11 @@ def bench(
 
         _check_bench_options(budget, warmup, noise, min_reps, max_regression, threads, contender_limit)
         filters = _bench_filters(device, dtype, mode, impl, sizes, seed)
-        if shard:
-            filters = dataclasses.replace(filters, shard=parse_shard(shard))
+        filters = dataclasses.replace(
+            filters,
+            layouts=_validate(layout, BENCH_LAYOUTS, "--layout"),
+            shard=parse_shard(shard) if shard else None,
+        )
         files = _file_reporters(reports)
         timing = TimingOptions(
             budget_s=budget,

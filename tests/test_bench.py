@@ -184,6 +184,8 @@ def test_plot_without_matplotlib_is_refused_before_timing(tmp_path, monkeypatch)
         (["bench", BENCH_GOOD, "--threads", "0"], "--threads: expected an integer >= 1, got 0"),
         (["bench", BENCH_GOOD, "--max-regression", "-2"], "--max-regression: expected a percentage >= 0, got -2.0"),
         (["bench", BENCH_GOOD, "--contender-limit", "-1"], "--contender-limit: expected seconds >= 0, got -1.0"),
+        (["bench", BENCH_GOOD, "--layout", "channels_last"], "--layout: expected one of contiguous (what good's spec"),
+        (["bench", BENCH_GOOD, "--layout", "nhwc"], "--layout: expected one of contiguous, channels_last, got 'nhwc'"),
     ],
 )
 def test_bad_usage_exits_2(args, fragment):
@@ -665,6 +667,39 @@ def test_an_implementation_past_its_time_limit_is_an_error(tmp_path):
     native = Contender("native", "implementation", None)
     eager = Contender("eager", "baseline", None)
     assert cut_off(native, 5)[0] == ERROR and cut_off(eager, 5)[0] == SKIP
+
+
+def test_a_channels_last_point_is_timed_on_channels_last_inputs():
+    import torch
+
+    from opforge.bench.runner import BenchFilters, _fresh_inputs, plan_points
+    from opforge.loading import load_op
+    from opforge.spec.load import load_spec
+
+    loaded = load_op(load_spec(SPECS / "affine_leaky_swish.yaml"))
+    points = plan_points(loaded.spec, BenchFilters(dtypes=("float32",), modes=("fwd",)), ("cpu",))
+    assert [p.label for p in points] == [
+        "x=32x256x56x56,scale=256,shift=256",
+        "x=256x64x112x112,scale=64,shift=64",
+        "x=32x256x56x56,scale=256,shift=256,channels_last",
+        "x=256x64x112x112,scale=64,shift=64,channels_last",
+    ]
+    nhwc = next(p for p in points if p.label.endswith("channels_last") and p.elements < 30_000_000)
+    x = _fresh_inputs(loaded, nhwc, 0).kwargs["x"]
+    assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    only = plan_points(
+        loaded.spec, BenchFilters(dtypes=("float32",), modes=("fwd",), layouts=("contiguous",)), ("cpu",)
+    )
+    assert all("channels_last" not in p.label for p in only) and len(only) == 2
+
+
+def test_a_bench_layout_the_spec_does_not_claim_is_a_spec_error(tmp_path):
+    from opforge.errors import SpecError
+    from opforge.spec.load import load_spec
+
+    path = copy_fixture(tmp_path, "bench_good.yaml", lambda text: text + "  layouts: [channels_last]\n")
+    with pytest.raises(SpecError, match=r"bench.layouts\[0\]: expected one of the spec's layouts \(contiguous\)"):
+        load_spec(path)
 
 
 # --------------------------------------------------------------------------------------- nothing timed

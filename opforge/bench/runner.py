@@ -31,7 +31,7 @@ from opforge.bench.model import (
     point_key,
 )
 from opforge.bench.timing import Timing, TimingOptions, graph_input_copies, l2_bytes, time_callable
-from opforge.cases import Case, CaseInputs, make_inputs
+from opforge.cases import Case, CaseInputs, case_applies, make_inputs
 from opforge.checks.base import CheckContext
 from opforge.checks.calls import argument, differentiated, output_names
 from opforge.checks.catalog import CATALOG
@@ -63,6 +63,7 @@ class BenchFilters:
     modes: tuple[str, ...] = ()
     impls: tuple[str, ...] = ()
     sizes: tuple[int, ...] = ()
+    layouts: tuple[str, ...] = ()
     seed: int = 0
     shard: Shard | None = None  # --shard K/N: only the points whose key hashes to this shard
 
@@ -168,19 +169,30 @@ def _size_label(n: int) -> str:
     return f"2^{n.bit_length() - 1}" if n & (n - 1) == 0 else str(n)
 
 
+def selected_layouts(spec: OpSpec, filters: BenchFilters) -> tuple[str, ...]:
+    """The memory formats to time: --layout, checked against the spec's claimed ones, else `bench.layouts`, else
+    contiguous."""
+    claimed = ("contiguous",) + tuple(layout for layout in spec.layouts if layout == "channels_last")
+    default = spec.bench.layouts if spec.bench and spec.bench.layouts else ("contiguous",)
+    return _choose(filters.layouts, default, claimed, "--layout", spec)
+
+
 def plan_points(spec: OpSpec, filters: BenchFilters, devices: tuple[str, ...]) -> list[BenchPoint]:
     _, dtypes, modes = selected(spec, filters)
+    layouts = selected_layouts(spec, filters)
     values = tuple((i.name, i.values[0]) for i in spec.inputs if isinstance(i, ScalarInput))
     points = []
-    for device in devices:
-        for dtype in dtypes:
-            for mode in modes:
-                for index, (label, shapes) in enumerate(size_points(spec, filters)):
-                    if not owns(filters.shard, point_key(spec.name, mode, dtype, device, label)):
-                        continue
-                    case = Case(dtype, device, "contiguous", shapes, values, values_index=0, shape_index=index)
-                    elements = max((math.prod(s) for _, s in shapes), default=1)
-                    points.append(BenchPoint(mode, case, label, elements))
+    for device, dtype, mode, layout in itertools.product(devices, dtypes, modes, layouts):
+        for index, (size, shapes) in enumerate(size_points(spec, filters)):
+            # A point of another layout is named by it; contiguous points keep their names (and old baselines).
+            label = size if layout == "contiguous" else f"{size},{layout}"
+            if not case_applies(spec, layout, shapes) or not owns(
+                filters.shard, point_key(spec.name, mode, dtype, device, label)
+            ):
+                continue
+            case = Case(dtype, device, layout, shapes, values, values_index=0, shape_index=index)
+            elements = max((math.prod(s) for _, s in shapes), default=1)
+            points.append(BenchPoint(mode, case, label, elements))
     return points
 
 

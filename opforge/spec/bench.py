@@ -7,10 +7,10 @@ import re
 
 from opforge.schema import return_names
 from opforge.spec.bytes_expr import ExpressionError, parse
-from opforge.spec.model import BENCH_MODES, KNOWN_DEVICES, KNOWN_DTYPES, BenchSpec, Input, TensorInput
+from opforge.spec.model import BENCH_LAYOUTS, BENCH_MODES, KNOWN_DEVICES, KNOWN_DTYPES, BenchSpec, Input, TensorInput
 from opforge.spec.reader import Node, Reader, describe, list_of, one_of, read_shape, read_str
 
-_BENCH_KEYS = ("sizes", "shapes", "dtypes", "devices", "modes", "bytes")
+_BENCH_KEYS = ("sizes", "shapes", "dtypes", "devices", "modes", "layouts", "bytes")
 POWER_OF_TWO = re.compile(r"^\s*2\s*(?:\*\*|\^)\s*(\d+)\s*$")
 
 
@@ -21,6 +21,7 @@ def read_bench_section(
     claimed_modes: tuple[str, ...],
     dtypes: tuple[str, ...],
     devices: tuple[str, ...],
+    layouts: tuple[str, ...],
 ) -> BenchSpec | None:
     if not r.has("bench"):
         return None
@@ -52,6 +53,7 @@ def read_bench_section(
         dtypes=_bench_claimed(b, "dtypes", KNOWN_DTYPES, dtypes),
         devices=_bench_claimed(b, "devices", KNOWN_DEVICES, devices),
         modes=modes,
+        layouts=_bench_claimed(b, "layouts", BENCH_LAYOUTS, layouts),
         bytes=expressions,
         lines=lines,
         keys=keys,

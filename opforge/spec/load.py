@@ -163,7 +163,7 @@ def load_spec(path: Path | str) -> OpSpec:
         special_values=r.get("special_values", list_of(one_of(SPECIAL_VALUES)), SPECIAL_VALUES),
         cuda_graphs=r.get("cuda_graphs", read_bool, True),
         timeout=r.get("timeout", read_seconds),
-        bench=read_bench_section(r, inputs, schema, bench_modes(differentiable, inputs), dtypes, devices),
+        bench=read_bench_section(r, inputs, schema, bench_modes(differentiable, inputs), dtypes, devices, layouts),
         lines=lines,
     )
 

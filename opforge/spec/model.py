@@ -19,6 +19,9 @@ OTHER_DTYPES = ("complex64", "complex128", "int8", "int16", "int32", "int64", "u
 KNOWN_DTYPES = FLOATING_DTYPES + OTHER_DTYPES
 KNOWN_DEVICES = ("cpu", "cuda")
 KNOWN_LAYOUTS = ("contiguous", "noncontiguous", "channels_last")
+# The layouts a benchmark can time: memory formats a tensor is made in (a view's non-contiguity is a check's case,
+# not a format a model runs in).
+BENCH_LAYOUTS = ("contiguous", "channels_last")
 # What special_values writes into floating inputs, by the names a spec's `special_values:` picks them with.
 SPECIAL_VALUES = (
     "nan",
@@ -181,6 +184,7 @@ class BenchSpec:
     dtypes: tuple[str, ...] = ()
     devices: tuple[str, ...] = ()
     modes: tuple[str, ...] = ()
+    layouts: tuple[str, ...] = ()
     bytes: tuple[tuple[str, str], ...] = ()
     # Line and key (`bench.bytes` or `bench.bytes.<mode>`) of each `bench.bytes` expression, for errors found when
     # it is evaluated.
