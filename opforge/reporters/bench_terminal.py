@@ -19,7 +19,7 @@ def bench_progress(total: int) -> Iterator[Callable[[object], None]]:
     """A progress bar over (point, contender) pairs on a terminal; in a log, a heartbeat line every few seconds."""
     if not console.is_terminal:
         done: list[str] = []
-        with Heartbeat(lambda: f"bench: {len(done)}/{total} timed" + (f", last {done[-1]}" if done else "")):
+        with Heartbeat(lambda: f"bench: {len(done)}/{total} rows done" + (f", last {done[-1]}" if done else "")):
             yield lambda result: done.append(result.id)  # type: ignore[attr-defined]
         return
     columns = (
