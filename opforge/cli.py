@@ -607,6 +607,7 @@ def bench(
         typer.Option(
             "--layout",
             help="Memory formats to time (repeatable): contiguous, channels_last (default: the spec's bench.layouts).",
+            rich_help_panel=SELECTION,
         ),
     ] = [],  # noqa: B006
     shard: ShardOption = None,
