@@ -632,8 +632,8 @@ def bench(
         float,
         typer.Option(
             "--contender-limit",
-            help="Seconds one contender may take on one case (verification and warm-up included) before it is cut "
-            "off with a note; 0: no limit.",
+            help="Seconds a baseline (eager, compile) may take on one case (compiling and warm-up included) before "
+            "it is cut off with a note; 0: no limit.",
         ),
     ] = 60.0,
     cuda_graph: Annotated[

@@ -58,9 +58,9 @@ class TimingOptions:
     min_time_s: float = 0.1  # ... and this much measured time
     max_reps: int = 10_000  # bounds a microsecond op's samples (and the JSON) when its noise stays high
     cuda_graph: bool = False
-    # Wall-clock seconds one contender may take on one case, verification, compiling and warm-up included; past it
-    # the contender is cut off with a note. min_reps calls of a slow reference otherwise stall the run (a Python-loop
-    # reference took 11 minutes on one case); 60 s is 30x the default timing budget. None: no limit.
+    # Wall-clock seconds one baseline (eager, compile) may take on one case, compiling and warm-up included; past it
+    # it is cut off with a note. A slow reference otherwise stalls the run (a Python-loop reference took 11 minutes
+    # on one case); 60 s is 30x the default timing budget. None: no limit.
     contender_limit_s: float | None = 60.0
 
 
