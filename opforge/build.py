@@ -35,7 +35,18 @@ HEADER_SUFFIXES = (".h", ".hpp", ".cuh")
 # benchmarks/cpu_leaky_swish.py, 2^24 float32, 2 threads): leaky_swish 61.2 ms scalar, 31.5 ms vectorized with the
 # flag (torch.compile 33.5 ms, x.mul(2) 30.2 ms); the AVX-512 machine measured before vectorized either way. Results
 # are unchanged: unlike -ffast-math it allows no reassociation and keeps NaN/inf semantics.
-CPU_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-trapping-math", "-fvisibility=hidden")
+# -mprefer-vector-width=512: on an AVX-512 machine GCC vectorizes with 256-bit registers unless told otherwise, while
+# inductor's kernels (ATen's Vectorized) use all 512 bits. 2-core Intel Xeon with AVX-512, torch 2.13.0, `opforge
+# bench leaky_swish --device cpu --dtype float32 --mode fwd --sizes 2**24 --impl native --impl compile`: 28.3 ms
+# (0.69x compile) without it, 19.7 ms (1.00x) with it. No effect where the ISA has no 512-bit vectors.
+CPU_FLAGS = (
+    "-O3",
+    "-march=native",
+    "-mprefer-vector-width=512",
+    "-fopenmp",
+    "-fno-trapping-math",
+    "-fvisibility=hidden",
+)
 LINK_FLAGS = ("-fopenmp",)
 CUDA_FLAGS = ("-O3", "--expt-relaxed-constexpr")
 # Lines of compiler output shown when a build fails; the rest is in the log.
