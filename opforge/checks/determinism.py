@@ -1,4 +1,5 @@
-"""determinism: two runs on the same inputs are bitwise identical (on CPU the second on one thread)."""
+"""determinism: two runs on the same inputs are bitwise identical, outputs and gradients (on CPU the second on one
+thread)."""
 
 from __future__ import annotations
 
@@ -12,21 +13,29 @@ from opforge.checks.calls import (
 )
 from opforge.compare import EXACT, check_result
 from opforge.loading import LoadedOp, Target
-from opforge.outcomes import CheckFailure
+from opforge.outcomes import CheckFailure, short
+from opforge.spec.model import FLOATING_DTYPES
 
 
 def determinism(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     """Two runs on the same inputs are bitwise identical; on CPU the second runs on one thread, so results that
-    depend on how work is split across threads (a reduction's order, a racy accumulation) are caught too."""
+    depend on how work is split across threads (a reduction's order, a racy accumulation) are caught too. A
+    differentiable op's gradients too: a backward is where reductions across rows live (a weight gradient, a
+    per-channel sum), and where atomicAdd makes CUDA kernels nondeterministic."""
     import torch
 
     loaded = ctx.loaded
-    first = _outputs_and_mutations(loaded, target, inputs_for(loaded, case, ctx.base_seed))
+
+    def run() -> list:
+        values = _outputs_and_mutations(loaded, target, inputs_for(loaded, case, ctx.base_seed))
+        return values + _gradients(loaded, target, case, ctx.base_seed)
+
+    first = run()
     threads = torch.get_num_threads()
     try:
         if case.device == "cpu":
             torch.set_num_threads(1)
-        second = _outputs_and_mutations(loaded, target, inputs_for(loaded, case, ctx.base_seed))
+        second = run()
     finally:
         torch.set_num_threads(threads)
     for (name, a), (_, b) in zip(first, second):
@@ -39,6 +48,30 @@ def determinism(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
 def _outputs_and_mutations(loaded, target, inputs) -> list:
     named = list(zip(output_names(loaded), outputs_of(loaded, target, inputs)))
     return named + [(f"{n} (mutated)", argument(inputs, loaded, n)) for n in loaded.mutated_arguments]
+
+
+def _gradients(loaded: LoadedOp, target: Target, case: Case, base_seed: int) -> list:
+    """(grad[name], gradient) of each input the spec differentiates, for one grad_output seeded by the case; none for
+    an op that is not differentiable or mutates its arguments (autograd refuses in-place writes to leaves)."""
+    import torch
+
+    if not loaded.spec.differentiable or loaded.mutated_arguments or case.dtype not in FLOATING_DTYPES:
+        return []
+    inputs = inputs_for(loaded, case, base_seed, requires_grad=True)
+    names = [n for n in inputs.tensor_names if argument(inputs, loaded, n).requires_grad]
+    outputs = [o for o in outputs_of(loaded, target, inputs) if isinstance(o, torch.Tensor) and o.requires_grad]
+    if not names or not outputs:
+        return []
+    generator = torch.Generator().manual_seed(case.seed(base_seed) + 1)
+    grad_outputs = [
+        torch.randn(o.shape, generator=generator, dtype=torch.float64).to(o.dtype).to(o.device) for o in outputs
+    ]
+    wrt = [argument(inputs, loaded, n) for n in names]
+    try:
+        grads = torch.autograd.grad(outputs, wrt, grad_outputs, allow_unused=True)
+    except Exception as exc:
+        raise CheckFailure(f"backward of {target.name} raised {short(exc)}") from exc
+    return [(f"grad[{n}]", g) for n, g in zip(names, grads) if g is not None]
 
 
 def _bitwise_equal(a, b) -> bool:
@@ -63,7 +96,7 @@ def deterministic_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> 
 CHECKS = (
     Check(
         "determinism",
-        "two runs on the same inputs give the same bits, whatever the thread count",
+        "two runs on the same inputs give the same bits (outputs and gradients), whatever the thread count",
         deterministic_cases,
         determinism,
     ),
