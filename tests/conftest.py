@@ -5,6 +5,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import torch
 
 # opforge's consoles take their width when opforge.reporters.console is first imported: from COLUMNS when it is set,
 # else 140 columns when stdout is no terminal. pytest-xdist's workers set COLUMNS=80, which wraps the tables the CLI
@@ -22,7 +23,17 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
 SPECS = REPO / "specs"
 
-requires_cuda = pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+# (dtype, atol, rtol) of the ops' direct tests: torch.testing.assert_close's defaults, which the specs use too, but a
+# tighter float64.
+DTYPES = [
+    (torch.float32, 1e-5, 1.3e-6),
+    (torch.float64, 1e-12, 1e-12),
+    (torch.float16, 1e-5, 1e-3),
+    (torch.bfloat16, 1e-5, 1.6e-2),
+]
+DTYPE_IDS = [str(d[0]).removeprefix("torch.") for d in DTYPES]
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 # Options that need worker processes: a `check` given one keeps them.

@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import requires_cuda
+from conftest import DTYPE_IDS, DTYPES, requires_cuda
 
 from opforge.ops.affine_leaky_swish import affine_leaky_swish, fold_batch_norm, output_format, reference
 
-DTYPES = [
-    (torch.float32, 1e-5, 1.3e-6),
-    (torch.float64, 1e-12, 1e-12),
-    (torch.float16, 1e-5, 1e-3),
-    (torch.bfloat16, 1e-5, 1.6e-2),
-]
-DTYPE_IDS = [str(d[0]).removeprefix("torch.") for d in DTYPES]
 # (N, C, H, W): the spec's shapes; 7 channels; 33 x 65 planes (no multiple of any vector width); H * W = 1 (both
 # walks see the same buffer); one channel; no channels; no batch; and one big enough for several threads and tiles.
 SHAPES = [

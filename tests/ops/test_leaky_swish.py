@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from conftest import SPECS, describe, requires_cuda, run_spec
+from conftest import DTYPE_IDS, DTYPES, SPECS, describe, requires_cuda, run_spec
 
 from opforge.compare import worst_mismatch
 from opforge.ops.leaky_swish import (
@@ -20,12 +20,6 @@ from opforge.ops.leaky_swish import (
 from opforge.results import describe_mismatch
 from opforge.spec.model import Tolerance
 
-DTYPES = [
-    (torch.float32, 1e-5, 1.3e-6),
-    (torch.float64, 1e-12, 1e-12),
-    (torch.float16, 1e-5, 1e-3),
-    (torch.bfloat16, 1e-5, 1.6e-2),
-]
 SHAPES = [(), (0,), (7,), (33, 65), (2, 3, 5, 4)]
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 
@@ -39,7 +33,7 @@ def assert_matches_reference(got, x, alpha, atol, rtol, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("dtype, atol, rtol", DTYPES, ids=[str(d[0]) for d in DTYPES])
+@pytest.mark.parametrize("dtype, atol, rtol", DTYPES, ids=DTYPE_IDS)
 def test_forward_matches_reference(dtype, atol, rtol, shape, device):
     x = (torch.rand(shape, dtype=torch.float64, device=device) * 16 - 8).to(dtype)
     assert_matches_reference(leaky_swish(x, 0.1), x, 0.1, atol, rtol, dtype)
@@ -131,7 +125,7 @@ def _strided_views(dtype, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("dtype, atol, rtol", DTYPES, ids=[str(d[0]) for d in DTYPES])
+@pytest.mark.parametrize("dtype, atol, rtol", DTYPES, ids=DTYPE_IDS)
 def test_inplace_writes_self_and_returns_it(dtype, atol, rtol, shape, device):
     x = _sampled(shape, dtype, device)
     expected = _expected(x, ALPHA, dtype)
@@ -144,7 +138,7 @@ def test_inplace_writes_self_and_returns_it(dtype, atol, rtol, shape, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype, atol, rtol", DTYPES, ids=[str(d[0]) for d in DTYPES])
+@pytest.mark.parametrize("dtype, atol, rtol", DTYPES, ids=DTYPE_IDS)
 def test_inplace_on_strided_self_writes_only_its_elements(dtype, atol, rtol, device):
     for name, view, base in _strided_views(dtype, device):
         strides, before_view, before_base = view.stride(), view.clone(), base.clone()
@@ -218,7 +212,7 @@ def test_saved_self_overwritten_by_the_inplace_op_is_caught_at_backward():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("dtype, atol, rtol", DTYPES, ids=[str(d[0]) for d in DTYPES])
+@pytest.mark.parametrize("dtype, atol, rtol", DTYPES, ids=DTYPE_IDS)
 def test_out_writes_out_and_returns_it(dtype, atol, rtol, shape, device):
     x = _sampled(shape, dtype, device)
     x_before = x.clone()
@@ -232,7 +226,7 @@ def test_out_writes_out_and_returns_it(dtype, atol, rtol, shape, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype, atol, rtol", DTYPES, ids=[str(d[0]) for d in DTYPES])
+@pytest.mark.parametrize("dtype, atol, rtol", DTYPES, ids=DTYPE_IDS)
 def test_out_writes_through_a_strided_out(dtype, atol, rtol, device):
     for name, out, base in _strided_views(dtype, device):
         x = _sampled(out.shape, dtype, device)  # contiguous: out's layout differs from x's

@@ -4,18 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SPECS, describe, requires_cuda, run_spec
+from conftest import DTYPE_IDS, DTYPES, SPECS, describe, requires_cuda, run_spec
 
 from opforge.ops.rms_norm import RMSNorm, _backward, _backward_input, reference, rms_norm
 
-# (dtype, atol, rtol): torch.testing.assert_close's defaults, which the spec uses too, but a tighter float64.
-DTYPES = [
-    (torch.float32, 1e-5, 1.3e-6),
-    (torch.float64, 1e-12, 1e-12),
-    (torch.float16, 1e-5, 1e-3),
-    (torch.bfloat16, 1e-5, 1.6e-2),
-]
-DTYPE_IDS = [str(d[0]).removeprefix("torch.") for d in DTYPES]
 # (x shape, weight shape): a row no multiple of any vector width, odd rows, 3-D, no columns, no rows, a row of one,
 # long rows.
 SHAPES = [
