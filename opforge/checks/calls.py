@@ -95,17 +95,12 @@ def vector_jacobian_products(
     """The op's and the reference's gradients with respect to `names`, for one random grad_output seeded by the
     case (drawn in float64, then rounded to each output's dtype, so both sides see the same values), and the
     gradients through the reference computed in the case's dtype (the low-precision baseline, named grad[x])."""
-    import torch
 
     baseline_args = reference_in_op_dtypes(loaded, inputs)
-    outs = [o for o in outputs_of(loaded, target, inputs) if o.requires_grad]
+    outs = differentiable_outputs(outputs_of(loaded, target, inputs))
     ref_outs, _ = split_reference(loaded, call_reference(loaded, inputs))
-    generator = torch.Generator().manual_seed(case.seed(base_seed) + 1)
-    grad_outs = [torch.randn(o.shape, generator=generator, dtype=torch.float64).to(o.dtype).to(o.device) for o in outs]
-    try:
-        grads = torch.autograd.grad(outs, [argument(inputs, loaded, n) for n in names], grad_outs, allow_unused=True)
-    except Exception as exc:
-        raise CheckFailure(f"backward of {target.name} raised {short(exc)}") from exc
+    grad_outs = seeded_grad_outputs(outs, case, base_seed)
+    grads = op_gradients(target, outs, [argument(inputs, loaded, n) for n in names], grad_outs)
     try:
         ref_grads = gradients(
             list(ref_outs[: len(outs)]),
@@ -115,6 +110,33 @@ def vector_jacobian_products(
     except Exception as exc:
         raise ReferenceFailure(f"backward of the reference raised {short(exc)}") from exc
     return grads, ref_grads, _gradient_baseline(loaded, baseline_args, names, grad_outs, case.dtype)
+
+
+def differentiable_outputs(outputs: tuple[Any, ...]) -> list[Any]:
+    """The outputs with a gradient graph: those a grad_output goes to."""
+    import torch
+
+    return [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
+
+
+def seeded_grad_outputs(outputs: list[Any], case: Case, base_seed: int) -> list[Any]:
+    """One random grad_output per output, seeded by the case (drawn in float64, then rounded to the output's dtype,
+    so every side that uses it sees the same values)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(case.seed(base_seed) + 1)
+    return [torch.randn(o.shape, generator=generator, dtype=torch.float64).to(o.dtype).to(o.device) for o in outputs]
+
+
+def op_gradients(target: Target, outputs: list[Any], wrt: list[Any], grad_outputs: list[Any]) -> tuple[Any, ...]:
+    """The op's gradients with respect to `wrt` (None where nothing reaches one); a backward that raises is the op's
+    failure."""
+    import torch
+
+    try:
+        return torch.autograd.grad(outputs, wrt, grad_outputs, allow_unused=True)
+    except Exception as exc:
+        raise CheckFailure(f"backward of {target.name} raised {short(exc)}") from exc
 
 
 def _gradient_baseline(

@@ -7,13 +7,16 @@ from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, aligned
 from opforge.checks.calls import (
     argument,
+    differentiable_outputs,
     inputs_for,
+    op_gradients,
     output_names,
     outputs_of,
+    seeded_grad_outputs,
 )
 from opforge.compare import EXACT, check_result
 from opforge.loading import LoadedOp, Target
-from opforge.outcomes import CheckFailure, short
+from opforge.outcomes import CheckFailure
 from opforge.spec.model import FLOATING_DTYPES
 
 
@@ -53,24 +56,15 @@ def _outputs_and_mutations(loaded, target, inputs) -> list:
 def _gradients(loaded: LoadedOp, target: Target, case: Case, base_seed: int) -> list:
     """(grad[name], gradient) of each input the spec differentiates, for one grad_output seeded by the case; none for
     an op that is not differentiable or mutates its arguments (autograd refuses in-place writes to leaves)."""
-    import torch
-
     if not loaded.spec.differentiable or loaded.mutated_arguments or case.dtype not in FLOATING_DTYPES:
         return []
     inputs = inputs_for(loaded, case, base_seed, requires_grad=True)
     names = [n for n in inputs.tensor_names if argument(inputs, loaded, n).requires_grad]
-    outputs = [o for o in outputs_of(loaded, target, inputs) if isinstance(o, torch.Tensor) and o.requires_grad]
+    outputs = differentiable_outputs(outputs_of(loaded, target, inputs))
     if not names or not outputs:
         return []
-    generator = torch.Generator().manual_seed(case.seed(base_seed) + 1)
-    grad_outputs = [
-        torch.randn(o.shape, generator=generator, dtype=torch.float64).to(o.dtype).to(o.device) for o in outputs
-    ]
     wrt = [argument(inputs, loaded, n) for n in names]
-    try:
-        grads = torch.autograd.grad(outputs, wrt, grad_outputs, allow_unused=True)
-    except Exception as exc:
-        raise CheckFailure(f"backward of {target.name} raised {short(exc)}") from exc
+    grads = op_gradients(target, outputs, wrt, seeded_grad_outputs(outputs, case, base_seed))
     return [(f"grad[{n}]", g) for n, g in zip(names, grads) if g is not None]
 
 
