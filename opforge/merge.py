@@ -15,6 +15,7 @@ from typing import Any
 
 from opforge.errors import UsageError
 from opforge.results import JSON_SCHEMA_VERSION, CaseResult, OpReport, RunReport, run_from_json
+from opforge.shard import Shard, shard_of_text
 
 CHECK, BENCH = "check", "bench"
 
@@ -26,9 +27,9 @@ class Report:
     data: dict[str, Any]
 
     @property
-    def shard(self) -> str | None:
-        value = self.data.get("shard") if self.kind == CHECK else self.data.get("options", {}).get("shard")
-        return value if isinstance(value, str) else None
+    def shard(self) -> Shard | None:
+        text = self.data.get("shard") if self.kind == CHECK else self.data.get("options", {}).get("shard")
+        return shard_of_text(text if isinstance(text, str) else None)
 
 
 def read_report(path: Path) -> Report:
@@ -63,24 +64,22 @@ def check_kinds_and_shards(reports: Sequence[Report]) -> str:
             "both `check` and `bench` reports",
             "Merge the check reports and the bench reports separately.",
         )
-    by_count: dict[int, list[tuple[int, Path]]] = {}
+    by_count: dict[int, list[int]] = {}
     for report in reports:
         if report.shard is not None:
-            index, count = (int(part) for part in report.shard.split("/"))
-            by_count.setdefault(count, []).append((index, report.path))
-    for count, shards in sorted(by_count.items()):
-        have = sorted(index for index, _ in shards)
+            index, count = report.shard
+            by_count.setdefault(count, []).append(index)
+    for count, indices in sorted(by_count.items()):
+        have = sorted(indices)
         if have != list(range(1, count + 1)):
             missing = sorted(set(range(1, count + 1)) - set(have))
             doubled = sorted({i for i in have if have.count(i) > 1})
-            got = ", ".join(
-                part
-                for part in (
-                    f"missing {', '.join(f'{i}/{count}' for i in missing)}" if missing else "",
-                    f"twice {', '.join(f'{i}/{count}' for i in doubled)}" if doubled else "",
-                )
-                if part
-            )
+            problems = []
+            if missing:
+                problems.append("missing " + ", ".join(f"{i}/{count}" for i in missing))
+            if doubled:
+                problems.append("twice " + ", ".join(f"{i}/{count}" for i in doubled))
+            got = ", ".join(problems)
             raise UsageError(
                 "merge-reports",
                 f"each of the shards 1/{count} .. {count}/{count} once",

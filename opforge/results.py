@@ -12,6 +12,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from opforge.shard import Shard, shard_of_text, shard_text
+
 JSON_SCHEMA_VERSION = 1
 
 
@@ -162,7 +164,7 @@ class RunReport:
     # What a reader of the results must know about the run itself (e.g. a check that cannot run as configured).
     notes: list[str] = field(default_factory=list)
     # --shard K/N: this run holds the K-th of N shares of the rows (opforge merge-reports joins them).
-    shard: tuple[int, int] | None = None
+    shard: Shard | None = None
 
     @property
     def failed(self) -> bool:
@@ -191,7 +193,7 @@ class RunReport:
             "seconds": self.seconds,
             "incomplete": self.incomplete,
             "notes": self.notes,
-            "shard": None if self.shard is None else f"{self.shard[0]}/{self.shard[1]}",
+            "shard": shard_text(self.shard),
             "counts": self.counts(),
             "ops": [
                 {
@@ -210,7 +212,6 @@ class RunReport:
 
 def run_from_json(data: dict[str, Any]) -> RunReport:
     """The inverse of RunReport.to_json (what `opforge merge-reports` reads)."""
-    shard = data.get("shard")
     return RunReport(
         environment=data.get("environment", {}),
         ops=[
@@ -228,7 +229,7 @@ def run_from_json(data: dict[str, Any]) -> RunReport:
         seconds=data.get("seconds", 0.0),
         incomplete=data.get("incomplete", False),
         notes=list(data.get("notes", [])),
-        shard=None if shard is None else (int(shard.split("/")[0]), int(shard.split("/")[1])),
+        shard=shard_of_text(data.get("shard")),
     )
 
 

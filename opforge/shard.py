@@ -38,4 +38,9 @@ def owns(shard: Shard | None, key: str) -> bool:
 
 
 def shard_text(shard: Shard | None) -> str | None:
+    """How a report records its shard ("2/4"); shard_of_text reads it back."""
     return None if shard is None else f"{shard[0]}/{shard[1]}"
+
+
+def shard_of_text(text: str | None) -> Shard | None:
+    return None if text is None else parse_shard(text)

@@ -19,7 +19,7 @@ from opforge.bench.model import BASELINE, BENCH_SCHEMA_VERSION, OK, BenchRun, po
 from opforge.bench.stats import RatioInterval, ratio_of_medians
 from opforge.bench.timing import Timing
 from opforge.errors import UsageError
-from opforge.shard import owns, parse_shard
+from opforge.shard import owns, shard_of_text
 
 REGRESSION, FASTER, SAME = "regression", "faster", "same"
 # Timing fields whose difference makes two samples of a case incomparable, whatever the environment.
@@ -93,7 +93,7 @@ def load_baseline(path: Path) -> dict:
 
 def compare(run: BenchRun, baseline: dict, threshold_pct: float, path: str = "") -> Comparison:
     # A --shard run is gated on its own points: the baseline's others are another job's, not cases left out.
-    shard = parse_shard(run.options["shard"]) if run.options.get("shard") else None
+    shard = shard_of_text(run.options.get("shard"))
     old = {
         r["id"]: r
         for r in baseline["results"]

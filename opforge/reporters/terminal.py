@@ -21,6 +21,7 @@ from opforge.engine.plan import LOAD_CHECK
 from opforge.reporters.base import Reporter
 from opforge.reporters.console import HEARTBEAT_S, Heartbeat, console, error
 from opforge.results import CaseResult, OpReport, RunReport, Status, failure_details
+from opforge.shard import shard_text
 from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES
 
 # The column header under which the dtypes check's unclaimed dtypes are folded.
@@ -358,7 +359,7 @@ def render_totals(report: RunReport) -> None:
     verdict, style = run_verdict(report)
     suffix = " (incomplete)" if report.incomplete else ""
     if report.shard is not None:
-        suffix += f" (shard {report.shard[0]}/{report.shard[1]}: merge the shards' --json with opforge merge-reports)"
+        suffix += f" (shard {shard_text(report.shard)}: merge the shards' --json with opforge merge-reports)"
     for note in report.notes:
         console.print(Text("note: ", style="bold yellow") + Text(note))
     if report.nothing_ran and not report.failed:
