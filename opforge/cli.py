@@ -787,6 +787,7 @@ def merge_reports(
     """
 
     def body() -> int:
+        from opforge.files import write_atomically
         from opforge.merge import BENCH, check_kinds_and_shards, merge_bench_reports, merge_check_reports, read_report
         from opforge.reporters.terminal import TerminalReport
         from opforge.results import dumps_json
@@ -802,7 +803,7 @@ def merge_reports(
                     "Pass --json PATH: bench reports merge into one bench JSON.",
                 )
             merged = merge_bench_reports(read)
-            asked["--json"].write_text(dumps_json(merged) + "\n")
+            write_atomically(asked["--json"], dumps_json(merged, indent=1))
             out.info(f"merged {len(merged['results'])} bench results of {len(read)} reports: {asked['--json']}")
             return EXIT_OK if merged["results"] else EXIT_NOTHING_RAN
         files = _file_reporters(reports)
@@ -844,6 +845,7 @@ def profile(
     def body() -> int:
         import json
 
+        from opforge.files import write_atomically
         from opforge.profile import profile_op
         from opforge.reporters.profile_terminal import render_profile
 
@@ -852,7 +854,7 @@ def profile(
         run = profile_op(load_spec(spec_path), filters, trace, calls, on_step=out.info)
         render_profile(run)
         if json_path is not None:
-            json_path.write_text(json.dumps(run.to_json(), indent=2))
+            write_atomically(json_path, json.dumps(run.to_json(), indent=2))
             out.info(f"JSON: {json_path}")
         if not run.results:
             out.error(f"opforge profile: expected something to profile, got nothing ({run.skipped_devices}).")
