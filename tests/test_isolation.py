@@ -153,6 +153,9 @@ def test_interrupt_writes_an_incomplete_report_and_exits_130(tmp_path, signum, m
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # Ctrl-C's default action, whatever this test run inherited: a shell starts background jobs with SIGINT
+        # ignored, and a Python started that way keeps ignoring it (the SIGINT cases then hang).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         _wait_for(marker, proc)
