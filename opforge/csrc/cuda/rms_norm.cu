@@ -10,7 +10,7 @@
 //
 // The weight gradient sums grad * x * r over all rows, without atomics: the backward runs a capped grid of blocks
 // that loop over the rows (block b takes row steps b, b + grid, ...); each thread adds its columns' terms in
-// registers, the block's row groups are added in a fixed order, and each block writes one row of float partial sums.
+// registers, the block's row groups are added in a fixed order, and each block writes one row of partial sums.
 // A second kernel adds the partial rows of each column in a fixed order, in double. Same inputs, same grid, same
 // bits. The grid is what fits on the GPU at once (a few blocks per SM), so the partial rows cost grid x hidden
 // floats (doubles for float32, see sum_t): 4 MiB for hidden 4096 on 132 SMs x 2 blocks, against the 96 MiB a
@@ -31,8 +31,9 @@
 #include "rms_norm.h"
 
 // Streaming (evict-first) loads of x and grad, each read exactly once. Off by default, as for the elementwise
-// kernels, where plain loads were faster past 2^24 elements on an H200 (elementwise.cuh); the weight always uses
-// the default caching, since every row reads it.
+// kernels, where plain loads were faster past 2^24 elements on an H200 (elementwise.cuh), and so they were for the
+// pipelined backward (H200, 2026-12-03: 32768 x 4096 float32 453.8 us streaming against 428.7 us plain); the weight
+// always uses the default caching, since every row reads it.
 #ifndef OPFORGE_RMS_STREAMING_LOADS
 #define OPFORGE_RMS_STREAMING_LOADS 0
 #endif
@@ -55,24 +56,21 @@ constexpr bool kStreamRows = OPFORGE_RMS_STREAMING_LOADS;
 constexpr int kWarp = 32;
 
 // The backward's row sums, 1 / rms and weight gradient: float for float16/bfloat16, double for float32 and float64.
-// A float32 weight gradient sums a term per row over all rows; in float its error grows with the rows and with the
-// rounding of each row's 1 / rms (on the CPU, 4096 x 4096 came out up to 9e-5 off the float64 result, outside
-// float32's tolerance; see ../rms_norm.cpp). In double the per-element cost is three conversions and five double
-// operations, far below what an H200 SM does per element at full bandwidth (16 conversions and 64 double FMAs per
-// clock, against about 1.5 float32 backward elements per clock); grad_x stays in float.
-// OPFORGE_RMS_FLOAT32_BACKWARD_SUMS_IN_DOUBLE=0 puts them back in float (ptxas, sm_90: 124 registers instead of 72
-// for the float32 4096-wide shape, 2 resident blocks of 256 threads per SM instead of 3).
-#ifndef OPFORGE_RMS_FLOAT32_BACKWARD_SUMS_IN_DOUBLE
-#define OPFORGE_RMS_FLOAT32_BACKWARD_SUMS_IN_DOUBLE 1
-#endif
+// A float32 weight gradient sums one term per row over all rows, and in float each term's rounding (of the product
+// and of the row's 1 / rms, about 1e-7 relative) grows with the square root of the rows: 1.8e-5 absolute at 32768
+// rows, outside float32's tolerance (tests/ops/test_rms_norm.py's many-rows test failed that way on an H200 with
+// float sums, 2026-12-03, as did 7 of the CUDA shape tests). In double the cost is registers (the 16 or 32 doubles a
+// thread sums into), not arithmetic: three conversions and three double operations per element are far below an H200
+// SM's rate at full bandwidth. grad_x stays in float.
 template <typename T>
-using sum_t = std::conditional_t<std::is_same_v<T, float> && OPFORGE_RMS_FLOAT32_BACKWARD_SUMS_IN_DOUBLE, double,
-                                 opmath_t<T>>;
+using sum_t = std::conditional_t<std::is_same_v<T, float>, double, opmath_t<T>>;
 
 // How a block covers rows: kGroups groups of kGroupWarps warps, each group one row at a time, each thread kN units
-// of kVec elements of it. kUnits is the longest row (in units) the shape holds.
-template <int kVec_, int kN_, int kGroupWarps_, int kGroups_>
+// of kVec elements of it. kUnits is the longest row (in units) the shape holds. kMinBlocks is __launch_bounds__'s
+// resident blocks per SM, which caps the registers per thread.
+template <int kVec_, int kN_, int kGroupWarps_, int kGroups_, int kMinBlocks_ = 1>
 struct RowShape {
+  static constexpr int kMinBlocks = kMinBlocks_;
   static constexpr int kVec = kVec_;
   static constexpr int kN = kN_;
   static constexpr int kGroupWarps = kGroupWarps_;
@@ -333,20 +331,50 @@ __global__ void __launch_bounds__(S::kThreads)
 // grad_x for every row, and (when `partial` is given) one row of partial weight-gradient sums per block:
 // partial[blockIdx.x][c] = sum over the block's rows, in row order per group and group order after, of
 // grad * x * r.
+// Loads the units of `row` that thread t of its group owns (zeros past the row or past `rows`).
 template <typename T, class S>
-__global__ void __launch_bounds__(S::kThreads)
+__device__ __forceinline__ void load_row(const T* __restrict__ g, const T* __restrict__ x, int64_t row, int64_t rows,
+                                         int hidden, int t, typename Unit<T, S::kVec>::Raw (&gv)[S::kN],
+                                         typename Unit<T, S::kVec>::Raw (&xv)[S::kN]) {
+  using U = Unit<T, S::kVec>;
+  const bool live = row < rows;
+  const int units = hidden / S::kVec;
+  const T* gr = g + row * hidden;
+  const T* xr = x + row * hidden;
+#pragma unroll
+  for (int i = 0; i < S::kN; ++i) {
+    const int u = t + i * S::kGroupThreads;
+    const bool in = live && u < units;
+    gv[i] = in ? U::template load<kStreamRows>(gr + u * S::kVec) : U::zero();
+    xv[i] = in ? U::template load<kStreamRows>(xr + u * S::kVec) : U::zero();
+  }
+}
+
+// The loop over row steps is software-pipelined: a thread issues its loads of the next step's row before it reduces
+// and writes the current one, so a block always has a row of grad and x in flight. Without it each step waited a
+// full DRAM round trip, and between steps nothing of the block's was in flight: on an H200 (2026-12-03) the
+// bfloat16 backward went from 61.3 / 77.3 / 67.5% of the copy (4096 x 4096, 32768 x 4096, 8192 x 8192) to 70.5 /
+// 91.3 / 82.4% (with_backward_shape's choices).
+template <typename T, class S>
+__global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     backward_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ gx,
                     sum_t<T>* __restrict__ partial, int64_t rows, int hidden, sum_t<T> eps) {
   using acc_t = opmath_t<T>;
   using wide_t = sum_t<T>;
   using U = Unit<T, S::kVec>;
+  using Raw = typename U::Raw;
   __shared__ wide_t scratch[2][S::kGroups * S::kGroupWarps * 2];
   // The weight, read from global memory once per block and from shared memory twice per row (before and after the
   // reduction), rather than held in registers across it: registers go to grad and x, the bytes in flight.
-  __shared__ typename U::Raw weight[S::kUnits];
+  __shared__ Raw weight[S::kUnits];
   const int group = threadIdx.x / S::kGroupThreads;
   const int t = threadIdx.x % S::kGroupThreads;
   const int units = hidden / S::kVec;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * S::kGroups;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * S::kGroups;
+  // The first row's loads go out before the weight's, so that the two round trips overlap.
+  Raw gv[S::kN], xv[S::kN];
+  load_row<T, S>(g, x, first + group, rows, hidden, t, gv, xv);
   for (int u = threadIdx.x; u < units; u += S::kThreads) {
     weight[u] = U::template load<false>(w + u * S::kVec);
   }
@@ -360,25 +388,16 @@ __global__ void __launch_bounds__(S::kThreads)
     }
   }
   int parity = 0;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * S::kGroups; base < rows;
-       base += static_cast<int64_t>(gridDim.x) * S::kGroups, parity ^= 1) {
+  // Uniform across the block (every group's row is base + group), so the group reductions' __syncthreads are too.
+  for (int64_t base = first; base < rows; base += step, parity ^= 1) {
     const int64_t row = base + group;
-    const bool live = row < rows;
-    const T* gr = g + row * hidden;
-    const T* xr = x + row * hidden;
-    typename U::Raw gv[S::kN], xv[S::kN];
-#pragma unroll
-    for (int i = 0; i < S::kN; ++i) {
-      const int u = t + i * S::kGroupThreads;
-      const bool in = live && u < units;
-      gv[i] = in ? U::template load<kStreamRows>(gr + u * S::kVec) : U::zero();
-      xv[i] = in ? U::template load<kStreamRows>(xr + u * S::kVec) : U::zero();
-    }
+    Raw gn[S::kN], xn[S::kN];
+    load_row<T, S>(g, x, row + step, rows, hidden, t, gn, xn);
     wide_t sums[2] = {wide_t(0), wide_t(0)};  // sum(x^2), sum(grad * weight * x)
 #pragma unroll
     for (int i = 0; i < S::kN; ++i) {
       const int u = t + i * S::kGroupThreads;
-      const typename U::Raw wv = u < units ? weight[u] : U::zero();
+      const Raw wv = u < units ? weight[u] : U::zero();
 #pragma unroll
       for (int j = 0; j < S::kVec; ++j) {
         const wide_t xe = U::get(xv[i], j);
@@ -387,30 +406,34 @@ __global__ void __launch_bounds__(S::kThreads)
       }
     }
     group_sum<S>(sums, scratch[parity]);
-    if (!live) {
-      continue;
+    if (row < rows) {
+      const wide_t r = inverse_rms(sums[0], hidden, eps);
+      const auto r_x = static_cast<acc_t>(r);
+      const auto c = static_cast<acc_t>(r * r * sums[1] / static_cast<wide_t>(hidden));
+      T* gxr = gx + row * hidden;
+#pragma unroll
+      for (int i = 0; i < S::kN; ++i) {
+        const int u = t + i * S::kGroupThreads;
+        if (u < units) {
+          U::forget(gv[i]);
+          U::forget(xv[i]);
+          const Raw wv = weight[u];
+          acc_t out[S::kVec];
+#pragma unroll
+          for (int j = 0; j < S::kVec; ++j) {
+            const acc_t ge = U::get(gv[i], j);
+            const acc_t xe = U::get(xv[i], j);
+            out[j] = r_x * (ge * U::get(wv, j) - xe * c);
+            dw[i][j] += static_cast<wide_t>(ge) * (static_cast<wide_t>(xe) * r);
+          }
+          U::store(gxr + u * S::kVec, out);
+        }
+      }
     }
-    const wide_t r = inverse_rms(sums[0], hidden, eps);
-    const auto r_x = static_cast<acc_t>(r);
-    const auto c = static_cast<acc_t>(r * r * sums[1] / static_cast<wide_t>(hidden));
-    T* gxr = gx + row * hidden;
 #pragma unroll
     for (int i = 0; i < S::kN; ++i) {
-      const int u = t + i * S::kGroupThreads;
-      if (u < units) {
-        U::forget(gv[i]);
-        U::forget(xv[i]);
-        const typename U::Raw wv = weight[u];
-        acc_t out[S::kVec];
-#pragma unroll
-        for (int j = 0; j < S::kVec; ++j) {
-          const acc_t ge = U::get(gv[i], j);
-          const acc_t xe = U::get(xv[i], j);
-          out[j] = r_x * (ge * U::get(wv, j) - xe * c);
-          dw[i][j] += static_cast<wide_t>(ge) * (static_cast<wide_t>(xe) * r);
-        }
-        U::store(gxr + u * S::kVec, out);
-      }
+      gv[i] = gn[i];
+      xv[i] = xn[i];
     }
   }
   if (partial == nullptr) {
@@ -550,10 +573,8 @@ __global__ void __launch_bounds__(kSumCols* kSumRows)
 // The register-resident shapes, by row length in units. Up to 128 units a warp takes a row and a block 8 rows;
 // longer rows get more warps, 4 units per thread (4 16-byte loads of each row tensor in flight per thread), and 8 at
 // the longest. Registers per thread (ptxas for sm_90, bfloat16): the forward holds x alone across the reduction, 39
-// at 4 units and 58 at 8 (1024 threads allow 64), so it goes to 8192 units (65536 bfloat16 elements); the backward
-// holds grad, x and a float partial weight gradient per element, 99-102 at 4 units, which fits 512 threads (128
-// allowed) but not 1024, so past 2048 units (16384 bfloat16) it takes the loop kernel. The scalar fallback (kVec 1)
-// gets fewer shapes: it is for odd hidden sizes and unaligned pointers, not for speed.
+// at 4 units and 58 at 8 (1024 threads allow 64), so it goes to 8192 units (65536 bfloat16 elements). The scalar
+// fallback (kVec 1) gets fewer shapes: it is for odd hidden sizes and unaligned pointers, not for speed.
 template <int kVec, typename Fn>
 bool with_forward_shape(int64_t units, Fn&& fn) {
   if constexpr (kVec == 1) {
@@ -575,20 +596,38 @@ bool with_forward_shape(int64_t units, Fn&& fn) {
   return false;
 }
 
-template <int kVec, typename Fn>
+// The backward holds two rows of grad and x (the current and the prefetched one) and a partial weight gradient per
+// element: at 4 units per thread 127-128 registers (ptxas, sm_90, bfloat16 and float32's doubles), so its blocks
+// of 256 threads ask for 2 per SM (more would spill), and past 2048 units (16384 bfloat16) it takes the loop kernel.
+// Chosen on an H200 (2026-12-03, backward medians, % of the copy of the same bytes; docs/performance.md):
+//   - 512 units (bfloat16 4096): two rows of 4 warps per 256-thread block, 70.5% at 4096 rows and 91.3% at 32768;
+//     one row of 8 warps at 2 units each 59.6% / 88.5%, four rows per 512-thread block (half the partial rows)
+//     70.0% / 91.3%.
+//   - 1024 units (bfloat16 8192, float32 4096): with float sums one row of 16 warps at 2 units, 82.4% (bfloat16
+//     8192 x 8192) against 79.4% for 8 warps at 4 units (capped to 64 registers for 2 blocks per SM, with 8 bytes of
+//     spills, 79.8%); with float32's double sums the other way round, 8 warps at 4 units 91.7% (32768 x 4096)
+//     against 87.7-88.9%, and 75.5% against 76.4% at 4096 x 4096.
+template <typename T, int kVec, typename Fn>
 bool with_backward_shape(int64_t units, Fn&& fn) {
+  constexpr bool kDoubleSums = !std::is_same_v<sum_t<T>, opmath_t<T>>;
   if constexpr (kVec == 1) {
     if (units <= 32) return fn(RowShape<1, 1, 1, 8>{}), true;
     if (units <= 128) return fn(RowShape<1, 4, 1, 8>{}), true;
     if (units <= 1024) return fn(RowShape<1, 4, 8, 1>{}), true;
     if (units <= 2048) return fn(RowShape<1, 4, 16, 1>{}), true;
   } else {
-    if (units <= 32) return fn(RowShape<kVec, 1, 1, 8>{}), true;
-    if (units <= 64) return fn(RowShape<kVec, 2, 1, 8>{}), true;
-    if (units <= 128) return fn(RowShape<kVec, 4, 1, 8>{}), true;
-    if (units <= 256) return fn(RowShape<kVec, 4, 2, 4>{}), true;
-    if (units <= 512) return fn(RowShape<kVec, 4, 4, 2>{}), true;
-    if (units <= 1024) return fn(RowShape<kVec, 4, 8, 1>{}), true;
+    if (units <= 32) return fn(RowShape<kVec, 1, 1, 8, 2>{}), true;
+    if (units <= 64) return fn(RowShape<kVec, 2, 1, 8, 2>{}), true;
+    if (units <= 128) return fn(RowShape<kVec, 4, 1, 8, 2>{}), true;
+    if (units <= 256) return fn(RowShape<kVec, 4, 2, 4, 2>{}), true;
+    if (units <= 512) return fn(RowShape<kVec, 4, 4, 2, 2>{}), true;
+    if (units <= 1024) {
+      if constexpr (kDoubleSums) {
+        return fn(RowShape<kVec, 4, 8, 1, 2>{}), true;
+      } else {
+        return fn(RowShape<kVec, 2, 16, 1>{}), true;
+      }
+    }
     if (units <= 2048) return fn(RowShape<kVec, 4, 16, 1>{}), true;
   }
   return false;
@@ -684,7 +723,7 @@ void launch_backward(const T* g, const T* x, const T* w, T* gx, at::Tensor& grad
     }
     return weight_grad ? partial.data_ptr<wide_t>() : nullptr;
   };
-  const bool fits = with_backward_shape<kVec>(units, [&](auto s) {
+  const bool fits = with_backward_shape<T, kVec>(units, [&](auto s) {
     using S = decltype(s);
     const int64_t grid = resident_grid<backward_kernel<T, S>>(S::kThreads, ceil_div(shape.rows, S::kGroups));
     wide_t* p = partial_rows(grid);
