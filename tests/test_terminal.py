@@ -111,20 +111,38 @@ def test_more_kinds_of_failure_than_panels_are_counted(monkeypatch, capsys):
     assert "... and 1 more kinds of failure (2 results;" in capsys.readouterr().out
 
 
-def test_without_a_terminal_progress_is_a_heartbeat_line_at_most_every_few_seconds(capsys):
-    from opforge.reporters.console import HEARTBEAT_S
+def _heartbeat_lines(capsys, count: int) -> list[str]:
+    """The next `count` heartbeat lines printed (waiting up to 5 s for them)."""
+    import time
+
+    printed, deadline = "", time.monotonic() + 5
+    while sum(line.startswith("... ") for line in printed.splitlines()) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+        printed += capsys.readouterr().out
+    return [line for line in printed.splitlines() if line.startswith("... ")][:count]
+
+
+def test_without_a_terminal_progress_is_one_heartbeat_saying_where_the_run_is(capsys):
+    """One timed heartbeat for the whole run: the step under way, then the rows done and the last one, and nothing
+    after the run ends."""
+    import time
+
     from opforge.reporters.terminal import TerminalReport
 
-    now = [0.0]
-    report = TerminalReport(clock=lambda: now[0])
+    report = TerminalReport(heartbeat_interval=0.02)
     report.start()  # pytest's capture is no terminal: no bar
+    report.step("compiling op.cpp")
+    assert _heartbeat_lines(capsys, 1)[0].startswith("... still compiling op.cpp (")
     report.planned("op", 3)
     report.result("op", _result("cpu", "float32"))
-    now[0] = HEARTBEAT_S + 1
     report.result("op", _result("cpu", "float64", status=Status.FAIL))
-    report.result("op", _result("cpu", "float16"))
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("... ")]
-    assert lines == ["... op: 2/3 rows done, 1 failed; now correctness [float64-cpu-contiguous-x=7]"]
+    capsys.readouterr()
+    line = _heartbeat_lines(capsys, 1)[0]
+    assert line.startswith("... op: 2/3 rows done, 1 failed; now correctness [float64-cpu-contiguous-x=7] ("), line
+    report.finish(RunReport(environment={}, ops=[]))
+    capsys.readouterr()
+    time.sleep(0.1)
+    assert "... " not in capsys.readouterr().out, "the heartbeat went on after the run ended"
 
 
 def test_without_a_terminal_a_long_step_prints_a_heartbeat_until_it_ends(capsys):

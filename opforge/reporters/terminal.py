@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -89,21 +88,22 @@ class TerminalReport(Reporter):
     """A progress bar per op while the run goes (ops may run side by side in worker processes; on a terminal only),
     then the tables, the failures and the totals."""
 
-    def __init__(self, verbose: bool = False, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, verbose: bool = False, heartbeat_interval: float = HEARTBEAT_S):
         self.verbose = verbose
         self._bar: Progress | None = None
         self._tasks: dict[str, Any] = {}
         self._failures: dict[str, int] = defaultdict(int)
-        # Without a terminal (a CI log) there is no bar: a heartbeat line instead, at most every HEARTBEAT_S.
-        self._clock = clock
         self._planned: dict[str, int] = {}
         self._done: dict[str, int] = defaultdict(int)
-        self._last_beat = clock()
-        # After a step message (a worker compiling the op), a heartbeat until the next event says the step goes on.
-        self._step_beat: Heartbeat | None = None
+        # Without a terminal (a CI log) there is no bar: one heartbeat line every interval instead, saying where the
+        # run is: the step under way (a worker compiling the op) or the rows done and the last one.
+        self._step: str | None = None
+        self._last: tuple[str, CaseResult] | None = None
+        self._heartbeat = Heartbeat(self._where, interval=heartbeat_interval)
 
     def start(self) -> None:
         if not console.is_terminal:
+            self._heartbeat.start()
             return
         columns = (
             TextColumn("[bold]{task.description}"),
@@ -116,36 +116,36 @@ class TerminalReport(Reporter):
         self._bar.start()
 
     def step(self, message: str) -> None:
-        self._end_step_beat()
         console.print(message)
-        self._step_beat = Heartbeat(lambda: f"still {message}").start()
-
-    def _end_step_beat(self) -> None:
-        if self._step_beat is not None:
-            self._step_beat.stop()
-            self._step_beat = None
+        self._step = message
 
     def planned(self, op: str, total: int) -> None:
-        self._end_step_beat()
+        self._step = None
         self._planned[op] = total
         if self._bar is not None:
             self._tasks[op] = self._bar.add_task(op, total=total, failed="")
 
     def result(self, op: str, result: CaseResult) -> None:
-        self._end_step_beat()
+        self._step = None
         self._failures[op] += result.status.failed
         self._done[op] += 1
-        failed = self._failures[op]
+        self._last = (op, result)
         if self._bar is not None and op in self._tasks:
+            failed = self._failures[op]
             self._bar.update(self._tasks[op], advance=1, failed=f"{failed} failed" if failed else "")
-        elif self._bar is None and self._clock() - self._last_beat >= HEARTBEAT_S:
-            self._last_beat = self._clock()
-            total = self._planned.get(op)
-            done = f"{self._done[op]}/{total}" if total else str(self._done[op])
-            console.print(Text(f"... {op}: {done} rows done, {failed} failed; now {result.check} [{result.case_id}]"))
+
+    def _where(self) -> str:
+        if self._step is not None:
+            return f"still {self._step}"
+        if self._last is None:
+            return "starting"
+        op, result = self._last
+        total = self._planned.get(op)
+        done = f"{self._done[op]}/{total}" if total else str(self._done[op])
+        return f"{op}: {done} rows done, {self._failures[op]} failed; now {result.check} [{result.case_id}]"
 
     def finish(self, run: RunReport) -> None:
-        self._end_step_beat()
+        self._heartbeat.stop()
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
