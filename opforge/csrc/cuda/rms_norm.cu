@@ -328,9 +328,6 @@ __global__ void __launch_bounds__(S::kThreads)
 
 // ------------------------------------------------------------------------------------------------- backward
 
-// grad_x for every row, and (when `partial` is given) one row of partial weight-gradient sums per block:
-// partial[blockIdx.x][c] = sum over the block's rows, in row order per group and group order after, of
-// grad * x * r.
 // Loads the units of `row` that thread t of its group owns (zeros past the row or past `rows`).
 template <typename T, class S>
 __device__ __forceinline__ void load_row(const T* __restrict__ g, const T* __restrict__ x, int64_t row, int64_t rows,
@@ -350,6 +347,9 @@ __device__ __forceinline__ void load_row(const T* __restrict__ g, const T* __res
   }
 }
 
+// grad_x for every row, and (when `partial` is given) one row of partial weight-gradient sums per block:
+// partial[blockIdx.x][c] = sum over the block's rows, in row order per group and group order after, of
+// grad * x * r.
 // The loop over row steps is software-pipelined: a thread issues its loads of the next step's row before it reduces
 // and writes the current one, so a block always has a row of grad and x in flight. Without it each step waited a
 // full DRAM round trip, and between steps nothing of the block's was in flight: on an H200 (2026-12-03) the
