@@ -142,7 +142,7 @@ class TerminalReport(Reporter):
         op, result = self._last
         total = self._planned.get(op)
         done = f"{self._done[op]}/{total}" if total else str(self._done[op])
-        return f"{op}: {done} rows done, {self._failures[op]} failed; now {result.check} [{result.case_id}]"
+        return f"{op}: {done} rows done, {self._failures[op]} failed; last {result.check} [{result.case_id}]"
 
     def finish(self, run: RunReport) -> None:
         self._heartbeat.stop()
