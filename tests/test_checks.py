@@ -61,6 +61,7 @@ BUGS = [
     ("nondeterministic", {"determinism"}, {"correctness"}),
     ("nondeterministic_backward", {"determinism"}, {"correctness"}),
     ("swallows_nan", {"special_values"}, {"correctness"}),
+    ("swallows_nan_in_tail", {"special_values"}, {"correctness"}),
     ("reinterprets_int32", {"dtypes"}, {"correctness"}),
     ("claims_bfloat16", {"dtypes", "correctness"}, set()),
     ("accepts_shape_mismatch", {"error_inputs"}, {"correctness"}),
@@ -79,6 +80,20 @@ def test_broken_op_is_flagged_by_its_check(fixture, flagged_by, unaffected):
     assert not missing, f"{fixture}: expected {sorted(missing)} to fail; failures were {sorted(failed)}"
     wrongly = unaffected & failed.keys()
     assert not wrongly, describe([r for c in wrongly for r in failed[c]])
+
+
+def test_special_values_reach_a_kernels_tail(monkeypatch):
+    """The special values go at the last positions too: a scalar tail that swallows NaN fails on the one shape that
+    has a tail (33x65: 2145 elements, one past the last multiple of 8), and only there; written at the first
+    positions alone they would miss it."""
+    failed = failures_by_check(run_spec(FIXTURES / "swallows_nan_in_tail.yaml", checks=("special_values",)))
+    assert {r.case_id.rsplit("-", 1)[-1] for r in failed["special_values"]} == {"x=33x65"}
+    assert all(r.mismatch is not None for r in failed["special_values"]), "each failure shows its worst mismatch"
+
+    from opforge.checks import special_values
+
+    monkeypatch.setattr(special_values, "head_and_tail", lambda numel, count: [slice(0, min(count, numel))])
+    assert not failures_by_check(run_spec(FIXTURES / "swallows_nan_in_tail.yaml", checks=("special_values",)))
 
 
 def test_noncontiguous_bug_fails_only_noncontiguous_layouts():

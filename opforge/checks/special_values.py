@@ -21,10 +21,11 @@ from opforge.spec.model import FLOATING_DTYPES
 
 def special_values(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     """NaN, +-inf, -0.0, the dtype's largest value and subnormals (or the spec's `special_values:` choice of them)
-    written into every floating input that takes them (at the same flat positions, so paired inputs meet special
-    values of each other) must come out as the reference's do, rounded to the dtype: a kernel that clamps, flushes
-    or swallows NaN fails. An input marked `special_values: false`, or made by a generator, keeps its values; one
-    with a list of names takes those."""
+    written into every floating input that takes them must come out as the reference's do, rounded to the dtype: a
+    kernel that clamps, flushes or swallows NaN fails. They go at the same flat positions of each input (so paired
+    inputs meet special values of each other): the first ones, and the last ones too, in reverse (NaN last), where a
+    vectorized kernel's scalar tail and a row op's last row are. An input marked `special_values: false`, or made by a generator, keeps
+    its values; one with a list of names takes those."""
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed)
     takes = {
@@ -35,9 +36,10 @@ def special_values(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     for name in inputs.tensor_names:
         value, ref = argument(inputs, loaded, name), argument(inputs, loaded, name, reference=True)
         if name in takes and value.is_floating_point():
-            specials = special_value_tensor(value.dtype, takes[name])[: value.numel()]
-            value.view(-1)[: len(specials)] = specials.to(value.dtype)
-            ref.view(-1)[: len(specials)] = specials.to(value.dtype).to(ref.dtype)
+            specials = special_value_tensor(value.dtype, takes[name]).to(value.dtype)
+            for where, values in zip(head_and_tail(value.numel(), len(specials)), (specials, specials.flip(0))):
+                value.view(-1)[where] = values[: where.stop - where.start]
+                ref.view(-1)[where] = values[: where.stop - where.start].to(ref.dtype)
     baseline = output_baseline(loaded, inputs, case.dtype)
     got = outputs_of(loaded, target, inputs)
     compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))
@@ -45,6 +47,12 @@ def special_values(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
         loaded, case.dtype, case.device, compared, baseline, label=" (special values)", round_expected=True
     )
     return {"special_values": None}
+
+
+def head_and_tail(numel: int, count: int) -> list[slice]:
+    """Where `count` special values go in `numel` elements: the first ones, and the last ones when both fit apart."""
+    head = slice(0, min(count, numel))
+    return [head, slice(numel - count, numel)] if numel >= 2 * count else [head]
 
 
 def special_value_tensor(dtype, names: tuple[str, ...]):
