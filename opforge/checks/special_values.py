@@ -24,8 +24,8 @@ def special_values(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     written into every floating input that takes them must come out as the reference's do, rounded to the dtype: a
     kernel that clamps, flushes or swallows NaN fails. They go at the same flat positions of each input (so paired
     inputs meet special values of each other): the first ones, and the last ones too, in reverse (NaN last), where a
-    vectorized kernel's scalar tail and a row op's last row are. An input marked `special_values: false`, or made by a generator, keeps
-    its values; one with a list of names takes those."""
+    vectorized kernel's scalar tail and a row op's last row are. An input marked `special_values: false`, or made by
+    a generator, keeps its values; one with a list of names takes those."""
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed)
     takes = {
