@@ -342,6 +342,8 @@ def check(
                 _run(specs, filters, cuda_arch, timeout, jobs, no_isolation, run, [terminal, *files.values()])
             except KeyboardInterrupt:
                 run.incomplete = True
+            finally:
+                terminal.stop()  # an error leaving _run must not leave the heartbeat printing
             run.seconds = time.perf_counter() - start
             if not run.environment:
                 from opforge.environment import host_environment

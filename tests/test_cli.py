@@ -192,3 +192,20 @@ def test_large_index_is_skipped_as_opt_in_until_asked_for():
     assert "opt-in" not in asked.output, asked.output
     # With a GPU the check runs and catches the fixture's int32 index; without one it is skipped as needing CUDA.
     assert asked.exit_code == (1 if torch.cuda.is_available() else 5), asked.output
+
+
+def test_a_check_run_that_ends_in_an_error_leaves_no_heartbeat_printing(monkeypatch):
+    """The run's heartbeat (a thread, without a terminal) stops however the run ends, not only when it completes."""
+    import threading
+
+    from opforge.engine import inprocess
+    from opforge.errors import OpforgeError
+
+    def fail(*args, **kwargs):
+        raise OpforgeError("the run failed: expected it to. Nothing to do.")
+
+    monkeypatch.setattr(inprocess, "run_in_process", fail)
+    result = invoke("check", str(FIXTURES / "good.yaml"))
+    assert result.exit_code == 2 and "the run failed" in result.output
+    alive = [t.name for t in threading.enumerate() if t.name == "opforge-heartbeat"]
+    assert not alive, "the heartbeat thread outlived its run"

@@ -144,11 +144,15 @@ class TerminalReport(Reporter):
         done = f"{self._done[op]}/{total}" if total else str(self._done[op])
         return f"{op}: {done} rows done, {self._failures[op]} failed; last {result.check} [{result.case_id}]"
 
-    def finish(self, run: RunReport) -> None:
+    def stop(self) -> None:
+        """Ends the heartbeat and the bar; the run may have ended early (an error, Ctrl-C). Idempotent."""
         self._heartbeat.stop()
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+
+    def finish(self, run: RunReport) -> None:
+        self.stop()
         render_run(run, self.verbose)
 
 
