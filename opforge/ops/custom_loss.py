@@ -65,11 +65,14 @@ def _custom_loss_grad(ctx, grad: Tensor):
     reduces = pred.shape != grad.shape or target.shape != grad.shape
     wide = torch.float32 if reduces and grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
     args = (grad.to(wide), pred.to(wide), target.to(wide))
-    if want_target:
+    if want_target and target.shape == grad.shape:
         grad_pred, grad_target = _grads(*args)
-    else:
-        grad_pred, grad_target = _backward(*args), None
-    return _reduced(grad_pred, pred) if want_pred else None, _reduced(grad_target, target) if want_target else None
+        return _reduced(grad_pred, pred) if want_pred else None, grad_target.to(target.dtype)
+    # A broadcast target's gradient is -sum(dL/dd) over its broadcast dimensions: negate the reduced sum rather than
+    # write -dL/dd in the full shape only to sum it (the same values: negation is exact).
+    grad_d = _backward(*args)
+    grad_target = -_reduced(grad_d, target) if want_target else None
+    return _reduced(grad_d, pred) if want_pred else None, grad_target
 
 
 def _reduced(grad: Tensor, like: Tensor) -> Tensor:
