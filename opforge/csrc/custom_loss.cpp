@@ -20,17 +20,15 @@ using custom_loss::check_pair;
 at::Tensor custom_loss(const at::Tensor& pred, const at::Tensor& target) {
   check_pair(pred, target, "opforge::custom_loss");
   at::Tensor out = broadcast_output(pred, target);
-  const at::Tensor p = with_layout_of(pred, out);
-  const at::Tensor t = with_layout_of(target, out);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), "opforge::custom_loss", [&] {
     using acc_t = opmath_t<scalar_t>;
-    elementwise_kernel<scalar_t>(
+    spanned_kernel<scalar_t>(
         out.data_ptr<scalar_t>(), out.numel(),
         [](acc_t pv, acc_t tv) {
           const acc_t d = pv - tv;
           return d < acc_t(0) ? d * d : std::abs(d);
         },
-        p.const_data_ptr<scalar_t>(), t.const_data_ptr<scalar_t>());
+        spanned<scalar_t>(pred, out), spanned<scalar_t>(target, out));
   });
   return out;
 }
@@ -47,15 +45,11 @@ at::Tensor custom_loss_backward(const at::Tensor& grad, const at::Tensor& pred, 
   check_pair(pred, target, "opforge::custom_loss_backward");
   at::Tensor out = broadcast_output(pred, target);
   check_backward_grad(grad, out, "opforge::custom_loss_backward");
-  const at::Tensor g = with_layout_of(grad, out);
-  const at::Tensor p = with_layout_of(pred, out);
-  const at::Tensor t = with_layout_of(target, out);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), "opforge::custom_loss_backward", [&] {
     using acc_t = opmath_t<scalar_t>;
-    elementwise_kernel<scalar_t>(
-        out.data_ptr<scalar_t>(), out.numel(),
-        [](acc_t gv, acc_t pv, acc_t tv) { return grad_d(gv, pv, tv); },
-        g.const_data_ptr<scalar_t>(), p.const_data_ptr<scalar_t>(), t.const_data_ptr<scalar_t>());
+    spanned_kernel<scalar_t>(
+        out.data_ptr<scalar_t>(), out.numel(), [](acc_t gv, acc_t pv, acc_t tv) { return grad_d(gv, pv, tv); },
+        spanned<scalar_t>(grad, out), spanned<scalar_t>(pred, out), spanned<scalar_t>(target, out));
   });
   return out;
 }

@@ -11,8 +11,19 @@ from opforge.ops.custom_loss import _backward, _grads, custom_loss, reference
 from opforge.results import describe_mismatch
 from opforge.spec.model import Tolerance
 
-# (pred shape, target shape): same shapes, broadcasting either way, 0-d, empty.
-PAIRS = [((), ()), ((0,), (0,)), ((7,), (7,)), ((33, 65), (65,)), ((7,), (3, 7)), ((3, 1), (1, 4))]
+# (pred shape, target shape): same shapes, broadcasting either way, 0-d, empty. Rows of 16 elements or more are
+# read in place by the CPU kernels (a target repeated per row; one spanning two of three dimensions; a repeated
+# pred); shorter ones are copied to the full shape first.
+PAIRS = [
+    ((), ()),
+    ((0,), (0,)),
+    ((7,), (7,)),
+    ((33, 65), (65,)),
+    ((7,), (3, 7)),
+    ((3, 1), (1, 4)),
+    ((2, 3, 40), (3, 40)),
+    ((40,), (6, 1, 40)),
+]
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 
 
