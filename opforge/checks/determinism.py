@@ -28,17 +28,12 @@ def determinism(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     import torch
 
     loaded = ctx.loaded
-
-    def run() -> list:
-        values = _outputs_and_mutations(loaded, target, inputs_for(loaded, case, ctx.base_seed))
-        return values + _gradients(loaded, target, case, ctx.base_seed)
-
-    first = run()
+    first = _one_run(loaded, target, case, ctx.base_seed)
     threads = torch.get_num_threads()
     try:
         if case.device == "cpu":
             torch.set_num_threads(1)
-        second = run()
+        second = _one_run(loaded, target, case, ctx.base_seed)
     finally:
         torch.set_num_threads(threads)
     for (name, a), (_, b) in zip(first, second):
@@ -48,23 +43,33 @@ def determinism(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     return {"determinism": None}
 
 
-def _outputs_and_mutations(loaded, target, inputs) -> list:
-    named = list(zip(output_names(loaded), outputs_of(loaded, target, inputs)))
-    return named + [(f"{n} (mutated)", argument(inputs, loaded, n)) for n in loaded.mutated_arguments]
+def _one_run(loaded: LoadedOp, target: Target, case: Case, base_seed: int) -> list:
+    """(name, value) of each output, mutated argument and, for an op the spec differentiates, each input's gradient
+    for one grad_output seeded by the case: one forward call serves the outputs and the backward."""
+    import torch
+
+    with_gradients = _differentiates(loaded, case)
+    inputs = inputs_for(loaded, case, base_seed, requires_grad=with_gradients)
+    outputs = outputs_of(loaded, target, inputs)
+    named = [(n, o.detach() if isinstance(o, torch.Tensor) else o) for n, o in zip(output_names(loaded), outputs)]
+    named += [(f"{n} (mutated)", argument(inputs, loaded, n)) for n in loaded.mutated_arguments]
+    return named + (_gradients(loaded, target, case, base_seed, inputs, outputs) if with_gradients else [])
 
 
-def _gradients(loaded: LoadedOp, target: Target, case: Case, base_seed: int) -> list:
-    """(grad[name], gradient) of each input the spec differentiates, for one grad_output seeded by the case; none for
-    an op that is not differentiable or mutates its arguments (autograd refuses in-place writes to leaves)."""
-    if not loaded.spec.differentiable or loaded.mutated_arguments or case.dtype not in FLOATING_DTYPES:
-        return []
-    inputs = inputs_for(loaded, case, base_seed, requires_grad=True)
+def _differentiates(loaded: LoadedOp, case: Case) -> bool:
+    """Whether the gradients are compared too: not for an op that is not differentiable or mutates its arguments
+    (autograd refuses in-place writes to leaves)."""
+    return loaded.spec.differentiable and not loaded.mutated_arguments and case.dtype in FLOATING_DTYPES
+
+
+def _gradients(loaded: LoadedOp, target: Target, case: Case, base_seed: int, inputs, outputs) -> list:
+    """(grad[name], gradient) of each input that requires grad, through the differentiable outputs."""
     names = [n for n in inputs.tensor_names if argument(inputs, loaded, n).requires_grad]
-    outputs = differentiable_outputs(outputs_of(loaded, target, inputs))
-    if not names or not outputs:
+    differentiable = differentiable_outputs(outputs)
+    if not names or not differentiable:
         return []
     wrt = [argument(inputs, loaded, n) for n in names]
-    grads = op_gradients(target, outputs, wrt, seeded_grad_outputs(outputs, case, base_seed))
+    grads = op_gradients(target, differentiable, wrt, seeded_grad_outputs(differentiable, case, base_seed))
     return [(f"grad[{n}]", g) for n, g in zip(names, grads) if g is not None]
 
 
