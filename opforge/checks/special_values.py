@@ -3,6 +3,8 @@ reference."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, first_values
 from opforge.checks.calls import (
@@ -37,9 +39,9 @@ def special_values(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
         value, ref = argument(inputs, loaded, name), argument(inputs, loaded, name, reference=True)
         if name in takes and value.is_floating_point():
             specials = special_value_tensor(value.dtype, takes[name]).to(value.dtype)
-            for where, values in zip(head_and_tail(value.numel(), len(specials)), (specials, specials.flip(0))):
-                value.view(-1)[where] = values[: where.stop - where.start]
-                ref.view(-1)[where] = values[: where.stop - where.start].to(ref.dtype)
+            for where, values in placements(value.numel(), specials):
+                value.view(-1)[where] = values
+                ref.view(-1)[where] = values.to(ref.dtype)
     baseline = output_baseline(loaded, inputs, case.dtype)
     got = outputs_of(loaded, target, inputs)
     compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))
@@ -49,10 +51,12 @@ def special_values(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     return {"special_values": None}
 
 
-def head_and_tail(numel: int, count: int) -> list[slice]:
-    """Where `count` special values go in `numel` elements: the first ones, and the last ones when both fit apart."""
-    head = slice(0, min(count, numel))
-    return [head, slice(numel - count, numel)] if numel >= 2 * count else [head]
+def placements(numel: int, specials: Any) -> list[tuple[slice, Any]]:
+    """(positions, values) of the special values in `numel` elements: the first positions in order, and, when both
+    fit apart, the last ones reversed (NaN last)."""
+    count = len(specials)
+    head = (slice(0, min(count, numel)), specials[:numel])
+    return [head, (slice(numel - count, numel), specials.flip(0))] if numel >= 2 * count else [head]
 
 
 def special_value_tensor(dtype, names: tuple[str, ...]):
