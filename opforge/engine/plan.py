@@ -4,7 +4,7 @@ why, and the rows that stand for an op that never got to run (its loading failed
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -151,11 +151,9 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
             if opted_out:
                 # The cases it would run on every device the spec names, available here or not.
                 wanted = check.cases(loaded, target, build_matrix(spec, dtypes, devices))
-                plan.skipped += [
-                    r
-                    for r in (_skip_case(spec, target, row, case, opted_out) for row in rows for case in wanted)
-                    if filters.wants_id(spec.name, r.full_id) and owns(filters.shard, r.full_id)
-                ]
+                plan.skipped += _kept(
+                    filters, spec, (_skip_case(spec, target, row, case, opted_out) for row in rows for case in wanted)
+                )
                 continue
             for case in check.cases(loaded, target, matrix):
                 if (
@@ -168,10 +166,13 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
                 reason = device_unavailable(device)
                 if reason:
                     skips = (_skip(spec, target, row, dtype, device, reason) for row in rows for dtype in dtypes)
-                    plan.skipped += [
-                        r for r in skips if filters.wants_id(spec.name, r.full_id) and owns(filters.shard, r.full_id)
-                    ]
+                    plan.skipped += _kept(filters, spec, skips)
     return plan
+
+
+def _kept(filters: Filters, spec: OpSpec, skipped: Iterable[CaseResult]) -> list[CaseResult]:
+    """The skip rows the filters select and this shard owns."""
+    return [r for r in skipped if filters.wants_id(spec.name, r.full_id) and owns(filters.shard, r.full_id)]
 
 
 def checks_to_run(spec: OpSpec, opt_ins: OptIns) -> tuple[str, ...]:
