@@ -45,7 +45,7 @@ from opforge.results import Status
 from opforge.shard import Shard, owns, shard_text
 from opforge.spec import bytes_expr as expr
 from opforge.spec.bench import POWER_OF_TWO
-from opforge.spec.model import FLOATING_DTYPES, BenchSpec, OpSpec, ScalarInput
+from opforge.spec.model import BENCH_LAYOUTS, FLOATING_DTYPES, BenchSpec, OpSpec, ScalarInput
 
 EAGER, COMPILE = "eager", "compile"
 
@@ -172,7 +172,7 @@ def _size_label(n: int) -> str:
 def selected_layouts(spec: OpSpec, filters: BenchFilters) -> tuple[str, ...]:
     """The memory formats to time: --layout, checked against the spec's claimed ones, else `bench.layouts`, else
     contiguous."""
-    claimed = ("contiguous",) + tuple(layout for layout in spec.layouts if layout == "channels_last")
+    claimed = tuple(layout for layout in BENCH_LAYOUTS if layout == "contiguous" or layout in spec.layouts)
     default = spec.bench.layouts if spec.bench and spec.bench.layouts else ("contiguous",)
     return _choose(filters.layouts, default, claimed, "--layout", spec)
 
