@@ -547,6 +547,26 @@ def test_a_mutating_op_gets_its_arguments_restored_between_reps():
     assert argument_restorer(loaded, input_source(loaded, point, 0)(), "fwd") is None
 
 
+def test_a_backward_gets_its_gradient_in_the_outputs_layout():
+    # As the next layer's backward hands it in a channels_last network; a contiguous gradient would make every
+    # contender time a layout conversion.
+    import torch
+
+    from opforge.bench.runner import input_source, mode_callable
+
+    loaded, point = loaded_point(FIXTURES / "bench_good.yaml", "bwd")
+    inputs = input_source(loaded, point, 0)()
+    layouts = []
+
+    def channels_last_op(x):
+        y = (x * 2).reshape(2, 8, 8, 8).contiguous(memory_format=torch.channels_last)
+        y.register_hook(lambda g: layouts.append(g.is_contiguous(memory_format=torch.channels_last)))
+        return y
+
+    mode_callable(loaded, channels_last_op, inputs, "bwd", 0)()
+    assert layouts == [True]
+
+
 def test_bench_of_a_mutating_op_times_every_contender(tmp_path):
     out = tmp_path / "run.json"
     result = invoke(

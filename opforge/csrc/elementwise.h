@@ -21,6 +21,8 @@
 namespace opforge::cpu {
 
 using opforge::elementwise_output_like;
+using opforge::Spanned;
+using opforge::spanned_if;
 using opforge::with_layout_of;
 
 // Work per task below which at::parallel_for stays on one thread: ATen's own elementwise grain
@@ -74,42 +76,14 @@ void elementwise_kernel(scalar_t* out, int64_t n, const Fn& fn, const In*... in)
   });
 }
 
-// Broadcasting without copies. An input that a broadcast repeats over the output's leading dimensions only (a
-// target of shape [N] against a prediction of [M, N]) is read in place: output row r (of `inner` elements) reads it
-// at (r * inner) % span, where span is the number of trailing output elements it covers. Other inputs are copied
-// to the output's layout first (span: the whole output). Rows of fewer than kMinBroadcastRow elements are not worth
-// a call each: such inputs are copied too.
+// An input repeated over the output's leading dimensions is read in place (layout.h's Spanned), one call of
+// elementwise_kernel per output row. Rows of fewer than kMinBroadcastRow elements are not worth a call each: such
+// inputs are copied.
 constexpr int64_t kMinBroadcastRow = 16;
 
 template <typename scalar_t>
-struct Spanned {
-  at::Tensor keep;  // owns `data` (the input itself, or its copy in the output's layout)
-  const scalar_t* data;
-  int64_t span;
-};
-
-// The trailing elements of `out` (contiguous) that `t` spans when it is contiguous and broadcast over out's leading
-// dimensions only; 0 otherwise.
-inline int64_t trailing_span(const at::Tensor& t, const at::Tensor& out) {
-  if (!t.is_contiguous() || !out.is_contiguous()) {
-    return 0;
-  }
-  at::IntArrayRef sizes = t.sizes();
-  while (!sizes.empty() && sizes.front() == 1) {
-    sizes = sizes.slice(1);
-  }
-  const auto dims = static_cast<int64_t>(sizes.size());
-  return dims <= out.dim() && sizes == out.sizes().slice(out.dim() - dims) ? t.numel() : 0;
-}
-
-template <typename scalar_t>
 Spanned<scalar_t> spanned(const at::Tensor& t, const at::Tensor& out) {
-  const int64_t span = trailing_span(t, out);
-  if (span == out.numel() || span >= kMinBroadcastRow) {
-    return {t, t.const_data_ptr<scalar_t>(), span};
-  }
-  at::Tensor full = with_layout_of(t, out);
-  return {full, full.const_data_ptr<scalar_t>(), out.numel()};
+  return spanned_if<scalar_t>(t, out, [](int64_t span) { return span >= kMinBroadcastRow; });
 }
 
 // out[i] = fn(in0[i], in1[i], ...) over a contiguous output of `n` elements, each input read in place through its

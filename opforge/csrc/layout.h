@@ -16,6 +16,43 @@ inline at::Tensor with_layout_of(const at::Tensor& t, const at::Tensor& like) {
   return at::empty_like(like).copy_(t);
 }
 
+// Broadcasting without copies. An input that a broadcast repeats over the output's leading dimensions only (a
+// target of shape [N] against a prediction of [M, N]) can be read in place: flat output index i reads it at
+// i % span, where span is the number of trailing output elements it covers. Other inputs are copied to the output's
+// layout first (span: the whole output).
+template <typename scalar_t>
+struct Spanned {
+  at::Tensor keep;  // owns `data` (the input itself, or its copy in the output's layout)
+  const scalar_t* data;
+  int64_t span;
+};
+
+// The trailing elements of `out` (contiguous) that `t` spans when it is contiguous and broadcast over out's leading
+// dimensions only; 0 otherwise.
+inline int64_t trailing_span(const at::Tensor& t, const at::Tensor& out) {
+  if (!t.is_contiguous() || !out.is_contiguous()) {
+    return 0;
+  }
+  at::IntArrayRef sizes = t.sizes();
+  while (!sizes.empty() && sizes.front() == 1) {
+    sizes = sizes.slice(1);
+  }
+  const auto dims = static_cast<int64_t>(sizes.size());
+  return dims <= out.dim() && sizes == out.sizes().slice(out.dim() - dims) ? t.numel() : 0;
+}
+
+// `t` as a kernel writing `out` reads it: in place when it has out's layout, or when it is repeated over out's
+// leading dimensions and the kernel takes that span (`reads_span(span)`); else copied to out's layout.
+template <typename scalar_t, typename ReadsSpan>
+Spanned<scalar_t> spanned_if(const at::Tensor& t, const at::Tensor& out, const ReadsSpan& reads_span) {
+  const int64_t span = trailing_span(t, out);
+  if (span == out.numel() || (span > 0 && reads_span(span))) {
+    return {t, t.const_data_ptr<scalar_t>(), span};
+  }
+  at::Tensor full = with_layout_of(t, out);
+  return {full, full.const_data_ptr<scalar_t>(), out.numel()};
+}
+
 // Output for an elementwise op on `x`: keeps `x`'s strides when it is dense (a transposed or channels_last input
 // gives a like-strided output, as ATen's own pointwise ops do), else the suggested memory format's contiguous
 // layout. The fake (meta) implementations return torch.empty_like(x), which follows the same rule.

@@ -5,7 +5,8 @@
 // (NHWC: C a multiple of it); element by element otherwise. Backward: grad_x elementwise, and the scale/shift
 // gradients as per-channel sums without atomics: each block adds its elements in a fixed order into one partial sum
 // per channel it covers, and a second kernel adds the partial sums of each channel in a fixed order. The blocks
-// depend on the shape alone, so the sums come out bitwise the same on every run.
+// depend on the shape (and, for NHWC, on how many fit on the device) alone, so the sums come out bitwise the same on
+// every run.
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <ATen/ops/zeros.h>
@@ -28,12 +29,17 @@ using at::cuda::detail::IntDivider;
 // Threads per block of every kernel here (the block reductions assume it). The elementwise kernels' measured
 // default (elementwise.cuh, OPFORGE_CUDA_THREADS).
 constexpr int kThreads = 256;
-// Backward: each thread visits at most this many rows (NHWC) or batch entries (NCHW) of a block, and at most this
-// many vectors along a plane (NCHW). Untuned (no GPU sweep yet): enough loads per thread to amortize the block's
-// reduction and its partial-sum writes (1/16 of grad_x's bytes at most, in float), few enough that a 56 x 56 x 256
-// x 32 tensor still makes hundreds of blocks.
+// NCHW backward: each thread visits at most this many batch entries and this many vectors along a plane. Untuned:
+// enough loads per thread to amortize the block's reduction and its partial-sum writes (1/16 of grad_x's bytes at
+// most, in float), few enough that a 56 x 56 x 256 x 32 tensor still makes hundreds of blocks; measured at 62-91%
+// of the copy on an H200 (docs/performance.md).
 constexpr int64_t kRowsPerThread = 16;
 constexpr int64_t kVectorsPerThread = 8;
+// NHWC backward: row steps whose loads a thread issues together (two 16-byte loads each). Untuned: 4 steps hold 8
+// loads in flight per thread, as many as the elementwise kernels' fastest shape keeps per SM.
+constexpr int kRowSteps = 4;
+// Channels per block of the partial sums' last addition: 8 floats, one 32-byte sector per warp row.
+constexpr int kFinishCols = 8;
 // gridDim.y's hardware limit.
 constexpr int64_t kMaxGridY = 65535;
 
@@ -220,15 +226,17 @@ struct Partials {
   acc_t* dx;
 };
 
-// NHWC: a (tx, ty) block covers tx * kVec consecutive channels (threadIdx.x, kVec each) of its rows
-// [blockIdx.y * rows_per_block, ...) (threadIdx.y, every ty-th row); partial sum k = blockIdx.y. kVec > 1 needs
+// NHWC: a (tx, ty) block covers tx * kVec consecutive channels (threadIdx.x, kVec each) and loops over row steps
+// of ty consecutive rows (threadIdx.y): steps blockIdx.y, blockIdx.y + gridDim.y, ..., kRowSteps of them at a time
+// (all their loads issued before any is used); partial sum k = blockIdx.y. The grid is what fits on the GPU at
+// once, so the partial sums are a few hundred per channel however many rows there are. kVec > 1 needs
 // C % kVec == 0 and 16-byte aligned pointers.
 template <typename scalar_t, int kVec>
 __global__ void __launch_bounds__(kThreads)
-    backward_rows_kernel(int64_t rows, int64_t channels, int64_t rows_per_block, opmath_t<scalar_t> alpha,
-                         const scalar_t* __restrict__ grad, const scalar_t* __restrict__ x,
-                         const scalar_t* __restrict__ scale, const scalar_t* __restrict__ shift,
-                         scalar_t* __restrict__ grad_x, Partials<opmath_t<scalar_t>> partials) {
+    backward_rows_kernel(int64_t rows, int64_t channels, opmath_t<scalar_t> alpha, const scalar_t* __restrict__ grad,
+                         const scalar_t* __restrict__ x, const scalar_t* __restrict__ scale,
+                         const scalar_t* __restrict__ shift, scalar_t* __restrict__ grad_x,
+                         Partials<opmath_t<scalar_t>> partials) {
   using acc_t = opmath_t<scalar_t>;
   using P = Pack<scalar_t, kVec>;
   __shared__ acc_t shared[2][kThreads * kVec];
@@ -238,22 +246,34 @@ __global__ void __launch_bounds__(kThreads)
   if (active) {
     const P s = load_pack<P, false>(scale + c0);
     const P b = load_pack<P, false>(shift + c0);
-    const int64_t first = static_cast<int64_t>(blockIdx.y) * rows_per_block;
-    const int64_t last = std::min(rows, first + rows_per_block);
-    for (int64_t r = first + threadIdx.y; r < last; r += blockDim.y) {
-      const int64_t i = r * channels + c0;
-      const P g = load_pack<P, false>(grad + i);
-      const P xv = load_pack<P, false>(x + i);
-      P result;
+    const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.y;
+    for (int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; first < rows;
+         first += stride * kRowSteps) {
+      P g[kRowSteps], xv[kRowSteps];
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const acc_t xj = xv.v[j], sj = s.v[j];
-        const acc_t d = grad_v<acc_t>(g.v[j], xj, sj, b.v[j], alpha);
-        result.v[j] = static_cast<scalar_t>(d * sj);
-        sum_d[j] += d;
-        sum_dx[j] += d * xj;
+      for (int k = 0; k < kRowSteps; ++k) {
+        const int64_t r = first + k * stride;
+        if (r < rows) {
+          g[k] = load_pack<P, false>(grad + r * channels + c0);
+          xv[k] = load_pack<P, false>(x + r * channels + c0);
+        }
       }
-      store_pack(grad_x + i, result);
+#pragma unroll
+      for (int k = 0; k < kRowSteps; ++k) {
+        const int64_t r = first + k * stride;
+        if (r < rows) {
+          P result;
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const acc_t xj = xv[k].v[j], sj = s.v[j];
+            const acc_t d = grad_v<acc_t>(g[k].v[j], xj, sj, b.v[j], alpha);
+            result.v[j] = static_cast<scalar_t>(d * sj);
+            sum_d[j] += d;
+            sum_dx[j] += d * xj;
+          }
+          store_pack(grad_x + r * channels + c0, result);
+        }
+      }
     }
   }
   // The block's ty rows of sums, added in row order by the threads of the first row.
@@ -324,25 +344,42 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// grad_shift[c] = sum of partials.d[k * C + c] over k, grad_scale[c] likewise from partials.dx: thread t adds
-// k = t, t + kThreads, ... in order, then the block's fixed tree.
+// grad_shift[c] = sum of partials.d[k * C + c] over k, grad_scale[c] likewise from partials.dx. A block takes
+// kFinishCols consecutive channels (threadIdx.x % kFinishCols), so that a warp's loads of one k are contiguous, and
+// splits the k among its slices of threads (slice y adds k = y, y + slices, ...); the slices' sums are added in slice
+// order. One thread per channel striding over k read one float per 32-byte sector.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads)
     finish_sums_kernel(int64_t blocks, int64_t channels, Partials<opmath_t<scalar_t>> partials,
                        scalar_t* __restrict__ grad_scale, scalar_t* __restrict__ grad_shift) {
   using acc_t = opmath_t<scalar_t>;
-  for (int64_t c = blockIdx.x; c < channels; c += gridDim.x) {
+  constexpr int kSlices = kThreads / kFinishCols;
+  __shared__ acc_t shared[2][kThreads];
+  const int lane = threadIdx.x % kFinishCols, slice = threadIdx.x / kFinishCols;
+  for (int64_t c0 = static_cast<int64_t>(blockIdx.x) * kFinishCols; c0 < channels;
+       c0 += static_cast<int64_t>(gridDim.x) * kFinishCols) {
+    const int64_t c = c0 + lane;
     acc_t d = 0, dx = 0;
-    for (int64_t k = threadIdx.x; k < blocks; k += kThreads) {
-      d += partials.d[k * channels + c];
-      dx += partials.dx[k * channels + c];
+    if (c < channels) {
+      // Unrolled so that a thread's loads are in flight together rather than one L2 round trip each.
+#pragma unroll 8
+      for (int64_t k = slice; k < blocks; k += kSlices) {
+        d += partials.d[k * channels + c];
+        dx += partials.dx[k * channels + c];
+      }
     }
-    block_sum(d, dx);
-    if (threadIdx.x == 0) {
+    shared[0][threadIdx.x] = d;
+    shared[1][threadIdx.x] = dx;
+    __syncthreads();
+    if (slice == 0 && c < channels) {
+      for (int y = 1; y < kSlices; ++y) {
+        d += shared[0][y * kFinishCols + lane];
+        dx += shared[1][y * kFinishCols + lane];
+      }
       grad_shift[c] = static_cast<scalar_t>(d);
       grad_scale[c] = static_cast<scalar_t>(dx);
     }
-    __syncthreads();  // block_sum's shared memory is reused by the next channel
+    __syncthreads();  // the shared sums are reused by the next channels
   }
 }
 
@@ -358,18 +395,21 @@ struct BackwardOperands {
 template <typename scalar_t, int kVec>
 int64_t launch_backward_rows(const Plan& plan, const BackwardOperands& t, opmath_t<scalar_t> alpha,
                              at::Tensor& partial, cudaStream_t stream) {
+  constexpr auto kKernel = backward_rows_kernel<scalar_t, kVec>;
   const int64_t rows = plan.n * plan.hw;
   const int tx = inner_threads(ceil_div(plan.c, kVec)), ty = kThreads / tx;
-  const int64_t rows_per_block = std::max<int64_t>(ty * kRowsPerThread, ceil_div(rows, kMaxGridY));
-  const int64_t blocks_y = ceil_div(rows, rows_per_block);
-  const dim3 grid(static_cast<unsigned>(ceil_div(plan.c, static_cast<int64_t>(tx) * kVec)),
-                  static_cast<unsigned>(blocks_y));
+  const int64_t blocks_x = ceil_div(plan.c, static_cast<int64_t>(tx) * kVec);
+  const int64_t resident = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) *
+                           blocks_per_sm<kKernel>(kThreads, c10::cuda::current_device());
+  const int64_t blocks_y =
+      std::clamp<int64_t>(std::min(ceil_div(rows, ty), ceil_div(resident, blocks_x)), 1, kMaxGridY);
+  const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(blocks_y));
   partial = at::empty({2, blocks_y, plan.c}, t.x.options().dtype(c10::CppTypeToScalarType<opmath_t<scalar_t>>::value));
   auto* p = partial.data_ptr<opmath_t<scalar_t>>();
-  backward_rows_kernel<scalar_t, kVec><<<grid, dim3(tx, ty), 0, stream>>>(
-      rows, plan.c, rows_per_block, alpha, t.grad.const_data_ptr<scalar_t>(), t.x.const_data_ptr<scalar_t>(),
-      t.scale.const_data_ptr<scalar_t>(), t.shift.const_data_ptr<scalar_t>(), t.grad_x.data_ptr<scalar_t>(),
-      Partials<opmath_t<scalar_t>>{p, p + blocks_y * plan.c});
+  kKernel<<<grid, dim3(tx, ty), 0, stream>>>(rows, plan.c, alpha, t.grad.const_data_ptr<scalar_t>(),
+                                             t.x.const_data_ptr<scalar_t>(), t.scale.const_data_ptr<scalar_t>(),
+                                             t.shift.const_data_ptr<scalar_t>(), t.grad_x.data_ptr<scalar_t>(),
+                                             Partials<opmath_t<scalar_t>>{p, p + blocks_y * plan.c});
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return blocks_y;
 }
@@ -418,7 +458,7 @@ void backward(const Plan& plan, const BackwardOperands& t, at::Tensor& grad_scal
                      : launch_backward_planes<scalar_t, 1>(plan, t, a, partial, stream);
   }
   auto* p = partial.data_ptr<acc_t>();
-  const auto grid = static_cast<unsigned>(std::min<int64_t>(plan.c, INT32_MAX));
+  const auto grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(plan.c, kFinishCols), INT32_MAX));
   finish_sums_kernel<scalar_t><<<grid, kThreads, 0, stream>>>(blocks, plan.c, Partials<acc_t>{p, p + blocks * plan.c},
                                                               grad_scale.data_ptr<scalar_t>(),
                                                               grad_shift.data_ptr<scalar_t>());

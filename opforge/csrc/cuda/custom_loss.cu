@@ -45,12 +45,10 @@ struct Grads {
 at::Tensor custom_loss(const at::Tensor& pred, const at::Tensor& target) {
   check_pair(pred, target, "opforge::custom_loss");
   at::Tensor out = broadcast_output(pred, target);
-  const at::Tensor p = with_layout_of(pred, out);
-  const at::Tensor t = with_layout_of(target, out);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), "opforge::custom_loss", [&] {
     using acc_t = opmath_t<scalar_t>;
-    launch_elementwise<scalar_t>(pred.device(), out.data_ptr<scalar_t>(), out.numel(), Forward<acc_t>{},
-                                 p.const_data_ptr<scalar_t>(), t.const_data_ptr<scalar_t>());
+    launch_elementwise_spanned<scalar_t>(pred.device(), out.data_ptr<scalar_t>(), out.numel(), Forward<acc_t>{},
+                                         spanned<scalar_t>(pred, out), spanned<scalar_t>(target, out));
   });
   return out;
 }
@@ -59,14 +57,11 @@ at::Tensor custom_loss_backward(const at::Tensor& grad, const at::Tensor& pred, 
   check_pair(pred, target, "opforge::custom_loss_backward");
   at::Tensor out = broadcast_output(pred, target);
   check_backward_grad(grad, out, "opforge::custom_loss_backward");
-  const at::Tensor g = with_layout_of(grad, out);
-  const at::Tensor p = with_layout_of(pred, out);
-  const at::Tensor t = with_layout_of(target, out);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), "opforge::custom_loss_backward", [&] {
     using acc_t = opmath_t<scalar_t>;
-    launch_elementwise<scalar_t>(pred.device(), out.data_ptr<scalar_t>(), out.numel(), Backward<acc_t>{},
-                                 g.const_data_ptr<scalar_t>(), p.const_data_ptr<scalar_t>(),
-                                 t.const_data_ptr<scalar_t>());
+    launch_elementwise_spanned<scalar_t>(pred.device(), out.data_ptr<scalar_t>(), out.numel(), Backward<acc_t>{},
+                                         spanned<scalar_t>(grad, out), spanned<scalar_t>(pred, out),
+                                         spanned<scalar_t>(target, out));
   });
   return out;
 }

@@ -6,15 +6,20 @@
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <utility>
+
+#include "layout.h"
 
 namespace opforge::cuda {
 
@@ -139,12 +144,39 @@ __device__ __forceinline__ void apply_pack(Pack<scalar_t, kVec>& out, const Fn& 
   }
 }
 
-// out[i] = fn(in...[i]) for i < n. Each thread handles kU packs of kVec elements per grid-stride step; the
-// last, partial tile of the tensor goes element by element. kVec == 1 is the unaligned fallback.
-template <typename scalar_t, int kVec, int kU, int kThreads, bool kStreamLoads, typename Fn, typename... In>
-__global__ void __launch_bounds__(kThreads) elementwise_kernel(int64_t n, Fn fn, scalar_t* __restrict__ out,
-                                                              const In* __restrict__... in) {
-  using acc_t = opmath_t<scalar_t>;
+// Where the inputs of a kernel are read: input k at flat output index i reads its element i, or, where it is
+// repeated over the output's leading dimensions (layout.h's Spanned, read in place rather than copied full-size),
+// its element i % span[k], by 32-bit multiply-shift division: outputs of at most INT32_MAX elements.
+template <int N>
+struct Repeats {
+  bool repeated[N] = {};
+  at::cuda::detail::IntDivider<uint32_t> span[N];
+};
+
+template <bool kRepeats, int N>
+__device__ __forceinline__ int64_t source_index(const Repeats<N>& repeats, int k, int64_t i) {
+  if constexpr (kRepeats) {
+    return repeats.repeated[k] ? repeats.span[k].mod(static_cast<uint32_t>(i)) : i;
+  } else {
+    return i;
+  }
+}
+
+// fn of the inputs' elements for output element i, in scalar_t.
+template <bool kRepeats, typename scalar_t, typename Fn, size_t... I, typename... In>
+__device__ __forceinline__ scalar_t element_at(const Fn& fn, const Repeats<sizeof...(In)>& repeats, int64_t i,
+                                               std::index_sequence<I...>, const In*... in) {
+  return static_cast<scalar_t>(fn(static_cast<opmath_t<scalar_t>>(in[source_index<kRepeats>(repeats, I, i)])...));
+}
+
+// out[i] = fn(in...[i]) for i < n (each input indexed through `repeats` when kRepeats). Each thread handles kU
+// packs of kVec elements per grid-stride step; the last, partial tile of the tensor goes element by element.
+// kVec == 1 is the unaligned fallback.
+template <typename scalar_t, int kVec, int kU, int kThreads, bool kStreamLoads, bool kRepeats, typename Fn,
+          typename... In>
+__global__ void __launch_bounds__(kThreads)
+    elementwise_kernel(int64_t n, Fn fn, Repeats<sizeof...(In)> repeats, scalar_t* __restrict__ out,
+                       const In* __restrict__... in) {
   using P = Pack<scalar_t, kVec>;
   constexpr int kInputs = sizeof...(In);
   const int64_t per_block = static_cast<int64_t>(kThreads) * kVec * kU;
@@ -156,7 +188,7 @@ __global__ void __launch_bounds__(kThreads) elementwise_kernel(int64_t n, Fn fn,
       for (int u = 0; u < kU; ++u) {
         const int64_t i = block_start + (static_cast<int64_t>(u) * kThreads + threadIdx.x) * kVec;
         int k = 0;
-        ((loaded[u][k++] = load_pack<P, kStreamLoads>(in + i)), ...);
+        ((loaded[u][k] = load_pack<P, kStreamLoads>(in + source_index<kRepeats>(repeats, k, i)), ++k), ...);
       }
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
@@ -168,7 +200,7 @@ __global__ void __launch_bounds__(kThreads) elementwise_kernel(int64_t n, Fn fn,
     } else {
       // The tensor's last, partial block: element by element, still coalesced across the block.
       for (int64_t i = block_start + threadIdx.x; i < n; i += kThreads) {
-        out[i] = static_cast<scalar_t>(fn(static_cast<acc_t>(in[i])...));
+        out[i] = element_at<kRepeats, scalar_t>(fn, repeats, i, std::index_sequence_for<In...>{}, in...);
       }
     }
   }
@@ -212,20 +244,55 @@ void launch_shaped(const c10::Device& device, int64_t n, bool aligned_all, const
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Launch `fn` over `n` elements of dense buffers that share one layout, on the current stream of `device`.
-template <typename scalar_t, typename Fn, typename... In>
-void launch_elementwise(const c10::Device& device, scalar_t* out, int64_t n, const Fn& fn, const In*... in) {
+template <bool kRepeats, typename scalar_t, typename Fn, typename... In>
+void launch_elementwise_kernel(const c10::Device& device, scalar_t* out, int64_t n, const Fn& fn,
+                               const Repeats<sizeof...(In)>& repeats, bool aligned_all, const In*... in) {
   static_assert((std::is_same_v<In, scalar_t> && ...), "all inputs share the output's dtype");
   if (n == 0) {
     return;
   }
   launch_shaped<scalar_t, sizeof...(In)>(
-      device, n, aligned(out) && (aligned(in) && ...),
+      device, n, aligned_all,
       [&](auto vec, auto unroll, auto threads, auto stream_loads, int grid, cudaStream_t stream) {
         elementwise_kernel<scalar_t, decltype(vec)::value, decltype(unroll)::value, decltype(threads)::value,
-                           decltype(stream_loads)::value><<<grid, decltype(threads)::value, 0, stream>>>(n, fn, out,
-                                                                                                        in...);
+                           decltype(stream_loads)::value, kRepeats>
+            <<<grid, decltype(threads)::value, 0, stream>>>(n, fn, repeats, out, in...);
       });
+}
+
+// Launch `fn` over `n` elements of dense buffers that share one layout, on the current stream of `device`.
+template <typename scalar_t, typename Fn, typename... In>
+void launch_elementwise(const c10::Device& device, scalar_t* out, int64_t n, const Fn& fn, const In*... in) {
+  launch_elementwise_kernel<false>(device, out, n, fn, Repeats<sizeof...(In)>{}, aligned(out) && (aligned(in) && ...),
+                                   in...);
+}
+
+// `t` as launch_elementwise_spanned reads it: in place when repeated over the leading dimensions of `out`
+// (contiguous, at most INT32_MAX elements) by whole 16-byte vectors from an aligned start, else in out's layout
+// (copied if need be).
+template <typename scalar_t>
+Spanned<scalar_t> spanned(const at::Tensor& t, const at::Tensor& out) {
+  constexpr int64_t kVec = kVectorBytes / sizeof(scalar_t);
+  return spanned_if<scalar_t>(t, out, [&](int64_t span) {
+    return out.numel() <= INT32_MAX && span % kVec == 0 && aligned(t.const_data_ptr());
+  });
+}
+
+// launch_elementwise over the inputs as `spanned` gives them: each one repeated over the output's leading
+// dimensions is read in place.
+template <typename scalar_t, typename Fn, typename... S>
+void launch_elementwise_spanned(const c10::Device& device, scalar_t* out, int64_t n, const Fn& fn, const S&... in) {
+  Repeats<sizeof...(S)> repeats;
+  int k = 0;
+  ((repeats.repeated[k] = in.span != n,
+    repeats.span[k] = at::cuda::detail::IntDivider<uint32_t>(static_cast<uint32_t>(in.span != n ? in.span : 1)), ++k),
+   ...);
+  const bool aligned_all = aligned(out) && (aligned(in.data) && ...);
+  if ((... || (in.span != n))) {
+    launch_elementwise_kernel<true>(device, out, n, fn, repeats, aligned_all, in.data...);
+  } else {
+    launch_elementwise_kernel<false>(device, out, n, fn, repeats, aligned_all, in.data...);
+  }
 }
 
 // Two results of one elementwise function, e.g. the gradients of both inputs of a backward.
@@ -304,6 +371,25 @@ void launch_elementwise2(const c10::Device& device, scalar_t* out0, scalar_t* ou
                             decltype(stream_loads)::value><<<grid, decltype(threads)::value, 0, stream>>>(
             n, fn, out0, out1, in...);
       });
+}
+
+constexpr int kMaxDevices = 64;
+
+// Resident blocks per SM of kKernel at `threads` threads, asked once per kernel and device: the grid of kernels
+// that loop over their work with as many blocks as fit at once.
+template <auto kKernel>
+int blocks_per_sm(int threads, int device) {
+  static std::array<std::atomic<int>, kMaxDevices> cache{};
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  int blocks = cacheable ? cache[device].load(std::memory_order_relaxed) : 0;
+  if (blocks == 0) {
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, threads, 0));
+    blocks = std::max(blocks, 1);
+    if (cacheable) {
+      cache[device].store(blocks, std::memory_order_relaxed);
+    }
+  }
+  return blocks;
 }
 
 }  // namespace opforge::cuda

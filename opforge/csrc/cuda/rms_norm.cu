@@ -11,8 +11,9 @@
 // The weight gradient sums grad * x * r over all rows, without atomics: the backward runs a capped grid of blocks
 // that loop over the rows (block b takes row steps b, b + grid, ...); each thread adds its columns' terms in
 // registers, the block's row groups are added in a fixed order, and each block writes one row of partial sums.
-// A second kernel adds the partial rows of each column in a fixed order, in double. Same inputs, same grid, same
-// bits. The grid is what fits on the GPU at once (a few blocks per SM), so the partial rows cost grid x hidden
+// The partial rows of each column are then added in a fixed order, in double: by the same kernel after a grid-wide
+// barrier (a cooperative launch; the grid is resident anyway), or by a second kernel where a cooperative launch is
+// refused. Same inputs, same grid, same bits. The grid is what fits on the GPU at once (a few blocks per SM), so the partial rows cost grid x hidden
 // floats (doubles for float32, see sum_t): 4 MiB for hidden 4096 on 132 SMs x 2 blocks, against the 96 MiB a
 // 4096 x 4096 bfloat16 backward moves.
 //
@@ -24,8 +25,7 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
-#include <array>
-#include <atomic>
+#include <cooperative_groups.h>
 
 #include "elementwise.cuh"
 #include "rms_norm.h"
@@ -42,6 +42,11 @@
 #ifndef OPFORGE_RMS_BWD_BLOCKS_PER_SM
 #define OPFORGE_RMS_BWD_BLOCKS_PER_SM 0
 #endif
+// Sum the weight gradient's partial rows in the backward kernel itself, after a grid-wide barrier (1), or in a
+// second kernel (0).
+#ifndef OPFORGE_RMS_FUSED_WEIGHT_SUM
+#define OPFORGE_RMS_FUSED_WEIGHT_SUM 1
+#endif
 
 namespace opforge::cuda {
 namespace {
@@ -53,6 +58,7 @@ using rms_norm::Rows;
 using rms_norm::rows_of;
 
 constexpr bool kStreamRows = OPFORGE_RMS_STREAMING_LOADS;
+constexpr bool kFusedWeightSum = OPFORGE_RMS_FUSED_WEIGHT_SUM;
 constexpr int kWarp = 32;
 
 // The backward's row sums, 1 / rms and weight gradient: float for float16/bfloat16, double for float32 and float64.
@@ -328,6 +334,52 @@ __global__ void __launch_bounds__(S::kThreads)
 
 // ------------------------------------------------------------------------------------------------- backward
 
+// grad_weight[c] = sum over p of partial[p][c], in a fixed order, by `blocks` blocks of kThreads threads (this one
+// is block `block`). The columns are cut into tiles and the blocks take turns at them; within a tile, column c's
+// partial rows are split among the tile's slices of threads (slice y takes rows y, y + slices, ...), and the slices'
+// sums are added in slice order. In double for every dtype: a few hundred values per column, read from L2.
+// A tile is as narrow as covers the row in one pass of the blocks (so that all of a thread's loads go out
+// together), but at least kMinSumCols wide (64-byte runs of float partials): at hidden 8192 on 132 blocks a fixed
+// 16-column tile took four passes, each an L2 round trip, and the fused sum cost 6.8 us against 3.3 us for a
+// kernel of its own (H200, 2026-12-03).
+constexpr int kMinSumCols = 16;
+
+template <int kThreads, typename T, typename part_t>
+__device__ __forceinline__ void sum_partial_columns(const part_t* __restrict__ partial, int64_t parts,
+                                                    int64_t hidden, T* __restrict__ out, int64_t block,
+                                                    int64_t blocks) {
+  static_assert(kThreads % kMinSumCols == 0 && (kThreads & (kThreads - 1)) == 0, "power-of-two tiles");
+  __shared__ double tile[kThreads];
+  int cols = kMinSumCols;
+  while (cols < kThreads && cols * blocks < hidden) {
+    cols *= 2;
+  }
+  const int slices = kThreads / cols;
+  const int lane = threadIdx.x % cols;
+  const int slice = threadIdx.x / cols;
+  for (int64_t t = block; t * cols < hidden; t += blocks) {
+    const int64_t col = t * cols + lane;
+    double s = 0.0;
+    if (col < hidden) {
+      // Unrolled so that a thread's loads of the column are in flight together rather than one L2 round trip each.
+#pragma unroll 16
+      for (int64_t p = slice; p < parts; p += slices) {
+        s += static_cast<double>(partial[p * hidden + col]);
+      }
+    }
+    tile[threadIdx.x] = s;
+    __syncthreads();
+    if (slice == 0 && col < hidden) {
+      double total = 0.0;
+      for (int k = 0; k < slices; ++k) {
+        total += tile[k * cols + lane];
+      }
+      out[col] = static_cast<T>(static_cast<opmath_t<T>>(total));
+    }
+    __syncthreads();
+  }
+}
+
 // Loads the units of `row` that thread t of its group owns (zeros past the row or past `rows`).
 template <typename T, class S>
 __device__ __forceinline__ void load_row(const T* __restrict__ g, const T* __restrict__ x, int64_t row, int64_t rows,
@@ -349,7 +401,8 @@ __device__ __forceinline__ void load_row(const T* __restrict__ g, const T* __res
 
 // grad_x for every row, and (when `partial` is given) one row of partial weight-gradient sums per block:
 // partial[blockIdx.x][c] = sum over the block's rows, in row order per group and group order after, of
-// grad * x * r.
+// grad * x * r. When `grad_weight` is given too (a cooperative launch only), the blocks then wait for each other
+// and add the partial rows into it.
 // The loop over row steps is software-pipelined: a thread issues its loads of the next step's row before it reduces
 // and writes the current one, so a block always has a row of grad and x in flight. Without it each step waited a
 // full DRAM round trip, and between steps nothing of the block's was in flight: on an H200 (2026-12-03) the
@@ -358,7 +411,8 @@ __device__ __forceinline__ void load_row(const T* __restrict__ g, const T* __res
 template <typename T, class S>
 __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     backward_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ gx,
-                    sum_t<T>* __restrict__ partial, int64_t rows, int hidden, sum_t<T> eps) {
+                    sum_t<T>* __restrict__ partial, T* __restrict__ grad_weight, int64_t rows, int hidden,
+                    sum_t<T> eps) {
   using acc_t = opmath_t<T>;
   using wide_t = sum_t<T>;
   using U = Unit<T, S::kVec>;
@@ -474,6 +528,11 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
       out[col] = combined[col];
     }
   }
+  if (grad_weight != nullptr) {
+    // The barrier also makes every block's partial row visible to every other block.
+    cooperative_groups::this_grid().sync();
+    sum_partial_columns<S::kThreads>(partial, gridDim.x, hidden, grad_weight, blockIdx.x, gridDim.x);
+  }
 }
 
 // Rows longer than any register-resident backward shape: two reads of the row, and the block's partial sums kept
@@ -539,33 +598,13 @@ __global__ void __launch_bounds__(S::kThreads)
   }
 }
 
-// grad_weight[c] = sum over p of partial[p][c], in a fixed order: column c's partial rows are split among the
-// kSumRows threads of its column of the block (thread y takes rows y, y + kSumRows, ...), and their sums are added
-// in thread order. In double for every dtype: a few hundred values per column, read from L2.
-constexpr int kSumCols = 32;
-constexpr int kSumRows = 16;
+// The partial rows' sum as a kernel of its own, after the loop kernel or a refused cooperative launch.
+constexpr int kSumThreads = 512;
 
 template <typename T, typename part_t>
-__global__ void __launch_bounds__(kSumCols* kSumRows)
+__global__ void __launch_bounds__(kSumThreads)
     sum_partials_kernel(const part_t* __restrict__ partial, int64_t parts, int64_t hidden, T* __restrict__ out) {
-  __shared__ double tile[kSumRows][kSumCols];
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kSumCols + threadIdx.x;
-  double s = 0.0;
-  if (col < hidden) {
-    for (int64_t p = threadIdx.y; p < parts; p += kSumRows) {
-      s += static_cast<double>(partial[p * hidden + col]);
-    }
-  }
-  tile[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < hidden) {
-    double total = 0.0;
-#pragma unroll
-    for (int k = 0; k < kSumRows; ++k) {
-      total += tile[k][threadIdx.x];
-    }
-    out[col] = static_cast<T>(static_cast<opmath_t<T>>(total));
-  }
+  sum_partial_columns<kSumThreads>(partial, parts, hidden, out, blockIdx.x, gridDim.x);
 }
 
 // ------------------------------------------------------------------------------------------------- launching
@@ -637,24 +676,6 @@ bool with_backward_shape(int64_t units, Fn&& fn) {
 template <int kVec>
 using LoopShape = RowShape<kVec, 1, 16, 1>;
 
-constexpr int kMaxDevices = 64;
-
-// Resident blocks per SM of kKernel at `threads` threads, asked once per kernel and device.
-template <auto kKernel>
-int blocks_per_sm(int threads, int device) {
-  static std::array<std::atomic<int>, kMaxDevices> cache{};
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  int blocks = cacheable ? cache[device].load(std::memory_order_relaxed) : 0;
-  if (blocks == 0) {
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, threads, 0));
-    blocks = std::max(blocks, 1);
-    if (cacheable) {
-      cache[device].store(blocks, std::memory_order_relaxed);
-    }
-  }
-  return blocks;
-}
-
 // The backward's grid: enough blocks to fill the GPU once, never more than there are row steps.
 template <auto kKernel>
 int64_t resident_grid(int threads, int64_t steps) {
@@ -703,9 +724,31 @@ void launch_forward(const T* x, const T* w, T* y, Rows shape, double eps, cudaSt
 template <typename T>
 void sum_partials(const at::Tensor& partial, at::Tensor& grad_weight, cudaStream_t stream) {
   const int64_t hidden = partial.size(1);
-  sum_partials_kernel<T, sum_t<T>><<<grid_of(ceil_div(hidden, kSumCols)), dim3(kSumCols, kSumRows), 0, stream>>>(
+  sum_partials_kernel<T, sum_t<T>><<<grid_of(ceil_div(hidden, kMinSumCols)), kSumThreads, 0, stream>>>(
       partial.const_data_ptr<sum_t<T>>(), partial.size(0), hidden, grad_weight.data_ptr<T>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Launches kKernel with a grid-wide barrier allowed; false where the launch is refused because the grid would not be
+// resident at once (another process's kernels under MPS, or a device without cooperative launches).
+template <auto kKernel, typename... Args>
+bool launch_cooperative(int64_t grid, int threads, cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute cooperative{};
+  cooperative.id = cudaLaunchAttributeCooperative;
+  cooperative.val.cooperative = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid_of(grid));
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  config.attrs = &cooperative;
+  config.numAttrs = 1;
+  const cudaError_t status = cudaLaunchKernelEx(&config, kKernel, args...);
+  if (status == cudaErrorCooperativeLaunchTooLarge || status == cudaErrorNotSupported) {
+    (void)cudaGetLastError();  // a refused launch's error is not sticky; clear it for the next check
+    return false;
+  }
+  C10_CUDA_CHECK(status);
+  return true;
 }
 
 // grad_x, and grad_weight when it is defined.
@@ -723,13 +766,21 @@ void launch_backward(const T* g, const T* x, const T* w, T* gx, at::Tensor& grad
     }
     return weight_grad ? partial.data_ptr<wide_t>() : nullptr;
   };
+  bool summed = false;
   const bool fits = with_backward_shape<T, kVec>(units, [&](auto s) {
     using S = decltype(s);
-    const int64_t grid = resident_grid<backward_kernel<T, S>>(S::kThreads, ceil_div(shape.rows, S::kGroups));
+    constexpr auto kKernel = backward_kernel<T, S>;
+    const int64_t grid = resident_grid<kKernel>(S::kThreads, ceil_div(shape.rows, S::kGroups));
     wide_t* p = partial_rows(grid);
-    backward_kernel<T, S><<<grid_of(grid), S::kThreads, 0, stream>>>(g, x, w, gx, p, shape.rows,
-                                                                      static_cast<int>(shape.hidden), e);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const int hidden = static_cast<int>(shape.hidden);
+    if (kFusedWeightSum && weight_grad) {
+      summed = launch_cooperative<kKernel>(grid, S::kThreads, stream, g, x, w, gx, p, grad_weight.data_ptr<T>(),
+                                           shape.rows, hidden, e);
+    }
+    if (!summed) {
+      kKernel<<<grid_of(grid), S::kThreads, 0, stream>>>(g, x, w, gx, p, nullptr, shape.rows, hidden, e);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
   });
   if (!fits) {
     using S = LoopShape<kVec>;
@@ -738,7 +789,7 @@ void launch_backward(const T* g, const T* x, const T* w, T* gx, at::Tensor& grad
     backward_loop_kernel<T, S><<<grid_of(grid), S::kThreads, 0, stream>>>(g, x, w, gx, p, shape.rows, shape.hidden, e);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  if (weight_grad) {
+  if (weight_grad && !summed) {
     sum_partials<T>(partial, grad_weight, stream);
   }
 }
