@@ -339,6 +339,24 @@ def test_stream_runs_on_cuda_contiguous_nonempty_cases_only():
     assert {c.dtype for c in cases} == {"float32", "float64", "float16"}
 
 
+@requires_cuda
+def test_a_backward_that_syncs_with_the_host_fails_stream_and_its_twin_passes(tmp_path):
+    report = run_spec(FIXTURES / "syncs_in_backward.yaml")
+    failed = failures_by_check(report)
+    assert set(failed) == {"stream"}, describe([r for rows in failed.values() for r in rows])
+    assert {r.device for r in failed["stream"]} == {"cuda"}
+    assert all("backward failed" in r.message for r in failed["stream"]), failed["stream"][0].message
+    # The same spec on the correct op (its backward captures and replays right), and on the broken one declared
+    # not capturable: both pass.
+    declared = spec_variant(tmp_path, "syncs_in_backward", "cuda_graphs: false\n")
+    twin = tmp_path / "twin.yaml"
+    twin.write_text((FIXTURES / "syncs_in_backward.yaml").read_text().replace("syncs_in_backward", "good"))
+    for path in (twin, declared):
+        report = run_spec(path)
+        stream_rows = [r for r in report.results if r.check == "stream"]
+        assert stream_rows and all(r.status == Status.PASS for r in stream_rows), describe(stream_rows)
+
+
 @no_cuda
 @pytest.mark.parametrize("fixture, check", [("default_stream_swish", "stream"), ("disagreeing_swish", "devices")])
 def test_cuda_only_check_is_skipped_with_a_reason_without_cuda(fixture, check):

@@ -13,8 +13,13 @@ Two runs per case:
    (cudaErrorStreamCaptureImplicit); a kernel that is not captured leaves the replayed outputs stale; a host
    synchronization inside the op fails the capture. A spec that declares `cuda_graphs: false` skips this part
    (with a note on the row).
+3. For a differentiable op, CUDA-graph capture of its backward (autograd.grad through a forward run on the capture
+   stream), then replay on a new grad_output: training loops capture the backward too (torch.compile's
+   reduce-overhead mode, torch.cuda.make_graphed_callables), and a backward's host synchronization or
+   legacy-stream launch breaks them as a forward's would. Skipped with the graph part.
 
-Both results are compared with the float64 reference.
+The first two are compared with the float64 reference; the replayed backward with the same backward run eagerly
+(within the spec's gradient tolerance: the capture, not the numerics, is under test).
 """
 
 from __future__ import annotations
@@ -28,17 +33,20 @@ from opforge.checks.calls import (
     argument,
     call_reference,
     compare_with_reference,
+    differentiable_outputs,
     inputs_for,
     mutated_values,
     output_baseline,
     outputs_of,
+    seeded_grad_outputs,
     short,
     with_arguments,
 )
-from opforge.compare import Baseline
+from opforge.compare import Baseline, check_result, tolerance_for
 from opforge.cuda_spin import spin
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, PassNote
+from opforge.spec.model import FLOATING_DTYPES
 
 # How long the producer stream sleeps before it writes the inputs: long enough that a kernel which does not wait
 # for it has certainly run first (a kernel launch is ~10 us; the ops under test run in well under a millisecond at
@@ -61,6 +69,8 @@ def stream(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     if not ctx.loaded.spec.cuda_graphs:
         return {"stream": PassNote(GRAPHS_SKIPPED)}
     _in_cuda_graph(ctx, target, case)
+    if _differentiates(ctx.loaded, case):
+        _backward_in_cuda_graph(ctx, target, case)
     return {"stream": None}
 
 
@@ -155,6 +165,73 @@ def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
         "CUDA-graph replay on new inputs",
         "A kernel that is not on the current stream is not captured, and its outputs are stale on replay.",
     )
+
+
+def _differentiates(loaded: LoadedOp, case: Case) -> bool:
+    """Whether the op has a backward to capture here: a differentiable op that mutates nothing (autograd refuses
+    in-place writes to leaves), in a floating dtype."""
+    return loaded.spec.differentiable and not loaded.mutated_arguments and case.dtype in FLOATING_DTYPES
+
+
+def _backward_in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
+    """Run the forward on a side stream (the backward's kernels then go to it: autograd runs each backward op on its
+    forward's stream), capture autograd.grad on that stream, replay it on a new grad_output, and compare with the
+    same backward run eagerly."""
+    import torch
+
+    loaded = ctx.loaded
+    inputs = inputs_for(loaded, case, ctx.base_seed, requires_grad=True)
+    names = [n for n in inputs.tensor_names if argument(inputs, loaded, n).requires_grad]
+    capture_stream = torch.cuda.Stream()
+    capture_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture_stream):
+        outputs = differentiable_outputs(outputs_of(loaded, target, inputs))
+    if not names or not outputs:
+        return
+    wrt = [argument(inputs, loaded, n) for n in names]
+    captured_grads = seeded_grad_outputs(outputs, case, ctx.base_seed)
+    replay_grads = seeded_grad_outputs(outputs, case, ctx.base_seed + 1)
+
+    def backward(grad_outputs: list) -> tuple:
+        try:
+            return torch.autograd.grad(outputs, wrt, grad_outputs, retain_graph=True, allow_unused=True)
+        except Exception as exc:
+            raise CheckFailure(f"backward of {target.name} raised {short(exc)}") from exc
+
+    capture_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture_stream):
+        expected = backward(replay_grads)
+        backward(captured_grads)  # warm-up: lazy initialization stays out of the capture
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, stream=capture_stream):
+            got = backward(captured_grads)
+    except Exception as exc:
+        _clear_stale_launch_error()
+        message = exc.message if isinstance(exc, CheckFailure) else short(exc)
+        raise CheckFailure(
+            f"CUDA-graph capture of {target.name}'s backward failed: {message}. Training loops capture the "
+            "backward too (torch.compile's reduce-overhead mode, torch.cuda.make_graphed_callables): keep host "
+            "synchronization (.item(), .cpu(), a data-dependent size) out of the backward formula and its kernels, "
+            "and launch them on at::cuda::getCurrentCUDAStream(); where it must stay, declare `cuda_graphs: false` "
+            "in the spec."
+        ) from exc
+    for buffer, values in zip(captured_grads, replay_grads):
+        buffer.copy_(values)
+    graph.replay()
+    torch.cuda.synchronize()
+    tolerance = tolerance_for(loaded.spec, case.dtype, grad=True)
+    for name, g, e in zip(names, got, expected):
+        if e is not None:
+            check_result(
+                f"grad[{name}] (backward replayed from a CUDA graph on a new grad_output)",
+                g,
+                e,
+                tolerance,
+                e.dtype,
+                case.device,
+                against="the same backward run eagerly",
+            )
 
 
 def _compare(

@@ -47,6 +47,10 @@
 #ifndef OPFORGE_RMS_FUSED_WEIGHT_SUM
 #define OPFORGE_RMS_FUSED_WEIGHT_SUM 1
 #endif
+// Whether a backward captured in a CUDA graph keeps the cooperative launch (1) or takes the two kernels (0).
+#ifndef OPFORGE_RMS_FUSED_IN_GRAPHS
+#define OPFORGE_RMS_FUSED_IN_GRAPHS 1
+#endif
 
 namespace opforge::cuda {
 namespace {
@@ -59,6 +63,7 @@ using rms_norm::rows_of;
 
 constexpr bool kStreamRows = OPFORGE_RMS_STREAMING_LOADS;
 constexpr bool kFusedWeightSum = OPFORGE_RMS_FUSED_WEIGHT_SUM;
+constexpr bool kFusedInGraphs = OPFORGE_RMS_FUSED_IN_GRAPHS;
 constexpr int kWarp = 32;
 
 // The backward's row sums, 1 / rms and weight gradient: float for float16/bfloat16, double for float32 and float64.
@@ -751,6 +756,12 @@ bool launch_cooperative(int64_t grid, int threads, cudaStream_t stream, Args... 
   return true;
 }
 
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 // grad_x, and grad_weight when it is defined.
 template <typename T, int kVec>
 void launch_backward(const T* g, const T* x, const T* w, T* gx, at::Tensor& grad_weight, Rows shape, double eps,
@@ -773,7 +784,7 @@ void launch_backward(const T* g, const T* x, const T* w, T* gx, at::Tensor& grad
     const int64_t grid = resident_grid<kKernel>(S::kThreads, ceil_div(shape.rows, S::kGroups));
     wide_t* p = partial_rows(grid);
     const int hidden = static_cast<int>(shape.hidden);
-    if (kFusedWeightSum && weight_grad) {
+    if (kFusedWeightSum && weight_grad && (kFusedInGraphs || !capturing(stream))) {
       summed = launch_cooperative<kKernel>(grid, S::kThreads, stream, g, x, w, gx, p, grad_weight.data_ptr<T>(),
                                            shape.rows, hidden, e);
     }
