@@ -47,10 +47,6 @@
 #ifndef OPFORGE_RMS_FUSED_WEIGHT_SUM
 #define OPFORGE_RMS_FUSED_WEIGHT_SUM 1
 #endif
-// Whether a backward captured in a CUDA graph keeps the cooperative launch (1) or takes the two kernels (0).
-#ifndef OPFORGE_RMS_FUSED_IN_GRAPHS
-#define OPFORGE_RMS_FUSED_IN_GRAPHS 1
-#endif
 
 namespace opforge::cuda {
 namespace {
@@ -63,7 +59,6 @@ using rms_norm::rows_of;
 
 constexpr bool kStreamRows = OPFORGE_RMS_STREAMING_LOADS;
 constexpr bool kFusedWeightSum = OPFORGE_RMS_FUSED_WEIGHT_SUM;
-constexpr bool kFusedInGraphs = OPFORGE_RMS_FUSED_IN_GRAPHS;
 constexpr int kWarp = 32;
 
 // The backward's row sums, 1 / rms and weight gradient: float for float16/bfloat16, double for float32 and float64.
@@ -735,7 +730,8 @@ void sum_partials(const at::Tensor& partial, at::Tensor& grad_weight, cudaStream
 }
 
 // Launches kKernel with a grid-wide barrier allowed; false where the launch is refused because the grid would not be
-// resident at once (another process's kernels under MPS, or a device without cooperative launches).
+// resident at once (another process's kernels under MPS, or a device without cooperative launches). A cooperative
+// launch is captured by CUDA graphs too: opforge's stream check captures and replays the backward (H200, 2026-12-03).
 template <auto kKernel, typename... Args>
 bool launch_cooperative(int64_t grid, int threads, cudaStream_t stream, Args... args) {
   cudaLaunchAttribute cooperative{};
@@ -754,12 +750,6 @@ bool launch_cooperative(int64_t grid, int threads, cudaStream_t stream, Args... 
   }
   C10_CUDA_CHECK(status);
   return true;
-}
-
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
 }
 
 // grad_x, and grad_weight when it is defined.
@@ -784,7 +774,7 @@ void launch_backward(const T* g, const T* x, const T* w, T* gx, at::Tensor& grad
     const int64_t grid = resident_grid<kKernel>(S::kThreads, ceil_div(shape.rows, S::kGroups));
     wide_t* p = partial_rows(grid);
     const int hidden = static_cast<int>(shape.hidden);
-    if (kFusedWeightSum && weight_grad && (kFusedInGraphs || !capturing(stream))) {
+    if (kFusedWeightSum && weight_grad) {
       summed = launch_cooperative<kKernel>(grid, S::kThreads, stream, g, x, w, gx, p, grad_weight.data_ptr<T>(),
                                            shape.rows, hidden, e);
     }
