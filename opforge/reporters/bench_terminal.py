@@ -49,50 +49,66 @@ def noise_note(median_s: float | None, iqr_s: float | None) -> str:
     return f"noisy: IQR {iqr_s / median_s:.0%} of median"
 
 
+LABEL_COLUMNS = ("dtype", "mode", "device")
+NUMBER_COLUMNS = ("median", "IQR", "GB/s", "% peak")
+# The case label folds onto more lines before it gets narrower than this (the note folds freely); every other cell,
+# a number above all, is never cut: its column is as wide as its widest cell.
+MIN_SIZE_WIDTH = 20
+
+
+def _table(title: str, headers: list[str], kept: list[int], body: list[list[Text]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for i in kept:
+        table.add_column(headers[i], **_column_style(headers[i], [cells[i] for cells in body]))
+    for cells in body:
+        table.add_row(*(cells[i] for i in kept))
+    return table
+
+
+def _narrowest(headers: list[str], kept: list[int], body: list[list[Text]]) -> int:
+    """The table's width with every column at its minimum: each column's cells (the note at its header's width),
+    plus a border and a space either side of each."""
+    widths = [_column_style(headers[i], [cells[i] for cells in body]).get("min_width", len(headers[i])) for i in kept]
+    return sum(widths) + 3 * len(widths) + 1
+
+
+def _column_style(name: str, cells: list[Text]) -> dict:
+    widest = max([len(name), *(c.cell_len for c in cells)])
+    if name == "size":
+        return {"overflow": "fold", "min_width": min(widest, MIN_SIZE_WIDTH)}
+    if name == "note":
+        return {"overflow": "fold"}
+    right = name in NUMBER_COLUMNS or name.startswith("vs ")
+    return {"no_wrap": True, "min_width": widest, "justify": "right" if right else "left"}
+
+
 def render_bench(run) -> None:
     """One table per op: a row per (point, contender), speedups over each baseline timed on the same point."""
-    from opforge.bench.baseline import format_seconds
-    from opforge.bench.model import BASELINE, ERROR, SKIP, WRONG, speedups
+    from opforge.bench.model import BASELINE
 
     for device, peak in run.peaks.items():
         origin = "cached" if peak.get("cached") else "measured now"
         console.print(f"[dim]peak {device}: {peak['gbps']:.1f} GB/s ({peak['method']}; {origin})[/dim]")
     baselines = list(dict.fromkeys(r.impl for r in run.results if r.role == BASELINE))
+    headers = ["size", *LABEL_COLUMNS, "impl", *NUMBER_COLUMNS, *(f"vs {b}" for b in baselines), "note"]
     for op in run.ops():
         rows = [r for r in run.results if r.op == op]
-        table = Table(title=f"opforge bench {op}", title_justify="left")
-        for name in ("size", "dtype", "mode", "device", "impl", "median", "IQR", "GB/s", "% peak"):
-            table.add_column(
-                name, no_wrap=True, justify="right" if name in ("median", "IQR", "GB/s", "% peak") else "left"
-            )
-        for b in baselines:
-            table.add_column(f"vs {b}", justify="right", no_wrap=True)
-        table.add_column("note")
-        for r in rows:
-            ups = speedups(r, rows)
-            if r.status in (WRONG, ERROR, SKIP):
-                label, style = {WRONG: ("WRONG", "bold red"), ERROR: ("ERROR", "bold red"), SKIP: ("skip", "dim")}[
-                    r.status
-                ]
-                cells = [Text(label, style=style)] + [Text("")] * (3 + len(baselines))
-                note = r.message.splitlines()[0] if r.message else ""
-            else:
-                cells = [
-                    Text(format_seconds(r.median_s)),
-                    Text(format_seconds(r.iqr_s)),
-                    Text(_significant(r.gbps)),
-                    Text(_fixed(r.pct_of_peak, 1)),
-                ]
-                cells += [
-                    Text(f"{ups[b]:.2f}x", style="green" if ups[b] >= 1 else "yellow") if b in ups else Text("")
-                    for b in baselines
-                ]
-                note = r.message
-            noise = noise_note(r.median_s, r.iqr_s) if r.status not in (WRONG, ERROR, SKIP) else ""
-            notes = Text(note, style="dim") + Text(("; " if note and noise else "") + noise, style="yellow")
-            table.add_row(r.case, r.dtype, r.mode, r.device, r.impl, *cells, notes)
-        console.print(table)
-        if any(noise_note(r.median_s, r.iqr_s) for r in rows if r.status not in (WRONG, ERROR, SKIP)):
+        body = [_bench_cells(r, rows, baselines) for r in rows]
+        # A label every row shares goes to the title: one column less to fit.
+        shared = {name: body[0][i].plain for i, name in enumerate(headers) if name in LABEL_COLUMNS}
+        shared = {
+            name: value for name, value in shared.items() if all(c[headers.index(name)].plain == value for c in body)
+        }
+        title = f"opforge bench {op}" + (f" ({', '.join(shared.values())})" if shared else "")
+        kept = [i for i, name in enumerate(headers) if name not in shared]
+        if _narrowest(headers, kept, body) <= console.width:
+            console.print(_table(title, headers, kept, body))
+        else:
+            # Too wide even with the case label folded: a table per case, the label in its title.
+            for case in dict.fromkeys(cells[0].plain for cells in body):
+                rows_of_case = [cells for cells in body if cells[0].plain == case]
+                console.print(_table(f"{title} {case}", headers, kept[1:], rows_of_case))
+        if any(_noise(r) for r in rows):
             console.print(
                 Text(
                     f"noisy: an IQR above {NOISY_IQR:.0%} of the median makes speedups unreliable. Time longer "
@@ -106,6 +122,39 @@ def render_bench(run) -> None:
             console.print(Text(f"WRONG {r.id}: ", style="bold red") + Text(describe_mismatch(r.mismatch)))
     for device, reason in run.skipped.items():
         console.print(f"[dim]skip {device}: {reason}[/dim]")
+
+
+def _bench_cells(r, rows: list, baselines: list[str]) -> list[Text]:
+    """One table row: the point, the timing (or the status where there is none), the speedups and the notes."""
+    from opforge.bench.baseline import format_seconds
+    from opforge.bench.model import ERROR, SKIP, WRONG, speedups
+
+    if r.status in (WRONG, ERROR, SKIP):
+        label, style = {WRONG: ("WRONG", "bold red"), ERROR: ("ERROR", "bold red"), SKIP: ("skip", "dim")}[r.status]
+        timing = [Text(label, style=style)] + [Text("")] * (3 + len(baselines))
+        note = r.message.splitlines()[0] if r.message else ""
+    else:
+        ups = speedups(r, rows)
+        timing = [
+            Text(format_seconds(r.median_s)),
+            Text(format_seconds(r.iqr_s)),
+            Text(_significant(r.gbps)),
+            Text(_fixed(r.pct_of_peak, 1)),
+        ]
+        timing += [
+            Text(f"{ups[b]:.2f}x", style="green" if ups[b] >= 1 else "yellow") if b in ups else Text("")
+            for b in baselines
+        ]
+        note = r.message
+    noise = _noise(r)
+    notes = Text(note, style="dim") + Text(("; " if note and noise else "") + noise, style="yellow")
+    return [Text(r.case), Text(r.dtype), Text(r.mode), Text(r.device), Text(r.impl), *timing, notes]
+
+
+def _noise(r) -> str:
+    from opforge.bench.model import ERROR, SKIP, WRONG
+
+    return "" if r.status in (WRONG, ERROR, SKIP) else noise_note(r.median_s, r.iqr_s)
 
 
 def _fixed(value: float | None, digits: int) -> str:
