@@ -25,6 +25,8 @@ The first two are compared with the float64 reference; the replayed backward wit
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, first_values
@@ -137,20 +139,16 @@ def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
         outputs_of(loaded, target, captured_inputs)
     torch.cuda.current_stream().wait_stream(warmup)
     graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            got = outputs_of(loaded, target, captured_inputs)
-    except Exception as exc:
-        _clear_stale_launch_error()
-        message = exc.message if isinstance(exc, CheckFailure) else short(exc)
-        raise CheckFailure(
-            f"CUDA-graph capture of {target.name} failed: {message}. A kernel launched on the legacy "
-            "default stream (<<<grid, block>>> without a stream) cannot be captured; launch on "
-            "at::cuda::getCurrentCUDAStream(). Host synchronization (.item(), .cpu(), a data-dependent size) cannot "
-            "be captured either, and code that captures CUDA graphs (torch.compile's reduce-overhead mode, vLLM, "
-            "training loops) cannot call the op: keep it out of the op, or, where it must stay, declare "
-            "`cuda_graphs: false` in the spec."
-        ) from exc
+    got = _captured(
+        graph,
+        lambda: outputs_of(loaded, target, captured_inputs),
+        target.name,
+        "A kernel launched on the legacy default stream (<<<grid, block>>> without a stream) cannot be captured; "
+        "launch on at::cuda::getCurrentCUDAStream(). Host synchronization (.item(), .cpu(), a data-dependent size) "
+        "cannot be captured either, and code that captures CUDA graphs (torch.compile's reduce-overhead mode, vLLM, "
+        "training loops) cannot call the op: keep it out of the op, or, where it must stay, declare "
+        "`cuda_graphs: false` in the spec.",
+    )
     for name, value in fresh.items():
         argument(captured_inputs, loaded, name).copy_(value)
     graph.replay()
@@ -165,6 +163,20 @@ def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
         "CUDA-graph replay on new inputs",
         "A kernel that is not on the current stream is not captured, and its outputs are stale on replay.",
     )
+
+
+def _captured(graph, call: Callable[[], Any], what: str, advice: str, stream=None) -> Any:
+    """call()'s result, captured into `graph` on `stream` (None: a side stream of torch's); a capture that fails is
+    the op's failure, with `advice`."""
+    import torch
+
+    try:
+        with torch.cuda.graph(graph, stream=stream):
+            return call()
+    except Exception as exc:
+        _clear_stale_launch_error()
+        message = exc.message if isinstance(exc, CheckFailure) else short(exc)
+        raise CheckFailure(f"CUDA-graph capture of {what} failed: {message}. {advice}") from exc
 
 
 def _differentiates(loaded: LoadedOp, case: Case) -> bool:
@@ -203,19 +215,16 @@ def _backward_in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> No
         expected = backward(replay_grads)
         backward(captured_grads)  # warm-up: lazy initialization stays out of the capture
     graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph, stream=capture_stream):
-            got = backward(captured_grads)
-    except Exception as exc:
-        _clear_stale_launch_error()
-        message = exc.message if isinstance(exc, CheckFailure) else short(exc)
-        raise CheckFailure(
-            f"CUDA-graph capture of {target.name}'s backward failed: {message}. Training loops capture the "
-            "backward too (torch.compile's reduce-overhead mode, torch.cuda.make_graphed_callables): keep host "
-            "synchronization (.item(), .cpu(), a data-dependent size) out of the backward formula and its kernels, "
-            "and launch them on at::cuda::getCurrentCUDAStream(); where it must stay, declare `cuda_graphs: false` "
-            "in the spec."
-        ) from exc
+    got = _captured(
+        graph,
+        lambda: backward(captured_grads),
+        f"{target.name}'s backward",
+        "Training loops capture the backward too (torch.compile's reduce-overhead mode, "
+        "torch.cuda.make_graphed_callables): keep host synchronization (.item(), .cpu(), a data-dependent size) out "
+        "of the backward formula and its kernels, and launch them on at::cuda::getCurrentCUDAStream(); where it must "
+        "stay, declare `cuda_graphs: false` in the spec.",
+        stream=capture_stream,
+    )
     for buffer, values in zip(captured_grads, replay_grads):
         buffer.copy_(values)
     graph.replay()

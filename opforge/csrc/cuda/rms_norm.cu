@@ -13,9 +13,9 @@
 // registers, the block's row groups are added in a fixed order, and each block writes one row of partial sums.
 // The partial rows of each column are then added in a fixed order, in double: by the same kernel after a grid-wide
 // barrier (a cooperative launch; the grid is resident anyway), or by a second kernel where a cooperative launch is
-// refused. Same inputs, same grid, same bits. The grid is what fits on the GPU at once (a few blocks per SM), so the partial rows cost grid x hidden
-// floats (doubles for float32, see sum_t): 4 MiB for hidden 4096 on 132 SMs x 2 blocks, against the 96 MiB a
-// 4096 x 4096 bfloat16 backward moves.
+// refused. Same inputs, same grid, same bits. The grid is what fits on the GPU at once (a few blocks per SM), so
+// the partial rows cost grid x hidden floats (doubles for float32, see sum_t): 4 MiB for hidden 4096 on 132 SMs x 2
+// blocks, against the 96 MiB a 4096 x 4096 bfloat16 backward moves.
 //
 // Rows longer than the register-resident shapes hold (bfloat16: 65536 forward, 16384 backward) go through loop
 // kernels that read the row twice (the second read mostly from L2) and keep the weight gradient's partial sums in
