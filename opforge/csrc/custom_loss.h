@@ -33,4 +33,18 @@ inline void check_backward_grad(const at::Tensor& grad, const at::Tensor& out, c
               grad.device(), ".");
 }
 
+// custom_loss_grads_repeated's operands: grad and pred in the output's shape, target repeated over its leading
+// dimensions (target's sizes, past any leading 1s, are the output's trailing sizes).
+inline void check_repeated(const at::Tensor& grad, const at::Tensor& pred, const at::Tensor& target, const char* op) {
+  check_backward_grad(grad, pred, op);
+  at::IntArrayRef sizes = target.sizes();
+  while (!sizes.empty() && sizes.front() == 1) {
+    sizes = sizes.slice(1);
+  }
+  const bool repeated = sizes.size() <= pred.sizes().size() && sizes == pred.sizes().slice(pred.dim() - sizes.size());
+  TORCH_CHECK(repeated, op, ": target must repeat over pred's leading dimensions (its sizes the trailing sizes of ",
+              shape_text(pred.sizes()), "), got ", shape_text(target.sizes()),
+              ". Use custom_loss_grads for other broadcasts.");
+}
+
 }  // namespace opforge::custom_loss

@@ -9,12 +9,14 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/zeros.h>
 #include <c10/macros/Macros.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "layout.h"
 
@@ -99,6 +101,52 @@ void spanned_kernel(scalar_t* out, int64_t n, const Fn& fn, const S&... in) {
   at::parallel_for(0, n / inner, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       elementwise_kernel<scalar_t>(out + r * inner, inner, fn, (in.data + (r * inner) % in.span)...);
+    }
+  });
+}
+
+// Rows per task of a row-wise loop over rows of `row_len` elements: at least kGrainSize elements per task.
+inline int64_t row_grain(int64_t row_len) {
+  return std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, row_len));
+}
+
+// Column sums over many rows that come out the same on 1 thread as on 64: the rows go into at most kMaxChunks fixed
+// chunks (each at least kGrainSize elements), each chunk adds its rows, in row order, into a zeroed row of double
+// partial sums, and sum_chunks adds the chunks in chunk order. The chunks, not the threads, fix the order of the
+// additions. 128 chunks keep 2-64 threads busy and the partial sums small (128 x 8192 doubles: 8 MiB).
+constexpr int64_t kMaxChunks = 128;
+
+// Runs add_rows(first, last, partial) for each chunk [first, last) of `rows` rows of `n` columns, in parallel;
+// returns the chunks' partial sums, [chunks, n] doubles.
+template <typename AddRows>
+at::Tensor chunk_column_sums(int64_t rows, int64_t n, const AddRows& add_rows) {
+  const int64_t per_chunk = std::max(row_grain(n), (rows + kMaxChunks - 1) / kMaxChunks);
+  const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
+  at::Tensor partials = at::zeros({chunks, n}, at::TensorOptions().dtype(at::kDouble));
+  double* p = partials.data_ptr<double>();
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      add_rows(c * per_chunk, std::min(rows, (c + 1) * per_chunk), p + c * n);
+    }
+  });
+  return partials;
+}
+
+// out[j] = sum over chunks c, in order, of partials[c][j], rounded once to scalar_t.
+template <typename scalar_t>
+void sum_chunks(const at::Tensor& partials, scalar_t* out) {
+  const int64_t chunks = partials.size(0), n = partials.size(1);
+  const double* partial = partials.const_data_ptr<double>();
+  at::parallel_for(0, n, kGrainSize / std::max<int64_t>(1, chunks), [&](int64_t begin, int64_t end) {
+    std::vector<double> sum(partial + begin, partial + end);
+    for (int64_t c = 1; c < chunks; ++c) {
+      const double* p = partial + c * n;
+      for (int64_t j = begin; j < end; ++j) {
+        sum[j - begin] += p[j];
+      }
+    }
+    for (int64_t j = begin; j < end; ++j) {
+      out[j] = static_cast<scalar_t>(static_cast<opmath_t<scalar_t>>(sum[j - begin]));
     }
   });
 }

@@ -34,12 +34,6 @@ using rms_norm::rows_of;
 // the row length alone, never on alignment or threads, so results are reproducible bit for bit.
 constexpr int64_t kLanes = 32;
 
-// Rows of the weight-gradient reduction go into at most this many fixed chunks (each at least kGrainSize elements),
-// summed in chunk order at the end: the chunks, not the threads, fix the order of the additions, so the weight
-// gradient is the same on 1 thread as on 64. 128 chunks keep 2-64 threads busy and the partial sums small
-// (128 x hidden doubles: 8 MiB at hidden 8192).
-constexpr int64_t kMaxChunks = 128;
-
 // The backward's arithmetic: float for float16/bfloat16, double for float32 and float64. The weight gradient of a
 // float32 x sums a term per row over every row; computed in float, 4096 x 4096 inputs came out up to 9e-5 off the
 // float64 result (76 of 4096 elements outside float32's tolerance, F.rms_norm 35, torch.compile 1239) and
@@ -48,8 +42,6 @@ constexpr int64_t kMaxChunks = 128;
 template <typename scalar_t>
 using backward_acc_t = std::conditional_t<std::is_same_v<scalar_t, float>, double, opmath_t<scalar_t>>;
 
-// The per-chunk weight-gradient sums are double for every dtype: a chunk's running sum then loses nothing.
-using partial_t = double;
 
 template <typename acc_t>
 acc_t add_lanes(acc_t (&lanes)[kLanes]) {
@@ -128,10 +120,6 @@ const acc_t* widened_weight(const at::Tensor& weight, std::vector<acc_t>& storag
 }
 
 // Rows per task of at::parallel_for: at least kGrainSize elements, as for opforge's elementwise kernels.
-int64_t row_grain(int64_t hidden) {
-  return std::max<int64_t>(1, kGrainSize / hidden);
-}
-
 template <typename scalar_t>
 void forward_rows(const scalar_t* x, const at::Tensor& weight, scalar_t* y, Rows shape, double eps) {
   using acc_t = opmath_t<scalar_t>;
@@ -176,23 +164,10 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return y;
 }
 
-// The fixed split of the rows into chunks for the weight gradient (see kMaxChunks).
-struct Chunks {
-  int64_t rows_per_chunk;
-  int64_t count;
-};
-
-Chunks chunks_for(Rows shape) {
-  const int64_t by_grain = row_grain(shape.hidden);
-  const int64_t by_count = (shape.rows + kMaxChunks - 1) / kMaxChunks;
-  const int64_t per_chunk = std::max(by_grain, by_count);
-  return {per_chunk, (shape.rows + per_chunk - 1) / per_chunk};
-}
-
 // grad_x for the rows [begin, end) and, when `partial` is given, their sum of grad * x * r added to it (in row
 // order, one value per column).
 template <typename scalar_t, typename acc_t>
-void backward_rows(const scalar_t* g, const scalar_t* x, const acc_t* w, scalar_t* gx, partial_t* partial,
+void backward_rows(const scalar_t* g, const scalar_t* x, const acc_t* w, scalar_t* gx, double* partial,
                    int64_t begin, int64_t end, int64_t n, acc_t eps) {
   constexpr bool kWide = std::is_same_v<scalar_t, acc_t>;
   std::vector<acc_t> scratch(kWide ? 0 : 3 * n);
@@ -222,23 +197,6 @@ void backward_rows(const scalar_t* g, const scalar_t* x, const acc_t* w, scalar_
       }
     }
   }
-}
-
-// grad_weight[j] = sum over chunks c, in order, of partial[c][j].
-template <typename scalar_t>
-void sum_chunks(const partial_t* partial, int64_t chunks, int64_t n, scalar_t* out) {
-  at::parallel_for(0, n, kGrainSize / std::max<int64_t>(1, chunks), [&](int64_t begin, int64_t end) {
-    std::vector<partial_t> sum(partial + begin, partial + end);
-    for (int64_t c = 1; c < chunks; ++c) {
-      const partial_t* p = partial + c * n;
-      for (int64_t j = begin; j < end; ++j) {
-        sum[j - begin] += p[j];
-      }
-    }
-    for (int64_t j = begin; j < end; ++j) {
-      out[j] = static_cast<scalar_t>(static_cast<opmath_t<scalar_t>>(sum[j - begin]));
-    }
-  });
 }
 
 std::tuple<at::Tensor, at::Tensor> backward_impl(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
@@ -272,19 +230,10 @@ std::tuple<at::Tensor, at::Tensor> backward_impl(const at::Tensor& grad, const a
       });
       return;
     }
-    const Chunks chunks = chunks_for(shape);
-    at::Tensor partial = at::empty({chunks.count, n}, x.options().dtype(at::kDouble));
-    partial_t* p = partial.data_ptr<partial_t>();
-    at::parallel_for(0, chunks.count, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) {
-        partial_t* pc = p + c * n;
-        std::fill(pc, pc + n, partial_t(0));
-        const int64_t first = c * chunks.rows_per_chunk;
-        const int64_t last = std::min(shape.rows, first + chunks.rows_per_chunk);
-        backward_rows<scalar_t, acc_t>(g, xd, w, gx, pc, first, last, n, e);
-      }
+    const at::Tensor partials = chunk_column_sums(shape.rows, n, [&](int64_t first, int64_t last, double* partial) {
+      backward_rows<scalar_t, acc_t>(g, xd, w, gx, partial, first, last, n, e);
     });
-    sum_chunks(p, chunks.count, n, grad_weight.data_ptr<scalar_t>());
+    sum_chunks(partials, grad_weight.data_ptr<scalar_t>());
   });
   return {grad_x, grad_weight};
 }

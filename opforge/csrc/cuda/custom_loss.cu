@@ -14,6 +14,7 @@ namespace {
 using custom_loss::broadcast_output;
 using custom_loss::check_backward_grad;
 using custom_loss::check_pair;
+using custom_loss::check_repeated;
 
 template <typename acc_t>
 struct Forward {
@@ -85,12 +86,28 @@ std::tuple<at::Tensor, at::Tensor> custom_loss_grads(const at::Tensor& grad, con
   return {grad_pred, grad_target};
 }
 
+// The CPU kernel's contract (../custom_loss.cpp), computed as the autograd formula did before the op existed: the
+// float terms of dL/dd written full-size by custom_loss_backward's kernel, summed over the rows by ATen. A fused
+// kernel (pred's gradient written, target's summed in one pass, as rms_norm's weight gradient is) is left for a
+// session with GPU time to measure it.
+std::tuple<at::Tensor, at::Tensor> custom_loss_grads_repeated(const at::Tensor& grad, const at::Tensor& pred,
+                                                              const at::Tensor& target) {
+  constexpr const char* op = "opforge::custom_loss_grads_repeated";
+  check_pair(pred, target, op);
+  check_repeated(grad, pred, target, op);
+  const at::ScalarType dtype = pred.scalar_type();
+  const at::ScalarType wide = at::isReducedFloatingType(dtype) ? at::kFloat : dtype;
+  const at::Tensor terms = custom_loss_backward(grad.to(wide), pred.to(wide), target.to(wide));
+  return {terms.to(dtype), at::sum_to(terms, target.sizes()).neg().to(dtype)};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
   m.impl("custom_loss", &custom_loss);
   m.impl("custom_loss_backward", &custom_loss_backward);
   m.impl("custom_loss_grads", &custom_loss_grads);
+  m.impl("custom_loss_grads_repeated", &custom_loss_grads_repeated);
 }
 
 }  // namespace opforge::cuda
