@@ -94,15 +94,19 @@ void repeated_rows(const scalar_t* grad, const scalar_t* pred, const scalar_t* t
     for (int64_t block = 0; block < span; block += kWidenBlock) {
       const int64_t n = std::min(kWidenBlock, span - block);
       const int64_t i = r * span + block;
-      const acc_t *g, *p, *t;
-      acc_t* out;
+      const acc_t* g = g_buf;
+      const acc_t* p = p_buf;
+      const acc_t* t = t_buf;
+      acc_t* out = out_buf;
       if constexpr (kNative) {
-        g = grad + i, p = pred + i, t = target + block, out = grad_pred + i;
+        g = grad + i;
+        p = pred + i;
+        t = target + block;
+        out = grad_pred + i;
       } else {
         at::vec::convert(grad + i, g_buf, n);
         at::vec::convert(pred + i, p_buf, n);
         at::vec::convert(target + block, t_buf, n);
-        g = g_buf, p = p_buf, t = t_buf, out = out_buf;
       }
       double* sums = partial + block;
       for (int64_t j = 0; j < n; ++j) {
@@ -136,11 +140,13 @@ std::tuple<at::Tensor, at::Tensor> custom_loss_grads_repeated(const at::Tensor& 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), op, [&] {
     const scalar_t* gd = g.const_data_ptr<scalar_t>();
     const scalar_t* pd = p.const_data_ptr<scalar_t>();
+    const scalar_t* td = t.const_data_ptr<scalar_t>();
     scalar_t* out = grad_pred.data_ptr<scalar_t>();
-    const at::Tensor partials = chunk_column_sums(pred.numel() / span, span, [&](int64_t first, int64_t last, double* partial) {
+    const auto add_rows = [&](int64_t first, int64_t last, double* partial) {
       const int64_t i = first * span;
-      repeated_rows<scalar_t>(gd + i, pd + i, t.const_data_ptr<scalar_t>(), out + i, last - first, span, partial);
-    });
+      repeated_rows<scalar_t>(gd + i, pd + i, td, out + i, last - first, span, partial);
+    };
+    const at::Tensor partials = chunk_column_sums(pred.numel() / span, span, add_rows);
     sum_chunks(partials, grad_target.data_ptr<scalar_t>());
   });
   return {grad_pred, grad_target.neg_()};

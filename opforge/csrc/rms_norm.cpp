@@ -42,7 +42,6 @@ constexpr int64_t kLanes = 32;
 template <typename scalar_t>
 using backward_acc_t = std::conditional_t<std::is_same_v<scalar_t, float>, double, opmath_t<scalar_t>>;
 
-
 template <typename acc_t>
 acc_t add_lanes(acc_t (&lanes)[kLanes]) {
   for (int64_t width = kLanes / 2; width >= 1; width /= 2) {
@@ -119,7 +118,6 @@ const acc_t* widened_weight(const at::Tensor& weight, std::vector<acc_t>& storag
   }
 }
 
-// Rows per task of at::parallel_for: at least kGrainSize elements, as for opforge's elementwise kernels.
 template <typename scalar_t>
 void forward_rows(const scalar_t* x, const at::Tensor& weight, scalar_t* y, Rows shape, double eps) {
   using acc_t = opmath_t<scalar_t>;
