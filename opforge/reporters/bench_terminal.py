@@ -51,35 +51,66 @@ def noise_note(median_s: float | None, iqr_s: float | None) -> str:
 
 LABEL_COLUMNS = ("dtype", "mode", "device")
 NUMBER_COLUMNS = ("median", "IQR", "GB/s", "% peak")
-# The case label folds onto more lines before it gets narrower than this (the note folds freely); every other cell,
-# a number above all, is never cut: its column is as wide as its widest cell.
+# Every cell but the case label and the note, a number above all, is never cut: its column is as wide as its widest
+# cell. The case label breaks after its commas (x=8192x8192,/weight=8192) down to MIN_SIZE_WIDTH columns, and the
+# note folds into what is left, at least MIN_NOTE_WIDTH where there is a note.
 MIN_SIZE_WIDTH = 20
+MIN_NOTE_WIDTH = 12
 
 
-def _table(title: str, headers: list[str], kept: list[int], body: list[list[Text]]) -> Table:
+def _table(title: str, headers: list[str], kept: list[int], body: list[list[Text]], size_width: int = 0) -> Table:
     table = Table(title=title, title_justify="left")
+    # The note takes what the other columns leave (rich's own share-out came out a column too wide, and the
+    # console then cut the table's right edge).
+    note_width = max(len("note"), console.width - _fixed_width(headers, kept, body, note=False) - size_width)
     for i in kept:
-        table.add_column(headers[i], **_column_style(headers[i], [cells[i] for cells in body]))
+        name = headers[i]
+        if name == "size":
+            table.add_column(name, overflow="fold", min_width=size_width)
+        elif name == "note":
+            table.add_column(name, overflow="fold", max_width=note_width)
+        else:
+            widest = max([len(name), *(cells[i].cell_len for cells in body)])
+            right = name in NUMBER_COLUMNS or name.startswith("vs ")
+            table.add_column(name, no_wrap=True, min_width=widest, justify="right" if right else "left")
     for cells in body:
-        table.add_row(*(cells[i] for i in kept))
+        row = [cells[i] for i in kept]
+        if headers[kept[0]] == "size":
+            row[0] = Text(_broken_at_commas(cells[0].plain, size_width))
+        table.add_row(*row)
     return table
 
 
-def _narrowest(headers: list[str], kept: list[int], body: list[list[Text]]) -> int:
-    """The table's width with every column at its minimum: each column's cells (the note at its header's width),
-    plus a border and a space either side of each."""
-    widths = [_column_style(headers[i], [cells[i] for cells in body]).get("min_width", len(headers[i])) for i in kept]
-    return sum(widths) + 3 * len(widths) + 1
+def _fixed_width(headers: list[str], kept: list[int], body: list[list[Text]], note: bool) -> int:
+    """The table's width but for the case label's content: each other column as wide as its widest cell (the note,
+    when counted, at MIN_NOTE_WIDTH or its widest, the narrower), plus a border and a space either side of each."""
+    fixed = 3 * len(kept) + 1
+    for i in kept:
+        cells = [cells[i].cell_len for cells in body]
+        if headers[i] == "note":
+            fixed += max(len("note"), min(MIN_NOTE_WIDTH, max(cells, default=0))) if note else 0
+        elif headers[i] != "size":
+            fixed += max([len(headers[i]), *cells])
+    return fixed
 
 
-def _column_style(name: str, cells: list[Text]) -> dict:
-    widest = max([len(name), *(c.cell_len for c in cells)])
-    if name == "size":
-        return {"overflow": "fold", "min_width": min(widest, MIN_SIZE_WIDTH)}
-    if name == "note":
-        return {"overflow": "fold"}
-    right = name in NUMBER_COLUMNS or name.startswith("vs ")
-    return {"no_wrap": True, "min_width": widest, "justify": "right" if right else "left"}
+def _size_width(headers: list[str], kept: list[int], body: list[list[Text]]) -> int:
+    """How wide the case label's column can be on this console: the whole label where it fits beside the other
+    columns, else what is left; 0 where less than MIN_SIZE_WIDTH is left."""
+    widest_label = max([len("size"), *(cells[0].cell_len for cells in body)])
+    width = min(widest_label, console.width - _fixed_width(headers, kept, body, note=True))
+    return width if width >= min(widest_label, MIN_SIZE_WIDTH) else 0
+
+
+def _broken_at_commas(label: str, width: int) -> str:
+    """The label on lines of at most `width` characters, broken after commas (a longer piece is folded by rich)."""
+    parts = label.split(",")
+    lines = [""]
+    for piece in [p + "," for p in parts[:-1]] + parts[-1:]:
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines.append("")
+        lines[-1] += piece
+    return "\n".join(lines)
 
 
 def render_bench(run) -> None:
@@ -101,13 +132,17 @@ def render_bench(run) -> None:
         }
         title = f"opforge bench {op}" + (f" ({', '.join(shared.values())})" if shared else "")
         kept = [i for i, name in enumerate(headers) if name not in shared]
-        if _narrowest(headers, kept, body) <= console.width:
-            console.print(_table(title, headers, kept, body))
+        size_width = _size_width(headers, kept, body)
+        if size_width:
+            console.print(_table(title, headers, kept, body, size_width))
         else:
-            # Too wide even with the case label folded: a table per case, the label in its title.
-            for case in dict.fromkeys(cells[0].plain for cells in body):
-                rows_of_case = [cells for cells in body if cells[0].plain == case]
-                console.print(_table(f"{title} {case}", headers, kept[1:], rows_of_case))
+            # Too wide even with the case label broken: a table per point (case and the labels that differ), all of
+            # them in its title.
+            labels = [i for i in kept if headers[i] == "size" or headers[i] in LABEL_COLUMNS]
+            columns = [i for i in kept if i not in labels]
+            for point in dict.fromkeys(tuple(cells[i].plain for i in labels) for cells in body):
+                rows_of_point = [cells for cells in body if tuple(cells[i].plain for i in labels) == point]
+                console.print(_table(f"{title} {' '.join(point)}", headers, columns, rows_of_point))
         if any(_noise(r) for r in rows):
             console.print(
                 Text(
