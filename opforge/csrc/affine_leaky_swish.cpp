@@ -110,19 +110,11 @@ void backward_span(const scalar_t* grad, const scalar_t* x, scalar_t* grad_x, in
   acc_t grad_buf[kBuffer], x_buf[kBuffer], out_buf[kBuffer];
   for (int64_t block = 0; block < len; block += kWidenBlock) {
     const int64_t n = std::min(kWidenBlock, len - block);
-    const acc_t* g;
-    const acc_t* xv;
-    acc_t* out;
+    const acc_t* g = widened(grad + block, n, grad_buf);
+    const acc_t* xv = widened(x + block, n, x_buf);
+    acc_t* out = out_buf;
     if constexpr (kNative) {
-      g = grad + block;
-      xv = x + block;
       out = grad_x + block;
-    } else {
-      at::vec::convert(grad + block, grad_buf, n);
-      at::vec::convert(x + block, x_buf, n);
-      g = grad_buf;
-      xv = x_buf;
-      out = out_buf;
     }
     double* sum_d = sums.d + (kSlotPerElement ? block : 0);
     double* sum_dx = sums.dx + (kSlotPerElement ? block : 0);

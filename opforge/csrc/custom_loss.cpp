@@ -94,19 +94,12 @@ void repeated_rows(const scalar_t* grad, const scalar_t* pred, const scalar_t* t
     for (int64_t block = 0; block < span; block += kWidenBlock) {
       const int64_t n = std::min(kWidenBlock, span - block);
       const int64_t i = r * span + block;
-      const acc_t* g = g_buf;
-      const acc_t* p = p_buf;
-      const acc_t* t = t_buf;
+      const acc_t* g = widened(grad + i, n, g_buf);
+      const acc_t* p = widened(pred + i, n, p_buf);
+      const acc_t* t = widened(target + block, n, t_buf);
       acc_t* out = out_buf;
       if constexpr (kNative) {
-        g = grad + i;
-        p = pred + i;
-        t = target + block;
         out = grad_pred + i;
-      } else {
-        at::vec::convert(grad + i, g_buf, n);
-        at::vec::convert(pred + i, p_buf, n);
-        at::vec::convert(target + block, t_buf, n);
       }
       double* sums = partial + block;
       for (int64_t j = 0; j < n; ++j) {

@@ -105,6 +105,17 @@ void spanned_kernel(scalar_t* out, int64_t n, const Fn& fn, const S&... in) {
   });
 }
 
+// `n` elements as acc_t: the elements themselves when scalar_t is acc_t, else widened into `scratch`.
+template <typename scalar_t, typename acc_t>
+const acc_t* widened(const scalar_t* in, int64_t n, acc_t* scratch) {
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    return in;
+  } else {
+    at::vec::convert(in, scratch, n);
+    return scratch;
+  }
+}
+
 // Rows per task of a row-wise loop over rows of `row_len` elements: at least kGrainSize elements per task.
 inline int64_t row_grain(int64_t row_len) {
   return std::max<int64_t>(1, kGrainSize / std::max<int64_t>(1, row_len));

@@ -94,17 +94,6 @@ acc_t inverse_rms(acc_t sum_xx, int64_t n, acc_t eps) {
   return acc_t(1) / std::sqrt(sum_xx / static_cast<acc_t>(n) + eps);
 }
 
-// A row of `n` elements as acc_t: the row itself when scalar_t is acc_t, else widened into `scratch`.
-template <typename scalar_t, typename acc_t>
-const acc_t* widened(const scalar_t* row, int64_t n, acc_t* scratch) {
-  if constexpr (std::is_same_v<scalar_t, acc_t>) {
-    return row;
-  } else {
-    at::vec::convert(row, scratch, n);
-    return scratch;
-  }
-}
-
 // The weight as acc_t, widened once per call rather than once per row.
 template <typename scalar_t, typename acc_t>
 const acc_t* widened_weight(const at::Tensor& weight, std::vector<acc_t>& storage) {
