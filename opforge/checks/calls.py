@@ -10,6 +10,7 @@ from opforge.compare import Baseline, as_tuple, check_result, rule_for
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, ReferenceFailure, short
 from opforge.schema import return_names
+from opforge.spec.model import FLOATING_DTYPES
 
 # How a mutated argument is named among the compared values.
 MUTATED = " (mutated)"
@@ -128,15 +129,23 @@ def seeded_grad_outputs(outputs: list[Any], case: Case, base_seed: int) -> list[
     return [torch.randn(o.shape, generator=generator, dtype=torch.float64).to(o.dtype).to(o.device) for o in outputs]
 
 
-def op_gradients(target: Target, outputs: list[Any], wrt: list[Any], grad_outputs: list[Any]) -> tuple[Any, ...]:
+def op_gradients(
+    target: Target, outputs: list[Any], wrt: list[Any], grad_outputs: list[Any], retain_graph: bool = False
+) -> tuple[Any, ...]:
     """The op's gradients with respect to `wrt` (None where nothing reaches one); a backward that raises is the op's
-    failure."""
+    failure. retain_graph keeps the graph for another backward through it."""
     import torch
 
     try:
-        return torch.autograd.grad(outputs, wrt, grad_outputs, allow_unused=True)
+        return torch.autograd.grad(outputs, wrt, grad_outputs, retain_graph=retain_graph, allow_unused=True)
     except Exception as exc:
         raise CheckFailure(f"backward of {target.name} raised {short(exc)}") from exc
+
+
+def differentiates(loaded: LoadedOp, case: Case) -> bool:
+    """Whether a check takes the op's gradients on this case: a differentiable op that mutates nothing (autograd
+    refuses in-place writes to leaves), in a floating dtype."""
+    return loaded.spec.differentiable and not loaded.mutated_arguments and case.dtype in FLOATING_DTYPES
 
 
 def _gradient_baseline(

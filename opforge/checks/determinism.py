@@ -8,6 +8,7 @@ from opforge.checks.base import Check, CheckContext, Outcomes, aligned
 from opforge.checks.calls import (
     argument,
     differentiable_outputs,
+    differentiates,
     inputs_for,
     op_gradients,
     output_names,
@@ -17,7 +18,6 @@ from opforge.checks.calls import (
 from opforge.compare import EXACT, check_result
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure
-from opforge.spec.model import FLOATING_DTYPES
 
 
 def determinism(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
@@ -48,18 +48,12 @@ def _one_run(loaded: LoadedOp, target: Target, case: Case, base_seed: int) -> li
     for one grad_output seeded by the case: one forward call serves the outputs and the backward."""
     import torch
 
-    with_gradients = _differentiates(loaded, case)
+    with_gradients = differentiates(loaded, case)
     inputs = inputs_for(loaded, case, base_seed, requires_grad=with_gradients)
     outputs = outputs_of(loaded, target, inputs)
     named = [(n, o.detach() if isinstance(o, torch.Tensor) else o) for n, o in zip(output_names(loaded), outputs)]
     named += [(f"{n} (mutated)", argument(inputs, loaded, n)) for n in loaded.mutated_arguments]
     return named + (_gradients(loaded, target, case, base_seed, inputs, outputs) if with_gradients else [])
-
-
-def _differentiates(loaded: LoadedOp, case: Case) -> bool:
-    """Whether the gradients are compared too: not for an op that is not differentiable or mutates its arguments
-    (autograd refuses in-place writes to leaves)."""
-    return loaded.spec.differentiable and not loaded.mutated_arguments and case.dtype in FLOATING_DTYPES
 
 
 def _gradients(loaded: LoadedOp, target: Target, case: Case, base_seed: int, inputs, outputs) -> list:

@@ -36,8 +36,10 @@ from opforge.checks.calls import (
     call_reference,
     compare_with_reference,
     differentiable_outputs,
+    differentiates,
     inputs_for,
     mutated_values,
+    op_gradients,
     output_baseline,
     outputs_of,
     seeded_grad_outputs,
@@ -48,7 +50,6 @@ from opforge.compare import Baseline, check_result, tolerance_for
 from opforge.cuda_spin import spin
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, PassNote
-from opforge.spec.model import FLOATING_DTYPES
 
 # How long the producer stream sleeps before it writes the inputs: long enough that a kernel which does not wait
 # for it has certainly run first (a kernel launch is ~10 us; the ops under test run in well under a millisecond at
@@ -71,7 +72,7 @@ def stream(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     if not ctx.loaded.spec.cuda_graphs:
         return {"stream": PassNote(GRAPHS_SKIPPED)}
     _in_cuda_graph(ctx, target, case)
-    if _differentiates(ctx.loaded, case):
+    if differentiates(ctx.loaded, case):
         _backward_in_cuda_graph(ctx, target, case)
     return {"stream": None}
 
@@ -179,12 +180,6 @@ def _captured(graph, call: Callable[[], Any], what: str, advice: str, stream=Non
         raise CheckFailure(f"CUDA-graph capture of {what} failed: {message}. {advice}") from exc
 
 
-def _differentiates(loaded: LoadedOp, case: Case) -> bool:
-    """Whether the op has a backward to capture here: a differentiable op that mutates nothing (autograd refuses
-    in-place writes to leaves), in a floating dtype."""
-    return loaded.spec.differentiable and not loaded.mutated_arguments and case.dtype in FLOATING_DTYPES
-
-
 def _backward_in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
     """Run the forward on a side stream (the backward's kernels then go to it: autograd runs each backward op on its
     forward's stream), capture autograd.grad on that stream, replay it on a new grad_output, and compare with the
@@ -205,10 +200,7 @@ def _backward_in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> No
     replay_grads = seeded_grad_outputs(outputs, case, ctx.base_seed + 1)
 
     def backward(grad_outputs: list) -> tuple:
-        try:
-            return torch.autograd.grad(outputs, wrt, grad_outputs, retain_graph=True, allow_unused=True)
-        except Exception as exc:
-            raise CheckFailure(f"backward of {target.name} raised {short(exc)}") from exc
+        return op_gradients(target, outputs, wrt, grad_outputs, retain_graph=True)
 
     capture_stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(capture_stream):
