@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
+#include "layout.h"
 #include "message.h"
 
 namespace opforge::custom_loss {
@@ -37,12 +38,8 @@ inline void check_backward_grad(const at::Tensor& grad, const at::Tensor& out, c
 // dimensions (target's sizes, past any leading 1s, are the output's trailing sizes).
 inline void check_repeated(const at::Tensor& grad, const at::Tensor& pred, const at::Tensor& target, const char* op) {
   check_backward_grad(grad, pred, op);
-  at::IntArrayRef sizes = target.sizes();
-  while (!sizes.empty() && sizes.front() == 1) {
-    sizes = sizes.slice(1);
-  }
-  const bool repeated = sizes.size() <= pred.sizes().size() && sizes == pred.sizes().slice(pred.dim() - sizes.size());
-  TORCH_CHECK(repeated, op, ": target must repeat over pred's leading dimensions (its sizes the trailing sizes of ",
+  TORCH_CHECK(repeats_over_rows(target.sizes(), pred.sizes()), op,
+              ": target must repeat over pred's leading dimensions (its sizes the trailing sizes of ",
               shape_text(pred.sizes()), "), got ", shape_text(target.sizes()),
               ". Use custom_loss_grads for other broadcasts.");
 }

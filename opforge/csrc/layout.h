@@ -27,18 +27,20 @@ struct Spanned {
   int64_t span;
 };
 
+// Whether sizes `t`, past any leading 1s, are the trailing sizes of `out`: a broadcast repeats t over out's leading
+// dimensions only.
+inline bool repeats_over_rows(at::IntArrayRef t, at::IntArrayRef out) {
+  while (!t.empty() && t.front() == 1) {
+    t = t.slice(1);
+  }
+  return t.size() <= out.size() && t == out.slice(out.size() - t.size());
+}
+
 // The trailing elements of `out` (contiguous) that `t` spans when it is contiguous and broadcast over out's leading
 // dimensions only; 0 otherwise.
 inline int64_t trailing_span(const at::Tensor& t, const at::Tensor& out) {
-  if (!t.is_contiguous() || !out.is_contiguous()) {
-    return 0;
-  }
-  at::IntArrayRef sizes = t.sizes();
-  while (!sizes.empty() && sizes.front() == 1) {
-    sizes = sizes.slice(1);
-  }
-  const auto dims = static_cast<int64_t>(sizes.size());
-  return dims <= out.dim() && sizes == out.sizes().slice(out.dim() - dims) ? t.numel() : 0;
+  const bool spans = t.is_contiguous() && out.is_contiguous() && repeats_over_rows(t.sizes(), out.sizes());
+  return spans ? t.numel() : 0;
 }
 
 // `t` as a kernel writing `out` reads it: in place when it has out's layout, or when it is repeated over out's
