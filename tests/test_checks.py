@@ -457,7 +457,16 @@ def test_kernel_on_the_legacy_default_stream_fails_stream():
     report = run_spec(CUDA_OPS / "default_stream_swish.yaml")
     failed = failures_by_check(report)
     assert {r.device for r in failed["stream"]} == {"cuda"}
+    assert all("caller's stream order" in r.message for r in failed["stream"]), failed["stream"][0].message
     assert "correctness" not in failed, "on the default stream alone the bug does not show"
+
+
+@requires_cuda
+def test_stream_says_an_op_wrong_on_every_stream_is_not_a_stream_order_bug():
+    failed = failures_by_check(run_spec(CUDA_OPS / "disagreeing_swish.yaml", checks=("stream",)))
+    assert failed["stream"], "a wrong CUDA kernel fails the side-stream run"
+    for row in failed["stream"]:
+        assert "wrong on the current stream too" in row.message and "stream order" not in row.message, row.message
 
 
 @requires_cuda

@@ -116,10 +116,33 @@ def _on_side_streams(ctx: CheckContext, target: Target, case: Case) -> None:
         expected,
         baseline,
         "on a side stream, inputs written by another stream just before it ran",
-        "The op does not run in the caller's stream order: launch every kernel on "
-        "at::cuda::getCurrentCUDAStream() (a <<<grid, block>>> launch without a stream uses the legacy "
-        "default stream).",
+        lambda: STREAM_ORDER_HINT if _right_on_current_stream(ctx, target, case) else WRONG_ON_CURRENT_STREAM,
     )
+
+
+STREAM_ORDER_HINT = (
+    "The op does not run in the caller's stream order: launch every kernel on at::cuda::getCurrentCUDAStream() (a "
+    "<<<grid, block>>> launch without a stream uses the legacy default stream)."
+)
+# A side-stream run that fails because the op is wrong wherever it runs is not a stream-order bug.
+WRONG_ON_CURRENT_STREAM = (
+    "The op is wrong on the current stream too, with its inputs ready: this is not (only) a stream bug. Fix what the "
+    "correctness check reports on CUDA first."
+)
+
+
+def _right_on_current_stream(ctx: CheckContext, target: Target, case: Case) -> bool:
+    """Whether the case's outputs match the reference when the op runs plainly on the current stream."""
+    import torch
+
+    loaded = ctx.loaded
+    inputs = inputs_for(loaded, case, ctx.base_seed)
+    baseline = output_baseline(loaded, inputs, case.dtype)
+    expected = call_reference(loaded, inputs)
+    got = outputs_of(loaded, target, inputs)
+    torch.cuda.synchronize()
+    mismatch = _mismatch(loaded, case, got, mutated_values(loaded, inputs), expected, baseline, "on the current stream")
+    return mismatch is None
 
 
 def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
@@ -162,7 +185,7 @@ def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
         expected,
         baseline,
         "CUDA-graph replay on new inputs",
-        "A kernel that is not on the current stream is not captured, and its outputs are stale on replay.",
+        lambda: "A kernel that is not on the current stream is not captured, and its outputs are stale on replay.",
     )
 
 
@@ -243,13 +266,23 @@ def _compare(
     reference_result: tuple,
     baseline: Baseline,
     how: str,
-    hint: str,
+    hint: Callable[[], str],
 ) -> None:
+    """Fails with the worst mismatch and hint() (asked only on a failure: it may run the op again)."""
+    failure = _mismatch(loaded, case, got, mutated_now, reference_result, baseline, how)
+    if failure is not None:
+        raise CheckFailure(f"{failure.message} {hint()}", failure.mismatch)
+
+
+def _mismatch(
+    loaded: LoadedOp, case: Case, got: tuple, mutated_now: dict, reference_result: tuple, baseline: Baseline, how: str
+) -> CheckFailure | None:
     compared = against_reference(loaded, got, mutated_now, reference_result)
     try:
         compare_with_reference(loaded, case.dtype, case.device, compared, baseline, label=f" ({how})")
     except CheckFailure as failure:
-        raise CheckFailure(f"{failure.message} {hint}", failure.mismatch) from None
+        return failure
+    return None
 
 
 def _sentinel_like(t):

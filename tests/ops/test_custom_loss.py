@@ -125,8 +125,17 @@ def test_grads_op_has_a_fake_for_torch_compile():
 # --------------------------------------------- a per-feature target: custom_loss_grads_repeated sums it in the pass
 
 # (pred shape, target shape): target repeated over pred's leading dimensions; rows of 1, 7, 33 and 0, a target
-# with a leading 1, a 0-d target (one value repeated over every element).
-REPEATED = [((33, 65), (65,)), ((2, 3, 40), (3, 40)), ((5, 7), (1, 7)), ((4,), ()), ((1, 300), (300,)), ((0, 9), (9,))]
+# with a leading 1, a 0-d target (one value repeated over every element), and 517 rows: on CUDA several blocks of
+# rows, each over several row steps.
+REPEATED = [
+    ((33, 65), (65,)),
+    ((2, 3, 40), (3, 40)),
+    ((5, 7), (1, 7)),
+    ((4,), ()),
+    ((1, 300), (300,)),
+    ((0, 9), (9,)),
+    ((517, 96), (96,)),
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -4,9 +4,9 @@
 // H * W a multiple of the vector width) or covers consecutive channels whose parameters load as a vector too
 // (NHWC: C a multiple of it); element by element otherwise. Backward: grad_x elementwise, and the scale/shift
 // gradients as per-channel sums without atomics: each block adds its elements in a fixed order into one partial sum
-// per channel it covers, and a second kernel adds the partial sums of each channel in a fixed order. The blocks
-// depend on the shape (and, for NHWC, on how many fit on the device) alone, so the sums come out bitwise the same on
-// every run.
+// per channel it covers, and a second kernel adds the partial sums of each channel in a fixed order (column_sums.cuh;
+// NHWC is its rows_with_column_sums, channels as columns). The blocks depend on the shape (and, for NHWC, on how
+// many fit on the device) alone, so the sums come out bitwise the same on every run.
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <ATen/ops/zeros.h>
@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "affine_leaky_swish.h"
+#include "column_sums.cuh"
 #include "elementwise.cuh"
 
 namespace opforge::cuda {
@@ -29,19 +30,13 @@ using at::cuda::detail::IntDivider;
 // Threads per block of every kernel here (the block reductions assume it). The elementwise kernels' measured
 // default (elementwise.cuh, OPFORGE_CUDA_THREADS).
 constexpr int kThreads = 256;
+static_assert(kThreads == kRowThreads, "NCHW blocks are shaped by column_sums.cuh's inner_threads");
 // NCHW backward: each thread visits at most this many batch entries and this many vectors along a plane. Untuned:
 // enough loads per thread to amortize the block's reduction and its partial-sum writes (1/16 of grad_x's bytes at
 // most, in float), few enough that a 56 x 56 x 256 x 32 tensor still makes hundreds of blocks; measured at 62-91%
 // of the copy on an H200 (docs/performance.md).
 constexpr int64_t kRowsPerThread = 16;
 constexpr int64_t kVectorsPerThread = 8;
-// NHWC backward: row steps whose loads a thread issues together (two 16-byte loads each). Untuned: 4 steps hold 8
-// loads in flight per thread, as many as the elementwise kernels' fastest shape keeps per SM.
-constexpr int kRowSteps = 4;
-// Channels per block of the partial sums' last addition: 8 floats, one 32-byte sector per warp row.
-constexpr int kFinishCols = 8;
-// gridDim.y's hardware limit.
-constexpr int64_t kMaxGridY = 65535;
 
 // float (and float16/bfloat16, computed in float): the hardware exp and a fast reciprocal, as in leaky_swish.cu.
 __device__ __forceinline__ float sigmoid(float x) {
@@ -65,19 +60,6 @@ __device__ __forceinline__ acc_t grad_v(acc_t grad, acc_t x, acc_t scale, acc_t 
   const acc_t v = x * scale + shift;
   const acc_t s = sigmoid(v);
   return grad * (s + v * s * (acc_t(1) - s) + alpha);
-}
-
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-
-// The smallest power of two >= n, capped at kThreads: the threads of a block along its inner dimension.
-int inner_threads(int64_t n) {
-  int t = 1;
-  while (t < kThreads && t < n) {
-    t *= 2;
-  }
-  return t;
 }
 
 // ------------------------------------------------------------------------------------------------- forward
@@ -226,77 +208,56 @@ struct Partials {
   acc_t* dx;
 };
 
-// NHWC: a (tx, ty) block covers tx * kVec consecutive channels (threadIdx.x, kVec each) and loops over row steps
-// of ty consecutive rows (threadIdx.y): steps blockIdx.y, blockIdx.y + gridDim.y, ..., kRowSteps of them at a time
-// (all their loads issued before any is used); partial sum k = blockIdx.y. The grid is what fits on the GPU at
-// once, so the partial sums are a few hundred per channel however many rows there are. kVec > 1 needs
-// C % kVec == 0 and 16-byte aligned pointers.
-template <typename scalar_t, int kVec>
-__global__ void __launch_bounds__(kThreads)
-    backward_rows_kernel(int64_t rows, int64_t channels, opmath_t<scalar_t> alpha, const scalar_t* __restrict__ grad,
-                         const scalar_t* __restrict__ x, const scalar_t* __restrict__ scale,
-                         const scalar_t* __restrict__ shift, scalar_t* __restrict__ grad_x,
-                         Partials<opmath_t<scalar_t>> partials) {
+// NHWC: a row of C channels per pixel, grad_x written elementwise and the two per-channel sums (shift's gradient
+// d, scale's d * x) added over the rows by rows_with_column_sums.
+template <typename scalar_t>
+struct ChannelRows {
   using acc_t = opmath_t<scalar_t>;
+  using sum_t = acc_t;
+  static constexpr int kSums = 2;  // d, then d * x: the partials' layout that finish_sums reads
+  template <int kVec>
   using P = Pack<scalar_t, kVec>;
-  __shared__ acc_t shared[2][kThreads * kVec];
-  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
-  const bool active = c0 < channels;
-  acc_t sum_d[kVec] = {}, sum_dx[kVec] = {};
-  if (active) {
-    const P s = load_pack<P, false>(scale + c0);
-    const P b = load_pack<P, false>(shift + c0);
-    const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.y;
-    for (int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; first < rows;
-         first += stride * kRowSteps) {
-      P g[kRowSteps], xv[kRowSteps];
-#pragma unroll
-      for (int k = 0; k < kRowSteps; ++k) {
-        const int64_t r = first + k * stride;
-        if (r < rows) {
-          g[k] = load_pack<P, false>(grad + r * channels + c0);
-          xv[k] = load_pack<P, false>(x + r * channels + c0);
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < kRowSteps; ++k) {
-        const int64_t r = first + k * stride;
-        if (r < rows) {
-          P result;
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            const acc_t xj = xv[k].v[j], sj = s.v[j];
-            const acc_t d = grad_v<acc_t>(g[k].v[j], xj, sj, b.v[j], alpha);
-            result.v[j] = static_cast<scalar_t>(d * sj);
-            sum_d[j] += d;
-            sum_dx[j] += d * xj;
-          }
-          store_pack(grad_x + r * channels + c0, result);
-        }
-      }
-    }
+  template <int kVec>
+  struct Column {
+    P<kVec> scale, shift;
+  };
+  template <int kVec>
+  struct Row {
+    P<kVec> grad, x;
+  };
+
+  const scalar_t* __restrict__ grad;
+  const scalar_t* __restrict__ x;
+  const scalar_t* __restrict__ scale;
+  const scalar_t* __restrict__ shift;
+  scalar_t* __restrict__ grad_x;
+  acc_t alpha;
+
+  template <int kVec>
+  __device__ __forceinline__ Column<kVec> column(int64_t c) const {
+    return {load_pack<P<kVec>, false>(scale + c), load_pack<P<kVec>, false>(shift + c)};
   }
-  // The block's ty rows of sums, added in row order by the threads of the first row.
-  const int slot = (threadIdx.y * blockDim.x + threadIdx.x) * kVec;
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    shared[0][slot + j] = sum_d[j];
-    shared[1][slot + j] = sum_dx[j];
+
+  template <int kVec>
+  __device__ __forceinline__ Row<kVec> load(int64_t i) const {
+    return {load_pack<P<kVec>, false>(grad + i), load_pack<P<kVec>, false>(x + i)};
   }
-  __syncthreads();
-  if (threadIdx.y == 0 && active) {
+
+  template <int kVec>
+  __device__ __forceinline__ void apply(const Column<kVec>& c, const Row<kVec>& row, int64_t i,
+                                        acc_t (&sums)[kSums][kVec]) const {
+    P<kVec> result;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      acc_t d = 0, dx = 0;
-      for (int y = 0; y < static_cast<int>(blockDim.y); ++y) {
-        d += shared[0][(y * blockDim.x + threadIdx.x) * kVec + j];
-        dx += shared[1][(y * blockDim.x + threadIdx.x) * kVec + j];
-      }
-      partials.d[blockIdx.y * channels + c0 + j] = d;
-      partials.dx[blockIdx.y * channels + c0 + j] = dx;
+      const acc_t xj = row.x.v[j], sj = c.scale.v[j];
+      const acc_t d = grad_v<acc_t>(row.grad.v[j], xj, sj, c.shift.v[j], alpha);
+      result.v[j] = static_cast<scalar_t>(d * sj);
+      sums[0][j] += d;
+      sums[1][j] += d * xj;
     }
+    store_pack(grad_x + i, result);
   }
-}
+};
 
 // NCHW: a (tx, ty) block covers one channel (blockIdx.x % C), a range of its planes' elements (threadIdx.x, kVec
 // each; chunk blockIdx.x / C of `hw_per_block`) and a range of the batch ([blockIdx.y * n_per_block, ...),
@@ -344,45 +305,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// grad_shift[c] = sum of partials.d[k * C + c] over k, grad_scale[c] likewise from partials.dx. A block takes
-// kFinishCols consecutive channels (threadIdx.x % kFinishCols), so that a warp's loads of one k are contiguous, and
-// splits the k among its slices of threads (slice y adds k = y, y + slices, ...); the slices' sums are added in slice
-// order. One thread per channel striding over k read one float per 32-byte sector.
-template <typename scalar_t>
-__global__ void __launch_bounds__(kThreads)
-    finish_sums_kernel(int64_t blocks, int64_t channels, Partials<opmath_t<scalar_t>> partials,
-                       scalar_t* __restrict__ grad_scale, scalar_t* __restrict__ grad_shift) {
-  using acc_t = opmath_t<scalar_t>;
-  constexpr int kSlices = kThreads / kFinishCols;
-  __shared__ acc_t shared[2][kThreads];
-  const int lane = threadIdx.x % kFinishCols, slice = threadIdx.x / kFinishCols;
-  for (int64_t c0 = static_cast<int64_t>(blockIdx.x) * kFinishCols; c0 < channels;
-       c0 += static_cast<int64_t>(gridDim.x) * kFinishCols) {
-    const int64_t c = c0 + lane;
-    acc_t d = 0, dx = 0;
-    if (c < channels) {
-      // Unrolled so that a thread's loads are in flight together rather than one L2 round trip each.
-#pragma unroll 8
-      for (int64_t k = slice; k < blocks; k += kSlices) {
-        d += partials.d[k * channels + c];
-        dx += partials.dx[k * channels + c];
-      }
-    }
-    shared[0][threadIdx.x] = d;
-    shared[1][threadIdx.x] = dx;
-    __syncthreads();
-    if (slice == 0 && c < channels) {
-      for (int y = 1; y < kSlices; ++y) {
-        d += shared[0][y * kFinishCols + lane];
-        dx += shared[1][y * kFinishCols + lane];
-      }
-      grad_shift[c] = static_cast<scalar_t>(d);
-      grad_scale[c] = static_cast<scalar_t>(dx);
-    }
-    __syncthreads();  // the shared sums are reused by the next channels
-  }
-}
-
 struct BackwardOperands {
   const at::Tensor& grad;
   const at::Tensor& x;
@@ -390,29 +312,6 @@ struct BackwardOperands {
   const at::Tensor& shift;
   at::Tensor& grad_x;
 };
-
-// Launches the NHWC kernel; returns the number of partial sums per channel it writes.
-template <typename scalar_t, int kVec>
-int64_t launch_backward_rows(const Plan& plan, const BackwardOperands& t, opmath_t<scalar_t> alpha,
-                             at::Tensor& partial, cudaStream_t stream) {
-  constexpr auto kKernel = backward_rows_kernel<scalar_t, kVec>;
-  const int64_t rows = plan.n * plan.hw;
-  const int tx = inner_threads(ceil_div(plan.c, kVec)), ty = kThreads / tx;
-  const int64_t blocks_x = ceil_div(plan.c, static_cast<int64_t>(tx) * kVec);
-  const int64_t resident = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) *
-                           blocks_per_sm<kKernel>(kThreads, c10::cuda::current_device());
-  const int64_t blocks_y =
-      std::clamp<int64_t>(std::min(ceil_div(rows, ty), ceil_div(resident, blocks_x)), 1, kMaxGridY);
-  const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(blocks_y));
-  partial = at::empty({2, blocks_y, plan.c}, t.x.options().dtype(c10::CppTypeToScalarType<opmath_t<scalar_t>>::value));
-  auto* p = partial.data_ptr<opmath_t<scalar_t>>();
-  kKernel<<<grid, dim3(tx, ty), 0, stream>>>(rows, plan.c, alpha, t.grad.const_data_ptr<scalar_t>(),
-                                             t.x.const_data_ptr<scalar_t>(), t.scale.const_data_ptr<scalar_t>(),
-                                             t.shift.const_data_ptr<scalar_t>(), t.grad_x.data_ptr<scalar_t>(),
-                                             Partials<opmath_t<scalar_t>>{p, p + blocks_y * plan.c});
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return blocks_y;
-}
 
 // Launches the NCHW kernel; returns the number of partial sums per channel it writes.
 template <typename scalar_t, int kVec>
@@ -443,26 +342,25 @@ void backward(const Plan& plan, const BackwardOperands& t, at::Tensor& grad_scal
   using acc_t = opmath_t<scalar_t>;
   constexpr int kVec = kVectorBytes / sizeof(scalar_t);
   const auto a = static_cast<acc_t>(alpha);
+  const SumOutputs<scalar_t, 2> sums{{grad_shift.data_ptr<scalar_t>(), grad_scale.data_ptr<scalar_t>()}};
   const bool dense_aligned = aligned(t.grad.const_data_ptr()) && aligned(t.x.const_data_ptr()) &&
                              aligned(t.grad_x.const_data_ptr());
-  at::Tensor partial;
-  int64_t blocks;
   if (plan.channels_inner) {
     const bool vectors = dense_aligned && plan.c % kVec == 0 && aligned(t.scale.const_data_ptr()) &&
                          aligned(t.shift.const_data_ptr());
-    blocks = vectors ? launch_backward_rows<scalar_t, kVec>(plan, t, a, partial, stream)
-                     : launch_backward_rows<scalar_t, 1>(plan, t, a, partial, stream);
+    const ChannelRows<scalar_t> op{t.grad.const_data_ptr<scalar_t>(),  t.x.const_data_ptr<scalar_t>(),
+                                   t.scale.const_data_ptr<scalar_t>(), t.shift.const_data_ptr<scalar_t>(),
+                                   t.grad_x.data_ptr<scalar_t>(),      a};
+    const int64_t rows = plan.n * plan.hw;
+    vectors ? rows_with_column_sums<kVec>(op, rows, plan.c, sums, t.x.options(), stream)
+            : rows_with_column_sums<1>(op, rows, plan.c, sums, t.x.options(), stream);
   } else {
     const bool vectors = dense_aligned && plan.hw % kVec == 0;
-    blocks = vectors ? launch_backward_planes<scalar_t, kVec>(plan, t, a, partial, stream)
-                     : launch_backward_planes<scalar_t, 1>(plan, t, a, partial, stream);
+    at::Tensor partial;
+    const int64_t parts = vectors ? launch_backward_planes<scalar_t, kVec>(plan, t, a, partial, stream)
+                                  : launch_backward_planes<scalar_t, 1>(plan, t, a, partial, stream);
+    sum_partials(partial.const_data_ptr<acc_t>(), parts, plan.c, sums, stream);
   }
-  auto* p = partial.data_ptr<acc_t>();
-  const auto grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(plan.c, kFinishCols), INT32_MAX));
-  finish_sums_kernel<scalar_t><<<grid, kThreads, 0, stream>>>(blocks, plan.c, Partials<acc_t>{p, p + blocks * plan.c},
-                                                              grad_scale.data_ptr<scalar_t>(),
-                                                              grad_shift.data_ptr<scalar_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> affine_leaky_swish_backward(const at::Tensor& grad, const at::Tensor& x,

@@ -4,6 +4,7 @@
 
 #include <tuple>
 
+#include "column_sums.cuh"
 #include "custom_loss.h"
 #include "elementwise.cuh"
 #include "layout.h"
@@ -86,19 +87,81 @@ std::tuple<at::Tensor, at::Tensor> custom_loss_grads(const at::Tensor& grad, con
   return {grad_pred, grad_target};
 }
 
-// The CPU kernel's contract (../custom_loss.cpp), computed as the autograd formula did before the op existed: the
-// float terms of dL/dd written full-size by custom_loss_backward's kernel, summed over the rows by ATen. A fused
-// kernel (pred's gradient written, target's summed in one pass, as rms_norm's weight gradient is) is left for a
-// session with GPU time to measure it.
+// custom_loss_grads_repeated as rows_with_column_sums' Op: target is the column operand, each row of grad and pred
+// gives a row of dL/dpred, and target's gradient is the column sum of -dL/dd (negation is exact, so the sum of the
+// negated terms is the negated sum).
+template <typename scalar_t>
+struct RepeatedTargetRows {
+  using acc_t = opmath_t<scalar_t>;
+  using sum_t = cuda::sum_t<scalar_t>;
+  static constexpr int kSums = 1;
+  template <int kVec>
+  using P = Pack<scalar_t, kVec>;
+  template <int kVec>
+  using Column = P<kVec>;
+  template <int kVec>
+  struct Row {
+    P<kVec> grad, pred;
+  };
+
+  const scalar_t* __restrict__ grad;
+  const scalar_t* __restrict__ pred;
+  const scalar_t* __restrict__ target;
+  scalar_t* __restrict__ grad_pred;
+
+  template <int kVec>
+  __device__ __forceinline__ Column<kVec> column(int64_t c) const {
+    return load_pack<P<kVec>, false>(target + c);
+  }
+
+  template <int kVec>
+  __device__ __forceinline__ Row<kVec> load(int64_t i) const {
+    return {load_pack<P<kVec>, false>(grad + i), load_pack<P<kVec>, false>(pred + i)};
+  }
+
+  template <int kVec>
+  __device__ __forceinline__ void apply(const Column<kVec>& t, const Row<kVec>& row, int64_t i,
+                                        sum_t (&sums)[kSums][kVec]) const {
+    P<kVec> result;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const acc_t d = Backward<acc_t>{}(row.grad.v[j], row.pred.v[j], t.v[j]);
+      result.v[j] = static_cast<scalar_t>(d);
+      sums[0][j] -= static_cast<sum_t>(d);
+    }
+    store_pack(grad_pred + i, result);
+  }
+};
+
+// Both gradients of a target repeated over pred's rows in one pass: dL/dpred written, dL/dtarget summed over the rows
+// (float for float16/bfloat16, double for float32/float64) and rounded once. The CPU kernel (../custom_loss.cpp) has
+// the same contract.
 std::tuple<at::Tensor, at::Tensor> custom_loss_grads_repeated(const at::Tensor& grad, const at::Tensor& pred,
                                                               const at::Tensor& target) {
   constexpr const char* op = "opforge::custom_loss_grads_repeated";
   check_pair(pred, target, op);
   check_repeated(grad, pred, target, op);
-  const at::ScalarType dtype = pred.scalar_type();
-  const at::ScalarType wide = at::isReducedFloatingType(dtype) ? at::kFloat : dtype;
-  const at::Tensor terms = custom_loss_backward(grad.to(wide), pred.to(wide), target.to(wide));
-  return {terms.to(dtype), at::sum_to(terms, target.sizes()).neg().to(dtype)};
+  at::Tensor grad_pred = at::empty(pred.sizes(), pred.options());
+  at::Tensor grad_target = at::empty(target.sizes(), target.options());
+  if (pred.numel() == 0) {
+    return {grad_pred, grad_target.zero_()};  // a sum over no rows
+  }
+  const c10::cuda::CUDAGuard guard(pred.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(pred.device().index());
+  const at::Tensor g = grad.contiguous(), p = pred.contiguous(), t = target.contiguous();
+  const int64_t span = target.numel();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), op, [&] {
+    constexpr int kVec = kVectorBytes / sizeof(scalar_t);
+    const RepeatedTargetRows<scalar_t> rows_op{g.const_data_ptr<scalar_t>(), p.const_data_ptr<scalar_t>(),
+                                               t.const_data_ptr<scalar_t>(), grad_pred.data_ptr<scalar_t>()};
+    const SumOutputs<scalar_t, 1> sums{{grad_target.data_ptr<scalar_t>()}};
+    const int64_t rows = pred.numel() / span;
+    const bool vectors = span % kVec == 0 && aligned(rows_op.grad) && aligned(rows_op.pred) &&
+                         aligned(rows_op.target) && aligned(rows_op.grad_pred);
+    vectors ? rows_with_column_sums<kVec>(rows_op, rows, span, sums, pred.options(), stream)
+            : rows_with_column_sums<1>(rows_op, rows, span, sums, pred.options(), stream);
+  });
+  return {grad_pred, grad_target};
 }
 
 }  // namespace

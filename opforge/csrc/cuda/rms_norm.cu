@@ -14,7 +14,8 @@
 // The partial rows of each column are then added in a fixed order, in double: by the same kernel after a grid-wide
 // barrier (a cooperative launch; the grid is resident anyway), or by a second kernel where a cooperative launch is
 // refused. Same inputs, same grid, same bits. The grid is what fits on the GPU at once (a few blocks per SM), so
-// the partial rows cost grid x hidden floats (doubles for float32, see sum_t): 4 MiB for hidden 4096 on 132 SMs x 2
+// the partial rows cost grid x hidden floats (doubles for float32: column_sums.cuh's sum_t, which the row sums and
+// 1 / rms use too): 4 MiB for hidden 4096 on 132 SMs x 2
 // blocks, against the 96 MiB a 4096 x 4096 bfloat16 backward moves.
 //
 // Rows longer than the register-resident shapes hold (bfloat16: 65536 forward, 16384 backward) go through loop
@@ -27,6 +28,7 @@
 
 #include <cooperative_groups.h>
 
+#include "column_sums.cuh"
 #include "elementwise.cuh"
 #include "rms_norm.h"
 
@@ -60,16 +62,6 @@ using rms_norm::rows_of;
 constexpr bool kStreamRows = OPFORGE_RMS_STREAMING_LOADS;
 constexpr bool kFusedWeightSum = OPFORGE_RMS_FUSED_WEIGHT_SUM;
 constexpr int kWarp = 32;
-
-// The backward's row sums, 1 / rms and weight gradient: float for float16/bfloat16, double for float32 and float64.
-// A float32 weight gradient sums one term per row over all rows, and in float each term's rounding (of the product
-// and of the row's 1 / rms, about 1e-7 relative) grows with the square root of the rows: 1.8e-5 absolute at 32768
-// rows, outside float32's tolerance (tests/ops/test_rms_norm.py's many-rows test failed that way on an H200 with
-// float sums, 2026-12-03, as did 7 of the CUDA shape tests). In double the cost is registers (the 16 or 32 doubles a
-// thread sums into), not arithmetic: three conversions and three double operations per element are far below an H200
-// SM's rate at full bandwidth. grad_x stays in float.
-template <typename T>
-using sum_t = std::conditional_t<std::is_same_v<T, float>, double, opmath_t<T>>;
 
 // How a block covers rows: kGroups groups of kGroupWarps warps, each group one row at a time, each thread kN units
 // of kVec elements of it. kUnits is the longest row (in units) the shape holds. kMinBlocks is __launch_bounds__'s
@@ -334,52 +326,6 @@ __global__ void __launch_bounds__(S::kThreads)
 
 // ------------------------------------------------------------------------------------------------- backward
 
-// grad_weight[c] = sum over p of partial[p][c], in a fixed order, by `blocks` blocks of kThreads threads (this one
-// is block `block`). The columns are cut into tiles and the blocks take turns at them; within a tile, column c's
-// partial rows are split among the tile's slices of threads (slice y takes rows y, y + slices, ...), and the slices'
-// sums are added in slice order. In double for every dtype: a few hundred values per column, read from L2.
-// A tile is as narrow as covers the row in one pass of the blocks (so that all of a thread's loads go out
-// together), but at least kMinSumCols wide (64-byte runs of float partials): at hidden 8192 on 132 blocks a fixed
-// 16-column tile took four passes, each an L2 round trip, and the fused sum cost 6.8 us against 3.3 us for a
-// kernel of its own (H200, 2026-12-03).
-constexpr int kMinSumCols = 16;
-
-template <int kThreads, typename T, typename part_t>
-__device__ __forceinline__ void sum_partial_columns(const part_t* __restrict__ partial, int64_t parts,
-                                                    int64_t hidden, T* __restrict__ out, int64_t block,
-                                                    int64_t blocks) {
-  static_assert(kThreads % kMinSumCols == 0 && (kThreads & (kThreads - 1)) == 0, "power-of-two tiles");
-  __shared__ double tile[kThreads];
-  int cols = kMinSumCols;
-  while (cols < kThreads && cols * blocks < hidden) {
-    cols *= 2;
-  }
-  const int slices = kThreads / cols;
-  const int lane = threadIdx.x % cols;
-  const int slice = threadIdx.x / cols;
-  for (int64_t t = block; t * cols < hidden; t += blocks) {
-    const int64_t col = t * cols + lane;
-    double s = 0.0;
-    if (col < hidden) {
-      // Unrolled so that a thread's loads of the column are in flight together rather than one L2 round trip each.
-#pragma unroll 16
-      for (int64_t p = slice; p < parts; p += slices) {
-        s += static_cast<double>(partial[p * hidden + col]);
-      }
-    }
-    tile[threadIdx.x] = s;
-    __syncthreads();
-    if (slice == 0 && col < hidden) {
-      double total = 0.0;
-      for (int k = 0; k < slices; ++k) {
-        total += tile[k * cols + lane];
-      }
-      out[col] = static_cast<T>(static_cast<opmath_t<T>>(total));
-    }
-    __syncthreads();
-  }
-}
-
 // Loads the units of `row` that thread t of its group owns (zeros past the row or past `rows`).
 template <typename T, class S>
 __device__ __forceinline__ void load_row(const T* __restrict__ g, const T* __restrict__ x, int64_t row, int64_t rows,
@@ -531,7 +477,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   if (grad_weight != nullptr) {
     // The barrier also makes every block's partial row visible to every other block.
     cooperative_groups::this_grid().sync();
-    sum_partial_columns<S::kThreads>(partial, gridDim.x, hidden, grad_weight, blockIdx.x, gridDim.x);
+    sum_partial_columns<S::kThreads>(partial, gridDim.x, hidden, SumOutputs<T, 1>{{grad_weight}}, blockIdx.x, gridDim.x);
   }
 }
 
@@ -596,15 +542,6 @@ __global__ void __launch_bounds__(S::kThreads)
       U::store(gxr + u * S::kVec, out);
     }
   }
-}
-
-// The partial rows' sum as a kernel of its own, after the loop kernel or a refused cooperative launch.
-constexpr int kSumThreads = 512;
-
-template <typename T, typename part_t>
-__global__ void __launch_bounds__(kSumThreads)
-    sum_partials_kernel(const part_t* __restrict__ partial, int64_t parts, int64_t hidden, T* __restrict__ out) {
-  sum_partial_columns<kSumThreads>(partial, parts, hidden, out, blockIdx.x, gridDim.x);
 }
 
 // ------------------------------------------------------------------------------------------------- launching
@@ -688,10 +625,6 @@ int64_t resident_grid(int threads, int64_t steps) {
   return std::max<int64_t>(1, std::min<int64_t>(steps, static_cast<int64_t>(sms) * per_sm));
 }
 
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-
 // A grid of at most INT32_MAX blocks: the kernels loop over the row steps beyond it.
 unsigned grid_of(int64_t blocks) {
   return static_cast<unsigned>(std::min<int64_t>(blocks, INT32_MAX));
@@ -719,14 +652,6 @@ void launch_forward(const T* x, const T* w, T* y, Rows shape, double eps, cudaSt
     forward_loop_kernel<T, S><<<grid_of(shape.rows), S::kThreads, 0, stream>>>(x, w, y, shape.rows, shape.hidden, e);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-}
-
-template <typename T>
-void sum_partials(const at::Tensor& partial, at::Tensor& grad_weight, cudaStream_t stream) {
-  const int64_t hidden = partial.size(1);
-  sum_partials_kernel<T, sum_t<T>><<<grid_of(ceil_div(hidden, kMinSumCols)), kSumThreads, 0, stream>>>(
-      partial.const_data_ptr<sum_t<T>>(), partial.size(0), hidden, grad_weight.data_ptr<T>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // Launches kKernel with a grid-wide barrier allowed; false where the launch is refused because the grid would not be
@@ -791,7 +716,8 @@ void launch_backward(const T* g, const T* x, const T* w, T* gx, at::Tensor& grad
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (weight_grad && !summed) {
-    sum_partials<T>(partial, grad_weight, stream);
+    sum_partials(partial.const_data_ptr<wide_t>(), partial.size(0), shape.hidden, SumOutputs<T, 1>{{grad_weight.data_ptr<T>()}},
+                 stream);
   }
 }
 

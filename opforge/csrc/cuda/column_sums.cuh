@@ -1,0 +1,231 @@
+// Per-column sums over the rows of a matrix, without atomics and bitwise the same on every run: a backward that
+// writes one gradient elementwise and reduces another over the rows (a weight, a per-channel scale, a per-feature
+// target). Blocks add their rows' terms in registers and write one row of partial sums each; the partial rows of a
+// column are then added in a fixed order, in double. The blocks depend on the shape (and on how many fit on the
+// device) alone, so the order never changes.
+//
+// sum_partial_columns is the second step, inside a kernel of the caller's (rms_norm's cooperative backward) or as
+// sum_partials' kernel; rows_with_column_sums runs both steps for a row-wise function given as an Op (below).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "elementwise.cuh"
+
+// rows_with_column_sums: each block's rows are at least this many row steps of its threads, so that a partial row
+// (cols sums, written once and read once more) is spread over at least this many rows of the inputs.
+#ifndef OPFORGE_MIN_ROW_STEPS_PER_PARTIAL
+#define OPFORGE_MIN_ROW_STEPS_PER_PARTIAL 8
+#endif
+
+namespace opforge::cuda {
+
+inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// The sums of a reduction over rows: float for float16/bfloat16, double for float32 and float64. A float32 sum of one
+// term per row over all rows, in float, grows each term's rounding (of the product, about 1e-7 relative) with the
+// square root of the rows: 1.8e-5 absolute at 32768 rows, outside float32's tolerance (tests/ops/test_rms_norm.py's
+// many-rows test failed that way on an H200 with float sums, 2026-12-03, as did 7 of the CUDA shape tests). In double
+// the cost is registers, not arithmetic: a few conversions and double adds per element are far below an H200 SM's
+// rate at full bandwidth.
+template <typename T>
+using sum_t = std::conditional_t<std::is_same_v<T, float>, double, opmath_t<T>>;
+
+// Where the column sums go: kSums outputs of `cols` elements each.
+template <typename T, int kSums>
+struct SumOutputs {
+  T* out[kSums];
+};
+
+// The partial rows' columns are added by tiles of columns, the blocks taking turns at the tiles; a tile is as
+// narrow as covers the row in one pass of the blocks (so that all of a thread's loads go out together), but at
+// least kMinSumCols wide (64-byte runs of float partials): at hidden 8192 on 132 blocks a fixed 16-column tile took
+// four passes, each an L2 round trip, and rms_norm's fused sum cost 6.8 us against 3.3 us for a kernel of its own
+// (H200, 2026-12-03).
+constexpr int kMinSumCols = 16;
+
+// outputs.out[k][c] = the sum over p of partial[(k * parts + p) * cols + c], in a fixed order, by `blocks` blocks of
+// kThreads threads (this one is block `block`). Within a tile, column c's partial rows are split among the tile's
+// slices of threads (slice y takes rows y, y + slices, ...), and the slices' sums are added in slice order.
+template <int kThreads, int kSums, typename T, typename part_t>
+__device__ __forceinline__ void sum_partial_columns(const part_t* __restrict__ partial, int64_t parts, int64_t cols,
+                                                    SumOutputs<T, kSums> outputs, int64_t block, int64_t blocks) {
+  static_assert(kThreads % kMinSumCols == 0 && (kThreads & (kThreads - 1)) == 0, "power-of-two tiles");
+  __shared__ double tile[kSums][kThreads];
+  int width = kMinSumCols;
+  while (width < kThreads && width * blocks < cols) {
+    width *= 2;
+  }
+  const int slices = kThreads / width;
+  const int lane = threadIdx.x % width;
+  const int slice = threadIdx.x / width;
+  for (int64_t t = block; t * width < cols; t += blocks) {
+    const int64_t col = t * width + lane;
+    double s[kSums] = {};
+    if (col < cols) {
+      // Unrolled so that a thread's loads of the column are in flight together rather than one L2 round trip each.
+#pragma unroll 16
+      for (int64_t p = slice; p < parts; p += slices) {
+#pragma unroll
+        for (int k = 0; k < kSums; ++k) {
+          s[k] += static_cast<double>(partial[(k * parts + p) * cols + col]);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kSums; ++k) {
+      tile[k][threadIdx.x] = s[k];
+    }
+    __syncthreads();
+    if (slice == 0 && col < cols) {
+#pragma unroll
+      for (int k = 0; k < kSums; ++k) {
+        double total = 0.0;
+        for (int y = 0; y < slices; ++y) {
+          total += tile[k][y * width + lane];
+        }
+        outputs.out[k][col] = static_cast<T>(static_cast<opmath_t<T>>(total));
+      }
+    }
+    __syncthreads();  // the tile is reused by the next columns
+  }
+}
+
+// The partial rows' sum as a kernel of its own.
+constexpr int kSumThreads = 512;
+
+template <int kSums, typename T, typename part_t>
+__global__ void __launch_bounds__(kSumThreads)
+    sum_partials_kernel(const part_t* __restrict__ partial, int64_t parts, int64_t cols, SumOutputs<T, kSums> outputs) {
+  sum_partial_columns<kSumThreads>(partial, parts, cols, outputs, blockIdx.x, gridDim.x);
+}
+
+template <int kSums, typename T, typename part_t>
+void sum_partials(const part_t* partial, int64_t parts, int64_t cols, SumOutputs<T, kSums> outputs,
+                  cudaStream_t stream) {
+  const auto grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(cols, kMinSumCols), INT32_MAX));
+  sum_partials_kernel<kSums, T, part_t><<<grid, kSumThreads, 0, stream>>>(partial, parts, cols, outputs);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// ------------------------------------------------------------------------------------ rows_with_column_sums
+
+// Threads per block of rows_kernel.
+constexpr int kRowThreads = 256;
+// Row steps whose loads a thread issues together. 4 steps of two 16-byte loads hold 8 loads in flight per thread,
+// as many as the elementwise kernels' fastest shape keeps per SM; with it affine_leaky_swish's NHWC backward went
+// from 17-35% to 70-96% of the copy on an H200 (docs/performance.md).
+constexpr int kRowSteps = 4;
+constexpr int kMinRowStepsPerPartial = OPFORGE_MIN_ROW_STEPS_PER_PARTIAL;
+// gridDim.y's hardware limit.
+constexpr int64_t kMaxGridY = 65535;
+
+// The smallest power of two >= n, capped at kRowThreads: a block's threads along its inner dimension.
+inline int inner_threads(int64_t n) {
+  int t = 1;
+  while (t < kRowThreads && t < n) {
+    t *= 2;
+  }
+  return t;
+}
+
+// An Op of rows_with_column_sums, for a row-major matrix of `cols` columns, kVec consecutive columns at a time:
+//   sum_t                    the sums' type
+//   kSums                    how many sums per column it adds up
+//   Column<kVec>             what it reads once per column (a weight), from column(c0)
+//   Row<kVec>                what it reads per row, from load(i) (i = row * cols + c0, the first column's index)
+//   apply(column, row, i, sums)  computes the row's values, stores its elementwise outputs at i and adds each
+//                            column's terms to sums[k][j]
+//
+// A (tx, ty) block covers tx * kVec consecutive columns (threadIdx.x, kVec each) and loops over row steps of ty
+// consecutive rows (threadIdx.y): steps blockIdx.y, blockIdx.y + gridDim.y, ..., kRowSteps of them at a time (all
+// their loads issued before any is used); it writes partial row blockIdx.y of each sum. kVec > 1 needs cols % kVec
+// == 0 and 16-byte aligned pointers.
+template <int kVec, typename Op>
+__global__ void __launch_bounds__(kRowThreads)
+    rows_kernel(int64_t rows, int64_t cols, Op op, typename Op::sum_t* __restrict__ partial) {
+  using part_t = typename Op::sum_t;
+  constexpr int kSums = Op::kSums;
+  __shared__ part_t shared[kSums][kRowThreads * kVec];
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
+  const bool active = c0 < cols;
+  part_t sums[kSums][kVec] = {};
+  if (active) {
+    const auto column = op.template column<kVec>(c0);
+    const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.y;
+    for (int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; first < rows;
+         first += stride * kRowSteps) {
+      typename Op::template Row<kVec> loaded[kRowSteps];
+#pragma unroll
+      for (int k = 0; k < kRowSteps; ++k) {
+        const int64_t r = first + k * stride;
+        if (r < rows) {
+          loaded[k] = op.template load<kVec>(r * cols + c0);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kRowSteps; ++k) {
+        const int64_t r = first + k * stride;
+        if (r < rows) {
+          op.apply(column, loaded[k], r * cols + c0, sums);
+        }
+      }
+    }
+  }
+  // The block's ty rows of sums, added in row order by the threads of the first row.
+  const int slot = (threadIdx.y * blockDim.x + threadIdx.x) * kVec;
+#pragma unroll
+  for (int s = 0; s < kSums; ++s) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      shared[s][slot + j] = sums[s][j];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.y == 0 && active) {
+#pragma unroll
+    for (int s = 0; s < kSums; ++s) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        part_t total = 0;
+        for (int y = 0; y < static_cast<int>(blockDim.y); ++y) {
+          total += shared[s][(y * blockDim.x + threadIdx.x) * kVec + j];
+        }
+        partial[(s * gridDim.y + blockIdx.y) * cols + c0 + j] = total;
+      }
+    }
+  }
+}
+
+// Runs `op` over `rows` rows of `cols` columns on `stream` and writes its column sums to `outputs`: rows_kernel on
+// as many blocks as fit on the device at once (fewer where rows are few: see kMinRowStepsPerPartial), then
+// sum_partials. `options` gives the partial sums' device.
+template <int kVec, typename Op, typename T, int kSums>
+void rows_with_column_sums(const Op& op, int64_t rows, int64_t cols, SumOutputs<T, kSums> outputs,
+                           const at::TensorOptions& options, cudaStream_t stream) {
+  static_assert(kSums == Op::kSums, "one output per sum");
+  using part_t = typename Op::sum_t;
+  constexpr auto kKernel = rows_kernel<kVec, Op>;
+  const int tx = inner_threads(ceil_div(cols, kVec)), ty = kRowThreads / tx;
+  const int64_t blocks_x = ceil_div(cols, static_cast<int64_t>(tx) * kVec);
+  TORCH_CHECK(blocks_x <= INT32_MAX, "opforge: ", cols, " columns need more blocks than a CUDA grid has.");
+  const int64_t resident = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) *
+                           blocks_per_sm<kKernel>(kRowThreads, c10::cuda::current_device());
+  const int64_t blocks_y = std::clamp<int64_t>(
+      std::min(ceil_div(rows, int64_t{ty} * kMinRowStepsPerPartial), ceil_div(resident, blocks_x)), 1, kMaxGridY);
+  at::Tensor partial = at::empty({Op::kSums, blocks_y, cols}, options.dtype(c10::CppTypeToScalarType<part_t>::value));
+  // The caching allocator orders partial's reuse after the kernels queued here on `stream`.
+  kKernel<<<dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(blocks_y)), dim3(tx, ty), 0, stream>>>(
+      rows, cols, op, partial.data_ptr<part_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  sum_partials(partial.const_data_ptr<part_t>(), blocks_y, cols, outputs, stream);
+}
+
+}  // namespace opforge::cuda
