@@ -19,11 +19,6 @@
 
 // rows_with_column_sums: each block's rows are at least this many row steps of its threads, so that a partial row
 // (cols sums, written once and read once more) is spread over at least this many rows of the inputs.
-// rows_with_column_sums: a thread issues the loads of its next kRowSteps rows before it computes the current ones (1),
-// or after (0).
-#ifndef OPFORGE_ROWS_PREFETCH
-#define OPFORGE_ROWS_PREFETCH 1
-#endif
 #ifndef OPFORGE_MIN_ROW_STEPS_PER_PARTIAL
 #define OPFORGE_MIN_ROW_STEPS_PER_PARTIAL 8
 #endif
@@ -129,7 +124,6 @@ constexpr int kRowThreads = 256;
 // from 17-35% to 70-96% of the copy on an H200 (docs/performance.md).
 constexpr int kRowSteps = 4;
 constexpr int kMinRowStepsPerPartial = OPFORGE_MIN_ROW_STEPS_PER_PARTIAL;
-constexpr bool kPrefetchRows = OPFORGE_ROWS_PREFETCH;
 // gridDim.y's hardware limit.
 constexpr int64_t kMaxGridY = 65535;
 
@@ -166,39 +160,22 @@ __global__ void __launch_bounds__(kRowThreads)
   if (active) {
     const auto column = op.template column<kVec>(c0);
     const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.y;
-    const int64_t step = stride * kRowSteps;
-    using Row = typename Op::template Row<kVec>;
-    const auto load_steps = [&](Row(&into)[kRowSteps], int64_t first) {
+    for (int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; first < rows;
+         first += stride * kRowSteps) {
+      typename Op::template Row<kVec> loaded[kRowSteps];
 #pragma unroll
       for (int k = 0; k < kRowSteps; ++k) {
         const int64_t r = first + k * stride;
         if (r < rows) {
-          into[k] = op.template load<kVec>(r * cols + c0);
+          loaded[k] = op.template load<kVec>(r * cols + c0);
         }
-      }
-    };
-    Row current[kRowSteps];
-    int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
-    load_steps(current, first);
-    for (; first < rows; first += step) {
-      Row next[kRowSteps];
-      if (kPrefetchRows && first + step < rows) {
-        load_steps(next, first + step);
       }
 #pragma unroll
       for (int k = 0; k < kRowSteps; ++k) {
         const int64_t r = first + k * stride;
         if (r < rows) {
-          op.apply(column, current[k], r * cols + c0, sums);
+          op.apply(column, loaded[k], r * cols + c0, sums);
         }
-      }
-      if (kPrefetchRows) {
-#pragma unroll
-        for (int k = 0; k < kRowSteps; ++k) {
-          current[k] = next[k];
-        }
-      } else if (first + step < rows) {
-        load_steps(current, first + step);
       }
     }
   }
