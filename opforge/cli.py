@@ -381,12 +381,18 @@ def _sigterm_interrupts() -> Iterator[None]:
 
 
 def _unlisted_check_notes(specs: list[OpSpec], filters: Any) -> list[str]:
-    from opforge.engine.plan import unlisted_checks
+    from opforge.engine.plan import unasked_checks, unlisted_checks
 
+    unasked = unasked_checks(filters)
     return [
         f"--check {name}: expected a check some selected spec runs, got one none of them lists in `checks:` "
         f"({', '.join(s.name for s in specs)}). Add it to the spec's checks, or pick one it lists."
         for name in unlisted_checks(specs, filters)
+        if name not in {c.name for c in unasked}
+    ] + [
+        f"--check {c.name}: expected a check this run asked for, got one that runs only when asked: add "
+        f"{' '.join(c.rerun_flags)}."
+        for c in unasked
     ]
 
 

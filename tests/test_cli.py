@@ -194,6 +194,17 @@ def test_large_index_is_skipped_as_opt_in_until_asked_for():
     assert asked.exit_code == (1 if torch.cuda.is_available() else 5), asked.output
 
 
+def test_a_sanitizer_check_named_without_sanitize_says_which_flag_asks_for_it():
+    # Seen on an H200: `--check memcheck` alone ran nothing and pointed at skip lines that were not there.
+    spec = str(FIXTURES / "good.yaml")
+    result = invoke("check", spec, "--check", "memcheck")
+    assert result.exit_code == 5, result.output
+    assert "--check memcheck: expected a check this run asked for" in result.output
+    assert "add --sanitize memcheck" in result.output
+    asked = invoke("check", spec, "--check", "memcheck", "--sanitize", "memcheck")
+    assert "runs only when asked" not in asked.output, asked.output
+
+
 def test_a_check_run_that_ends_in_an_error_leaves_no_heartbeat_printing(monkeypatch):
     """The run's heartbeat (a thread, without a terminal) stops however the run ends, not only when it completes."""
     import threading

@@ -188,6 +188,13 @@ def unlisted_checks(specs: list[OpSpec], filters: Filters) -> list[str]:
     return [name for name in filters.checks if (CATALOG.of_row(name).name if name in CATALOG.rows else name) not in run]
 
 
+def unasked_checks(filters: Filters) -> list[Check]:
+    """The checks --check names that run only when asked for (memcheck: --sanitize memcheck) and were not: a run
+    filtered to them checks nothing, and should say which flag asks."""
+    named = [CATALOG.of_row(name) for name in filters.checks if name in CATALOG.rows]
+    return [c for c in named if c.asked is not None and not c.asked(filters.opt_ins)]
+
+
 def _matches(filters: Filters, spec: OpSpec, target: Target, row: str, case: Case) -> bool:
     return filters.wants_id(spec.name, result_id(spec.name, target.name, row, case.id))
 

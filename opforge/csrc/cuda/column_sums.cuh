@@ -18,9 +18,12 @@
 #include "elementwise.cuh"
 
 // rows_with_column_sums: each block's rows are at least this many row steps of its threads, so that a partial row
-// (cols sums, written once and read once more) is spread over at least this many rows of the inputs.
+// (cols sums, written once and read once more) is spread over at least this many rows of the inputs. H200,
+// custom_loss_grads_repeated alone (benchmarks/column_sums.py, 2026-12-03): 2, 8 and 32 within 1.5% at
+// 4096x4096, 32768x1024, 1024x16384 and 65536x256 in bfloat16 and float32; at 256x65536 bfloat16 32 took 69.5 us
+// against 77.2 us for 8 and 2. affine_leaky_swish's NHWC backward (rows in the 100,000s) did not move.
 #ifndef OPFORGE_MIN_ROW_STEPS_PER_PARTIAL
-#define OPFORGE_MIN_ROW_STEPS_PER_PARTIAL 8
+#define OPFORGE_MIN_ROW_STEPS_PER_PARTIAL 32
 #endif
 
 namespace opforge::cuda {
@@ -121,7 +124,9 @@ void sum_partials(const part_t* partial, int64_t parts, int64_t cols, SumOutputs
 constexpr int kRowThreads = 256;
 // Row steps whose loads a thread issues together. 4 steps of two 16-byte loads hold 8 loads in flight per thread,
 // as many as the elementwise kernels' fastest shape keeps per SM; with it affine_leaky_swish's NHWC backward went
-// from 17-35% to 70-96% of the copy on an H200 (docs/performance.md).
+// from 17-35% to 70-96% of the copy on an H200 (docs/performance.md). Issuing the next 4 steps' loads before
+// computing the current ones (twice the registers) lost: NHWC bfloat16 backward 67.0 against 59.0 us at
+// 32x256x56x56 and 408.7 against 333.5 us at 256x64x112x112 (H200, 2026-12-03), custom_loss within noise.
 constexpr int kRowSteps = 4;
 constexpr int kMinRowStepsPerPartial = OPFORGE_MIN_ROW_STEPS_PER_PARTIAL;
 // gridDim.y's hardware limit.
