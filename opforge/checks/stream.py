@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from opforge.cases import Case
+from opforge.cases import Case, CaseInputs
 from opforge.checks.base import Check, CheckContext, Outcomes, first_values
 from opforge.checks.calls import (
     against_reference,
@@ -88,9 +88,7 @@ def _on_side_streams(ctx: CheckContext, target: Target, case: Case) -> None:
     import torch
 
     loaded = ctx.loaded
-    inputs = inputs_for(loaded, case, ctx.base_seed)
-    baseline = output_baseline(loaded, inputs, case.dtype)
-    expected = call_reference(loaded, inputs)
+    inputs, baseline, expected = _with_expected(ctx, case, ctx.base_seed)
     ready = {name: argument(inputs, loaded, name) for name in inputs.tensor_names}
     pending = {name: _sentinel_like(t) for name, t in ready.items()}
     torch.cuda.synchronize()
@@ -136,13 +134,17 @@ def _right_on_current_stream(ctx: CheckContext, target: Target, case: Case) -> b
     import torch
 
     loaded = ctx.loaded
-    inputs = inputs_for(loaded, case, ctx.base_seed)
-    baseline = output_baseline(loaded, inputs, case.dtype)
-    expected = call_reference(loaded, inputs)
+    inputs, baseline, expected = _with_expected(ctx, case, ctx.base_seed)
     got = outputs_of(loaded, target, inputs)
     torch.cuda.synchronize()
     mismatch = _mismatch(loaded, case, got, mutated_values(loaded, inputs), expected, baseline, "on the current stream")
     return mismatch is None
+
+
+def _with_expected(ctx: CheckContext, case: Case, seed: int) -> tuple[CaseInputs, Baseline, tuple]:
+    """The case's inputs drawn with `seed`, the baseline its outputs are judged against, and the reference's result."""
+    inputs = inputs_for(ctx.loaded, case, seed)
+    return inputs, output_baseline(ctx.loaded, inputs, case.dtype), call_reference(ctx.loaded, inputs)
 
 
 def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
@@ -151,9 +153,7 @@ def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
 
     loaded = ctx.loaded
     captured_inputs = inputs_for(loaded, case, ctx.base_seed)
-    replay_inputs = inputs_for(loaded, case, ctx.base_seed + 1)
-    baseline = output_baseline(loaded, replay_inputs, case.dtype)
-    expected = call_reference(loaded, replay_inputs)
+    replay_inputs, baseline, expected = _with_expected(ctx, case, ctx.base_seed + 1)
     fresh = {name: argument(replay_inputs, loaded, name).clone() for name in replay_inputs.tensor_names}
     # Lazy initialization (handles, workspaces) must not happen during capture: one call first, on a side stream
     # as torch.cuda.graphs asks.
