@@ -15,8 +15,8 @@
 // barrier (a cooperative launch; the grid is resident anyway), or by a second kernel where a cooperative launch is
 // refused. Same inputs, same grid, same bits. The grid is what fits on the GPU at once (a few blocks per SM), so
 // the partial rows cost grid x hidden floats (doubles for float32: column_sums.cuh's sum_t, which the row sums and
-// 1 / rms use too): 4 MiB for hidden 4096 on 132 SMs x 2
-// blocks, against the 96 MiB a 4096 x 4096 bfloat16 backward moves.
+// 1 / rms use too): 4 MiB for hidden 4096 on 132 SMs x 2 blocks, against the 96 MiB a 4096 x 4096 bfloat16 backward
+// moves. sum_partial_columns and sum_partials (column_sums.cuh) add the partial rows.
 //
 // Rows longer than the register-resident shapes hold (bfloat16: 65536 forward, 16384 backward) go through loop
 // kernels that read the row twice (the second read mostly from L2) and keep the weight gradient's partial sums in
@@ -477,7 +477,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   if (grad_weight != nullptr) {
     // The barrier also makes every block's partial row visible to every other block.
     cooperative_groups::this_grid().sync();
-    sum_partial_columns<S::kThreads>(partial, gridDim.x, hidden, SumOutputs<T, 1>{{grad_weight}}, blockIdx.x, gridDim.x);
+    sum_partial_columns<S::kThreads>(partial, gridDim.x, hidden, SumOutputs<T, 1>{{grad_weight}}, blockIdx.x,
+                                     gridDim.x);
   }
 }
 
@@ -716,8 +717,8 @@ void launch_backward(const T* g, const T* x, const T* w, T* gx, at::Tensor& grad
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (weight_grad && !summed) {
-    sum_partials(partial.const_data_ptr<wide_t>(), partial.size(0), shape.hidden, SumOutputs<T, 1>{{grad_weight.data_ptr<T>()}},
-                 stream);
+    sum_partials(partial.const_data_ptr<wide_t>(), partial.size(0), shape.hidden,
+                 SumOutputs<T, 1>{{grad_weight.data_ptr<T>()}}, stream);
   }
 }
 
