@@ -122,16 +122,27 @@ inline int64_t row_grain(int64_t row_len) {
 }
 
 // Column sums over many rows that come out the same on 1 thread as on 64: the rows go into at most kMaxChunks fixed
-// chunks (each at least kGrainSize elements), each chunk adds its rows, in row order, into a zeroed row of double
-// partial sums, and sum_chunks adds the chunks in chunk order. The chunks, not the threads, fix the order of the
-// additions. 128 chunks keep 2-64 threads busy and the partial sums small (128 x 8192 doubles: 8 MiB).
+// chunks (each at least kGrainSize elements and kMinChunkRows rows), each chunk adds its rows, in row order, into a
+// zeroed row of double partial sums, and sum_chunks adds the chunks in chunk order. The chunks, not the threads, fix
+// the order of the additions. 128 chunks keep 2-64 threads busy.
 constexpr int64_t kMaxChunks = 128;
+// A chunk's partial row (8 bytes per column) is zeroed, read and written for each of its rows, and read once more at
+// the end: over few rows it costs more than the rows themselves. Few long rows used to make chunks of 1-2 rows (256 x
+// 65536: 128 chunks, 64 MiB of partials). 2-core VM, torch 2.13.0+cpu, 2026-12-03, median of 9 calls, minimum rows per
+// chunk 1 / 8 / 16 / 32: custom_loss_grads_repeated 256x65536 bfloat16 31.9 / 13.2 / 11.8 / 11.0 ms, float32 38.7 /
+// 21.2 / 20.5 / 19.9 ms; 64x262144 bfloat16 51.0 / 14.0 / 13.3 / 12.3 ms; 4096x4096 (32 rows per chunk already)
+// unchanged. rms_norm_backward, 1 against 16: 256x65536 bfloat16 36.9 / 16.9 ms, 64x262144 62.6 / 24.1 ms. 16 keeps
+// twice 32's chunks (threads) for few rows at a few percent.
+#ifndef OPFORGE_MIN_CHUNK_ROWS
+#define OPFORGE_MIN_CHUNK_ROWS 16
+#endif
+constexpr int64_t kMinChunkRows = OPFORGE_MIN_CHUNK_ROWS;
 
 // Runs add_rows(first, last, partial) for each chunk [first, last) of `rows` rows of `n` columns, in parallel;
 // returns the chunks' partial sums, [chunks, n] doubles.
 template <typename AddRows>
 at::Tensor chunk_column_sums(int64_t rows, int64_t n, const AddRows& add_rows) {
-  const int64_t per_chunk = std::max(row_grain(n), (rows + kMaxChunks - 1) / kMaxChunks);
+  const int64_t per_chunk = std::max({row_grain(n), (rows + kMaxChunks - 1) / kMaxChunks, kMinChunkRows});
   const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
   at::Tensor partials = at::zeros({chunks, n}, at::TensorOptions().dtype(at::kDouble));
   double* p = partials.data_ptr<double>();
