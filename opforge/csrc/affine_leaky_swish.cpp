@@ -27,10 +27,6 @@ using affine_leaky_swish::plan_for;
 // parameters are laid out once over a whole tile: the inner loop then walks plain arrays, which vectorizes, also
 // for C = 3 where a row alone would be too short to.
 constexpr int64_t kTileElements = kWidenBlock;
-// The backward's NHWC rows are summed per block of tiles, at most this many blocks: enough tasks for every core of
-// a large server, few enough that the partial sums (blocks x C doubles) stay small. The blocks depend on the shape
-// alone, so the order of the sums does too.
-constexpr int64_t kMaxPartialBlocks = 256;
 
 // The parameter of every element of an NCHW plane.
 template <typename acc_t>
@@ -214,43 +210,31 @@ void backward_planes(const Plan& plan, const scalar_t* grad, const scalar_t* x, 
   }
 }
 
-// Blocks of whole tiles, each summed into its own slots (one per element of a tile) and folded to one partial sum
-// per channel; then, per channel, the blocks in order.
+// The rows' per-channel sums by chunk_column_sums (elementwise.h), with partial rows of 2C doubles (d, then d * x):
+// a chunk's rows go through in tiles, summed into slots (one per element of a tile) that are folded into the
+// chunk's partial row once at its end.
 template <typename scalar_t>
 void backward_rows(const Plan& plan, const scalar_t* grad, const scalar_t* x, scalar_t* grad_x,
                    const ChannelParams<opmath_t<scalar_t>>& p, opmath_t<scalar_t> alpha, double* sum_d,
                    double* sum_dx) {
-  const int64_t rows_per_tile = tile_rows(plan), tile = rows_per_tile * plan.c, numel = plan.numel();
-  const int64_t tiles = (numel + tile - 1) / tile;
-  const int64_t tiles_per_block =
-      std::max((kGrainSize + tile - 1) / tile, (tiles + kMaxPartialBlocks - 1) / kMaxPartialBlocks);
-  const int64_t blocks = (tiles + tiles_per_block - 1) / tiles_per_block;
-  std::vector<double> block_d(blocks * plan.c), block_dx(blocks * plan.c);
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<double> slots_d(tile), slots_dx(tile);
-    for (int64_t b = begin; b < end; ++b) {
-      std::fill(slots_d.begin(), slots_d.end(), 0.0);
-      std::fill(slots_dx.begin(), slots_dx.end(), 0.0);
-      const int64_t last = std::min(tiles, (b + 1) * tiles_per_block);
-      for (int64_t t = b * tiles_per_block; t < last; ++t) {
-        const int64_t start = t * tile;
-        backward_span<true>(grad + start, x + start, grad_x + start, std::min(tile, numel - start), p.scale.data(),
-                            p.shift.data(), alpha, Sums{slots_d.data(), slots_dx.data()});
-      }
-      for (int64_t r = 0; r < rows_per_tile; ++r) {
-        for (int64_t c = 0; c < plan.c; ++c) {
-          block_d[b * plan.c + c] += slots_d[r * plan.c + c];
-          block_dx[b * plan.c + c] += slots_dx[r * plan.c + c];
-        }
-      }
+  const int64_t c = plan.c, rows_per_tile = tile_rows(plan), tile = rows_per_tile * c;
+  const auto add_rows = [&](int64_t first, int64_t last, double* partial) {
+    std::vector<double> slots_d(tile, 0.0), slots_dx(tile, 0.0);
+    for (int64_t r = first; r < last; r += rows_per_tile) {
+      const int64_t start = r * c;
+      backward_span<true>(grad + start, x + start, grad_x + start, std::min(rows_per_tile, last - r) * c,
+                          p.scale.data(), p.shift.data(), alpha, Sums{slots_d.data(), slots_dx.data()});
     }
-  });
-  for (int64_t b = 0; b < blocks; ++b) {
-    for (int64_t c = 0; c < plan.c; ++c) {
-      sum_d[c] += block_d[b * plan.c + c];
-      sum_dx[c] += block_dx[b * plan.c + c];
+    for (int64_t j = 0; j < tile; ++j) {
+      partial[j % c] += slots_d[j];
+      partial[c + j % c] += slots_dx[j];
     }
-  }
+  };
+  const at::Tensor partials = chunk_column_sums(plan.numel() / c, 2 * c, add_rows);
+  std::vector<double> totals(2 * c);
+  sum_chunks(partials, totals.data());
+  std::copy_n(totals.begin(), c, sum_d);
+  std::copy_n(totals.begin() + c, c, sum_dx);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> affine_leaky_swish_backward(const at::Tensor& grad, const at::Tensor& x,
