@@ -54,6 +54,14 @@ struct SumOutputs {
 // (H200, 2026-12-03).
 constexpr int kMinSumCols = 16;
 
+// Partial rows a thread loads at once per column sum, all issued before the first is added: 32, or as many as fit 64
+// registers. With `#pragma unroll 16` over the rows instead, a slice of a 264-row sum (rms_norm's 4096 x 4096
+// bfloat16 backward on an H200: 132 SMs x 2 blocks, 16 slices) took 17 loads, i.e. two L2 round trips.
+template <int kSums, typename part_t>
+constexpr int sum_loads() {
+  return std::min<int>(32, 64 * 4 / (kSums * static_cast<int>(sizeof(part_t))));
+}
+
 // outputs.out[k][c] = the sum over p of partial[(k * parts + p) * cols + c], in a fixed order, by `blocks` blocks of
 // kThreads threads (this one is block `block`). Within a tile, column c's partial rows are split among the tile's
 // slices of threads (slice y takes rows y, y + slices, ...), and the slices' sums are added in slice order.
@@ -73,12 +81,24 @@ __device__ __forceinline__ void sum_partial_columns(const part_t* __restrict__ p
     const int64_t col = t * width + lane;
     double s[kSums] = {};
     if (col < cols) {
-      // Unrolled so that a thread's loads of the column are in flight together rather than one L2 round trip each.
-#pragma unroll 16
-      for (int64_t p = slice; p < parts; p += slices) {
+      constexpr int kLoads = sum_loads<kSums, part_t>();
+      for (int64_t first = slice; first < parts; first += static_cast<int64_t>(kLoads) * slices) {
+        part_t v[kSums][kLoads];
 #pragma unroll
-        for (int k = 0; k < kSums; ++k) {
-          s[k] += static_cast<double>(partial[(k * parts + p) * cols + col]);
+        for (int i = 0; i < kLoads; ++i) {
+          const int64_t p = first + static_cast<int64_t>(i) * slices;
+#pragma unroll
+          for (int k = 0; k < kSums; ++k) {
+            v[k][i] = p < parts ? partial[(k * parts + p) * cols + col] : part_t(0);
+          }
+        }
+        // Adding the zeros past the last partial row leaves every sum's bits as they were (s is never -0.0).
+#pragma unroll
+        for (int i = 0; i < kLoads; ++i) {
+#pragma unroll
+          for (int k = 0; k < kSums; ++k) {
+            s[k] += static_cast<double>(v[k][i]);
+          }
         }
       }
     }
@@ -151,11 +171,13 @@ inline int inner_threads(int64_t n) {
 //
 // A (tx, ty) block covers tx * kVec consecutive columns (threadIdx.x, kVec each) and loops over row steps of ty
 // consecutive rows (threadIdx.y): steps blockIdx.y, blockIdx.y + gridDim.y, ..., kRowSteps of them at a time (all
-// their loads issued before any is used); it writes partial row blockIdx.y of each sum. kVec > 1 needs cols % kVec
-// == 0 and 16-byte aligned pointers.
-template <int kVec, typename Op>
+// their loads issued before any is used); it writes partial row blockIdx.y of each sum, or, where `partial` is null
+// (gridDim.y == 1), the sums themselves to `outputs`, as sum_partials would from that one partial row. kVec > 1 needs
+// cols % kVec == 0 and 16-byte aligned pointers.
+template <int kVec, typename Op, typename T>
 __global__ void __launch_bounds__(kRowThreads)
-    rows_kernel(int64_t rows, int64_t cols, Op op, typename Op::sum_t* __restrict__ partial) {
+    rows_kernel(int64_t rows, int64_t cols, Op op, typename Op::sum_t* __restrict__ partial,
+                SumOutputs<T, Op::kSums> outputs) {
   using part_t = typename Op::sum_t;
   constexpr int kSums = Op::kSums;
   __shared__ part_t shared[kSums][kRowThreads * kVec];
@@ -203,7 +225,11 @@ __global__ void __launch_bounds__(kRowThreads)
         for (int y = 0; y < static_cast<int>(blockDim.y); ++y) {
           total += shared[s][(y * blockDim.x + threadIdx.x) * kVec + j];
         }
-        partial[(s * gridDim.y + blockIdx.y) * cols + c0 + j] = total;
+        if (partial != nullptr) {
+          partial[(s * gridDim.y + blockIdx.y) * cols + c0 + j] = total;
+        } else {
+          outputs.out[s][c0 + j] = static_cast<T>(static_cast<opmath_t<T>>(static_cast<double>(total)));
+        }
       }
     }
   }
@@ -211,13 +237,14 @@ __global__ void __launch_bounds__(kRowThreads)
 
 // Runs `op` over `rows` rows of `cols` columns on `stream` and writes its column sums to `outputs`: rows_kernel on
 // as many blocks as fit on the device at once (fewer where rows are few: see kMinRowStepsPerPartial), then
-// sum_partials. `options` gives the partial sums' device.
+// sum_partials (where there is more than one block of rows: with one, rows_kernel writes the sums). `options` gives
+// the partial sums' device.
 template <int kVec, typename Op, typename T, int kSums>
 void rows_with_column_sums(const Op& op, int64_t rows, int64_t cols, SumOutputs<T, kSums> outputs,
                            const at::TensorOptions& options, cudaStream_t stream) {
   static_assert(kSums == Op::kSums, "one output per sum");
   using part_t = typename Op::sum_t;
-  constexpr auto kKernel = rows_kernel<kVec, Op>;
+  constexpr auto kKernel = rows_kernel<kVec, Op, T>;
   const int tx = inner_threads(ceil_div(cols, kVec)), ty = kRowThreads / tx;
   const int64_t blocks_x = ceil_div(cols, static_cast<int64_t>(tx) * kVec);
   TORCH_CHECK(blocks_x <= INT32_MAX, "opforge: ", cols, " columns need more blocks than a CUDA grid has.");
@@ -225,10 +252,15 @@ void rows_with_column_sums(const Op& op, int64_t rows, int64_t cols, SumOutputs<
                            blocks_per_sm<kKernel>(kRowThreads, c10::cuda::current_device());
   const int64_t blocks_y = std::clamp<int64_t>(
       std::min(ceil_div(rows, int64_t{ty} * kMinRowStepsPerPartial), ceil_div(resident, blocks_x)), 1, kMaxGridY);
+  const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(blocks_y));
+  if (blocks_y == 1) {
+    kKernel<<<grid, dim3(tx, ty), 0, stream>>>(rows, cols, op, nullptr, outputs);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
   at::Tensor partial = at::empty({Op::kSums, blocks_y, cols}, options.dtype(c10::CppTypeToScalarType<part_t>::value));
   // The caching allocator orders partial's reuse after the kernels queued here on `stream`.
-  kKernel<<<dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(blocks_y)), dim3(tx, ty), 0, stream>>>(
-      rows, cols, op, partial.data_ptr<part_t>());
+  kKernel<<<grid, dim3(tx, ty), 0, stream>>>(rows, cols, op, partial.data_ptr<part_t>(), outputs);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   sum_partials(partial.const_data_ptr<part_t>(), blocks_y, cols, outputs, stream);
 }
