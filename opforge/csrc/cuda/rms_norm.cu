@@ -345,6 +345,28 @@ __device__ __forceinline__ void load_row(const T* __restrict__ g, const T* __res
   }
 }
 
+// Stores n sums at p: 16 bytes at a time where they fill whole 16-byte vectors (p is then 16-byte aligned: a partial
+// row starts at a multiple of hidden, itself a multiple of n), one at a time otherwise.
+template <typename S_t, int n>
+__device__ __forceinline__ void store_sums(S_t* p, const S_t (&v)[n]) {
+  if constexpr (std::is_same_v<S_t, float> && n % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < n; k += 4) {
+      *reinterpret_cast<float4*>(p + k) = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
+    }
+  } else if constexpr (std::is_same_v<S_t, double> && n % 2 == 0) {
+#pragma unroll
+    for (int k = 0; k < n; k += 2) {
+      *reinterpret_cast<double2*>(p + k) = make_double2(v[k], v[k + 1]);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < n; ++k) {
+      p[k] = v[k];
+    }
+  }
+}
+
 // grad_x for every row, and (when `partial` is given) one row of partial weight-gradient sums per block:
 // partial[blockIdx.x][c] = sum over the block's rows, in row order per group and group order after, of
 // grad * x * r. When `grad_weight` is given too (a cooperative launch only), the blocks then wait for each other
@@ -366,17 +388,36 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   __shared__ wide_t scratch[2][S::kGroups * S::kGroupWarps * 2];
   // The weight, read from global memory once per block and from shared memory twice per row (before and after the
   // reduction), rather than held in registers across it: registers go to grad and x, the bytes in flight.
-  __shared__ Raw weight[S::kUnits];
+  // After the last row step the same shared memory holds the row groups' weight-gradient sums (`combined`).
+  constexpr size_t kWeightBytes = sizeof(Raw) * S::kUnits;
+  constexpr size_t kCombinedBytes = S::kGroups > 1 ? sizeof(wide_t) * S::kVec * S::kUnits : 0;
+  __shared__ alignas(16) unsigned char shared[std::max(kWeightBytes, kCombinedBytes)];
+  Raw* weight = reinterpret_cast<Raw*>(shared);
   const int group = threadIdx.x / S::kGroupThreads;
   const int t = threadIdx.x % S::kGroupThreads;
   const int units = hidden / S::kVec;
   const int64_t step = static_cast<int64_t>(gridDim.x) * S::kGroups;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * S::kGroups;
-  // The first row's loads go out before the weight's, so that the two round trips overlap.
+  // The weight's loads go out first, then the first row's, and only then is the weight stored to shared memory: the
+  // barrier below waits for the weight alone, so the loop's first prefetch of the next row goes out sooner. With the
+  // first row's loads issued before the weight's, the weight came back behind them (H200, 2026-12-04, median of 100,
+  // two runs: 4096 x 4096 bfloat16 37.4-37.5 us against 36.4-36.5 us weight first, 8192 x 8192 113.7-113.8 against
+  // 111.8-111.9 us; float32 4096 x 4096 63.3-63.6 against 62.2-63.0 us).
   Raw gv[S::kN], xv[S::kN];
+  constexpr int kWeightUnits = (S::kUnits + S::kThreads - 1) / S::kThreads;
+  Raw wv0[kWeightUnits];
+#pragma unroll
+  for (int k = 0; k < kWeightUnits; ++k) {
+    const int u = threadIdx.x + k * S::kThreads;
+    wv0[k] = u < units ? U::template load<false>(w + u * S::kVec) : U::zero();
+  }
   load_row<T, S>(g, x, first + group, rows, hidden, t, gv, xv);
-  for (int u = threadIdx.x; u < units; u += S::kThreads) {
-    weight[u] = U::template load<false>(w + u * S::kVec);
+#pragma unroll
+  for (int k = 0; k < kWeightUnits; ++k) {
+    const int u = threadIdx.x + k * S::kThreads;
+    if (u < units) {
+      weight[u] = wv0[k];
+    }
   }
   __syncthreads();
   wide_t dw[S::kN][S::kVec];
@@ -439,39 +480,44 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   if (partial == nullptr) {
     return;
   }
-  wide_t* out = partial + static_cast<int64_t>(blockIdx.x) * hidden;
-  if constexpr (S::kGroups == 1) {
+  // The groups' sums are added in group order: group k adds its own to those of groups 0..k-1 in shared memory, and
+  // the last group writes the block's partial row from registers, 16 bytes at a time. Shared memory is element-major
+  // (element j of unit u at j * kUnits + u), so a warp's accesses fall in distinct banks: unit-major, a bfloat16
+  // block's 8 sums per unit conflicted 8 ways, and its partial row took 2.0 us or more after its last row step;
+  // element-major 0.13-0.83 us, median 0.19 (4096 x 4096, H200, benchmarks/rms_norm_timeline.py, 2026-12-04).
+  wide_t* combined = reinterpret_cast<wide_t*>(shared);
+  if constexpr (S::kGroups > 1) {
+    __syncthreads();  // every group is done with the weight
+  }
+  for (int k = 0; k + 1 < S::kGroups; ++k) {
+    if (group == k) {
+#pragma unroll
+      for (int i = 0; i < S::kN; ++i) {
+        const int u = t + i * S::kGroupThreads;
+        if (u < units) {
+#pragma unroll
+          for (int j = 0; j < S::kVec; ++j) {
+            wide_t& slot = combined[j * S::kUnits + u];
+            slot = k == 0 ? dw[i][j] : slot + dw[i][j];
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (group == S::kGroups - 1) {
+    wide_t* out = partial + static_cast<int64_t>(blockIdx.x) * hidden;
 #pragma unroll
     for (int i = 0; i < S::kN; ++i) {
       const int u = t + i * S::kGroupThreads;
       if (u < units) {
+        wide_t row[S::kVec];
 #pragma unroll
         for (int j = 0; j < S::kVec; ++j) {
-          out[u * S::kVec + j] = dw[i][j];
+          row[j] = S::kGroups == 1 ? dw[i][j] : combined[j * S::kUnits + u] + dw[i][j];
         }
+        store_sums(out + u * S::kVec, row);
       }
-    }
-  } else {
-    // The groups' sums, added in group order through shared memory, then written by the whole block.
-    __shared__ wide_t combined[S::kUnits * S::kVec];
-    for (int k = 0; k < S::kGroups; ++k) {
-      if (group == k) {
-#pragma unroll
-        for (int i = 0; i < S::kN; ++i) {
-          const int u = t + i * S::kGroupThreads;
-          if (u < units) {
-#pragma unroll
-            for (int j = 0; j < S::kVec; ++j) {
-              wide_t& slot = combined[u * S::kVec + j];
-              slot = k == 0 ? dw[i][j] : slot + dw[i][j];
-            }
-          }
-        }
-      }
-      __syncthreads();
-    }
-    for (int col = threadIdx.x; col < hidden; col += S::kThreads) {
-      out[col] = combined[col];
     }
   }
   if (grad_weight != nullptr) {
@@ -574,8 +620,9 @@ bool with_forward_shape(int64_t units, Fn&& fn) {
 }
 
 // The backward holds two rows of grad and x (the current and the prefetched one) and a partial weight gradient per
-// element: at 4 units per thread 127-128 registers (ptxas, sm_90, bfloat16 and float32's doubles), so its blocks
-// of 256 threads ask for 2 per SM (more would spill), and past 2048 units (16384 bfloat16) it takes the loop kernel.
+// element: at 4 units per thread 126-128 registers (ptxas, sm_90, bfloat16 and float32's doubles), so a block of
+// 256 threads asks for 2 per SM and one of 512 for 1 (more would spill), and past 2048 units (16384 bfloat16) it
+// takes the loop kernel.
 // Chosen on an H200 (2026-12-03, backward medians, % of the copy of the same bytes; docs/performance.md):
 //   - 512 units (bfloat16 4096): two rows of 4 warps per 256-thread block, 70.5% at 4096 rows and 91.3% at 32768;
 //     one row of 8 warps at 2 units each 59.6% / 88.5%, four rows per 512-thread block (half the partial rows)
@@ -583,7 +630,11 @@ bool with_forward_shape(int64_t units, Fn&& fn) {
 //   - 1024 units (bfloat16 8192, float32 4096): with float sums one row of 16 warps at 2 units, 82.4% (bfloat16
 //     8192 x 8192) against 79.4% for 8 warps at 4 units (capped to 64 registers for 2 blocks per SM, with 8 bytes of
 //     spills, 79.8%); with float32's double sums the other way round, 8 warps at 4 units 91.7% (32768 x 4096)
-//     against 87.7-88.9%, and 75.5% against 76.4% at 4096 x 4096.
+//     against 87.7-88.9%, and 75.5% against 76.4% at 4096 x 4096. Two such rows per 512-thread block (one block per
+//     SM, half the partial rows) against one per 256-thread block (2026-12-04, three runs each): float32 4096 x 4096
+//     61.8-62.0 against 62.2-62.4 us, 32768 x 4096 402.4-402.9 against 406.8-407.4 us, 2048 x 4096 37.3-37.6 against
+//     38.3-38.4 us. The same for bfloat16's 512 units (four rows of 4 warps per block) lost at 4096 x 4096: 36.7-36.9
+//     against 36.0-36.2 us.
 template <typename T, int kVec, typename Fn>
 bool with_backward_shape(int64_t units, Fn&& fn) {
   constexpr bool kDoubleSums = !std::is_same_v<sum_t<T>, opmath_t<T>>;
@@ -600,7 +651,7 @@ bool with_backward_shape(int64_t units, Fn&& fn) {
     if (units <= 512) return fn(RowShape<kVec, 4, 4, 2, 2>{}), true;
     if (units <= 1024) {
       if constexpr (kDoubleSums) {
-        return fn(RowShape<kVec, 4, 8, 1, 2>{}), true;
+        return fn(RowShape<kVec, 4, 8, 2, 1>{}), true;
       } else {
         return fn(RowShape<kVec, 2, 16, 1>{}), true;
       }
