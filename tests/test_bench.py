@@ -941,3 +941,39 @@ def test_fidelity_do_bench_target_leaves_out_only_cases_do_bench_timed_on_the_cp
     # Nothing left to compare is a miss, not a pass.
     _, misses = script.do_bench_comparison(ours, {"host-bound": (90e-6, 110e-6)}, flush)
     assert misses == ["do_bench: expected cases timed by both where do_bench times the GPU, got none (1 host-bound)"]
+
+
+# ------------------------------------------------------------------------------------ the timeline script
+
+
+def load_timeline_script():
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("rms_norm_timeline", REPO / "benchmarks" / "rms_norm_timeline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_timeline_script_stamps_only_rms_norms_backward_kernel():
+    from conftest import REPO
+
+    script = load_timeline_script()
+    source = (REPO / "opforge" / "csrc" / "cuda" / "rms_norm.cu").read_text()
+    stamped = script.instrument(source)
+    kernel = stamped.index(script.KERNEL)
+    body = stamped[kernel : stamped.index("__global__", kernel)]
+    assert [body.count(f"opforge_timeline[{point}] = now;") for point in range(7)] == [1] * 7
+    assert body.index("opforge_timeline[7] = {}") < body.index("opforge_timeline[0] = now")
+    assert body.count('printf("TIMELINE') == 1
+    # Nothing outside the kernel changed.
+    assert stamped.replace(body, "") == source.replace(source[kernel : source.index("__global__", kernel)], "")
+
+
+def test_timeline_script_says_which_anchor_moved():
+    script = load_timeline_script()
+    source = f"{script.KERNEL}) {{\n  __shared__ wide_t scratch[2];\n}}\n__global__ void next() {{}}\n"
+    with pytest.raises(SystemExit, match="expected one 'wide_t dw\\[S::kN\\]\\[S::kVec\\];'"):
+        script.instrument(source)

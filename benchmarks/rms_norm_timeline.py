@@ -1,0 +1,162 @@
+"""Where the time of one opforge::rms_norm_backward goes, block by block, on a GPU: a per-block timeline.
+
+Run on a GPU machine from the repository root:
+    python benchmarks/rms_norm_timeline.py                       # 4096x4096 bfloat16 and float32
+    python benchmarks/rms_norm_timeline.py --shapes 32768x4096 --dtypes bfloat16
+
+It copies opforge/ and specs/ into a temporary folder, stamps backward_kernel (opforge/csrc/cuda/rms_norm.cu) with
+the GPU's %globaltimer at seven points, builds that copy under its own cache, and runs one warm-up call and one timed
+call (the L2 flushed before it, as the benchmarks do) per shape, each in a process of its own. Thread 0 of every
+block prints its stamps; this script prints, for each point, the earliest, median and latest block in microseconds
+from the first block's start:
+
+    start            the block began
+    weight ready     the weight is in shared memory (the first row step's loads went out before it)
+    first row        the block's first row step is reduced
+    loop end         the block's last row step is done (grad_x written)
+    partial written  the block's row of partial weight-gradient sums is written (with several row groups per block,
+                     thread 0's group has added its sums and the last group is writing the row)
+    barrier passed   the grid-wide barrier let the block go on
+    end              the block's share of the partial rows' sum is written
+
+and how long each block spent between points. The stamps cost a few registers and a printf at the end; the
+uninstrumented kernel is what `benchmarks/rms_norm_peers.py` times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+KERNEL = "backward_kernel(const T* __restrict__ g"
+POINTS = ["start", "weight ready", "first row", "loop end", "partial written", "barrier passed", "end"]
+SPANS = [
+    (1, 2, "weight to first row"),
+    (2, 3, "row steps after it"),
+    (3, 4, "partial write"),
+    (4, 5, "barrier wait"),
+    (5, 6, "partial rows' sum"),
+]
+
+# (anchor in backward_kernel, the stamp goes before or after it, point index); each anchor must occur once in the
+# kernel, i.e. between its signature and the next __global__.
+STAMPS = [
+    ("  __shared__ wide_t scratch[2]", "before", 0),
+    ("  wide_t dw[S::kN][S::kVec];\n", "before", 1),
+    ("    group_sum<S>(sums, scratch[parity]);\n", "after-first", 2),
+    ("  if (partial == nullptr) {", "before", 3),
+    ("  if (grad_weight != nullptr) {\n", "before", 4),
+    ("    cooperative_groups::this_grid().sync();\n", "after", 5),
+]
+END = "                                     gridDim.x);\n  }\n"
+
+
+def stamp(point: int) -> str:
+    return (
+        '{ unsigned long long now; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); '
+        f"opforge_timeline[{point}] = now; }}"
+    )
+
+
+def instrument(source: str) -> str:
+    """rms_norm.cu with backward_kernel's stamps and its thread 0's printf added."""
+    kernel = source.index(KERNEL)
+    following = source.index("__global__", kernel)
+    head, body, tail = source[:kernel], source[kernel:following], source[following:]
+    for anchor, where, point in STAMPS:
+        if body.count(anchor) != 1:
+            sys.exit(
+                f"rms_norm_timeline: expected one {anchor.strip()!r} in backward_kernel, got {body.count(anchor)}. "
+                "Update STAMPS to the kernel's code."
+            )
+        if point == 0:
+            body = body.replace(anchor, f"  unsigned long long opforge_timeline[7] = {{}};\n  {stamp(point)}\n{anchor}")
+        elif where == "before":
+            body = body.replace(anchor, f"  {stamp(point)}\n{anchor}")
+        elif where == "after":
+            body = body.replace(anchor, f"{anchor}      {stamp(point)}\n")
+        else:
+            body = body.replace(anchor, f"{anchor}    if (base == first) {stamp(point)}\n")
+    report = (
+        f"  {stamp(6)}\n"
+        "  if (threadIdx.x == 0) {\n"
+        "    const unsigned long long* s = opforge_timeline;\n"
+        '    printf("TIMELINE %lld %d %u %llu %llu %llu %llu %llu %llu %llu\\n", static_cast<long long>(rows),\n'
+        "           hidden, blockIdx.x, s[0], s[1], s[2], s[3], s[4], s[5], s[6]);\n"
+        "  }\n"
+    )
+    if body.count(END) < 1:
+        sys.exit("rms_norm_timeline: backward_kernel's last statement moved. Update END to the kernel's code.")
+    body = body.replace(END, END + report, 1)
+    return head + body + tail
+
+
+RUN_ONE = """
+import sys, torch
+sys.path.insert(0, {root!r})
+import opforge.ops.rms_norm  # noqa: F401
+rows, hidden, dtype = {rows}, {hidden}, torch.{dtype}
+x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
+w = torch.randn(hidden, device="cuda", dtype=dtype)
+g = torch.randn_like(x)
+flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+backward = torch.ops.opforge.rms_norm_backward.default
+backward(g, x, w, 1e-6)
+torch.cuda.synchronize()
+flush.zero_()
+backward(g, x, w, 1e-6)
+torch.cuda.synchronize()
+"""
+
+
+def summarize(lines: list[str]) -> str:
+    stamps = [[int(v) for v in line.split()[4:11]] for line in lines]
+    origin = min(s[0] for s in stamps)
+    out = [f"  {len(stamps)} blocks; us from the first block's start (earliest / median / latest block)"]
+    for k, name in enumerate(POINTS):
+        values = [(s[k] - origin) / 1000 for s in stamps]
+        out.append(f"  {name:>16}: {min(values):7.2f} / {statistics.median(values):7.2f} / {max(values):7.2f}")
+    for a, b, name in SPANS:
+        values = [(s[b] - s[a]) / 1000 for s in stamps]
+        out.append(f"  {name:>22}: {min(values):6.2f} / {statistics.median(values):6.2f} / {max(values):6.2f} us")
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="4096x4096", help="rows x hidden, comma-separated")
+    parser.add_argument("--dtypes", default="bfloat16,float32")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rms_norm_timeline-") as tmp:
+        root = Path(tmp)
+        for part in ("opforge", "specs"):
+            shutil.copytree(REPO / part, root / part)
+        shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+        kernel = root / "opforge" / "csrc" / "cuda" / "rms_norm.cu"
+        kernel.write_text(instrument(kernel.read_text()))
+        env = dict(os.environ, OPFORGE_CACHE=str(root / "cache"))
+        build = [sys.executable, "-m", "opforge", "build", "specs/rms_norm.yaml"]
+        subprocess.run(build, cwd=root, env=env, check=True, stdout=subprocess.DEVNULL)
+        for shape in args.shapes.split(","):
+            rows, hidden = (int(v) for v in shape.split("x"))
+            for dtype in args.dtypes.split(","):
+                code = RUN_ONE.format(root=str(root), rows=rows, hidden=hidden, dtype=dtype)
+                done = subprocess.run(
+                    [sys.executable, "-c", code], cwd=root, env=env, check=True, capture_output=True, text=True
+                )
+                # Both calls print one line per block (device printf, flushed in order at the synchronizations):
+                # the second half is the timed call's.
+                lines = [line for line in done.stdout.splitlines() if line.startswith("TIMELINE")]
+                print(f"{rows}x{hidden} {dtype}:")
+                print(summarize(lines[len(lines) // 2 :]))
+
+
+if __name__ == "__main__":
+    main()
