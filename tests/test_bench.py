@@ -913,19 +913,20 @@ def test_fidelity_script_reports_a_missing_run_cleanly(tmp_path):
     assert "missing.json: expected the --json of an `opforge bench` run, got FileNotFoundError" in result.stderr
 
 
-def load_fidelity_script():
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module (the benchmarks are scripts, not a package)."""
     import importlib.util
 
     from conftest import REPO
 
-    spec = importlib.util.spec_from_file_location("bench_fidelity", REPO / "benchmarks" / "bench_fidelity.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_fidelity_do_bench_target_leaves_out_only_cases_do_bench_timed_on_the_cpu():
-    script = load_fidelity_script()
+    script = load_benchmark("bench_fidelity")
     flush = 70e-6
     ours = {"gpu-bound": 30e-6, "host-bound": 30e-6}
     # host 90 us < flush + median (100 us): do_bench timed the GPU, and 30 us against 40 us misses the target.
@@ -946,21 +947,10 @@ def test_fidelity_do_bench_target_leaves_out_only_cases_do_bench_timed_on_the_cp
 # ------------------------------------------------------------------------------------ the timeline script
 
 
-def load_timeline_script():
-    import importlib.util
-
-    from conftest import REPO
-
-    spec = importlib.util.spec_from_file_location("rms_norm_timeline", REPO / "benchmarks" / "rms_norm_timeline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_timeline_script_stamps_only_rms_norms_backward_kernel():
     from conftest import REPO
 
-    script = load_timeline_script()
+    script = load_benchmark("rms_norm_timeline")
     source = (REPO / "opforge" / "csrc" / "cuda" / "rms_norm.cu").read_text()
     stamped = script.instrument(source)
     kernel = stamped.index(script.KERNEL)
@@ -973,7 +963,7 @@ def test_timeline_script_stamps_only_rms_norms_backward_kernel():
 
 
 def test_timeline_script_says_which_anchor_moved():
-    script = load_timeline_script()
+    script = load_benchmark("rms_norm_timeline")
     source = f"{script.KERNEL}) {{\n  __shared__ wide_t scratch[2];\n}}\n__global__ void next() {{}}\n"
     with pytest.raises(SystemExit, match="expected one 'wide_t dw\\[S::kN\\]\\[S::kVec\\];'"):
         script.instrument(source)
