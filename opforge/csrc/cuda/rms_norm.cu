@@ -347,14 +347,14 @@ __device__ __forceinline__ void load_row(const T* __restrict__ g, const T* __res
 
 // Stores n sums at p: 16 bytes at a time where they fill whole 16-byte vectors (p is then 16-byte aligned: a partial
 // row starts at a multiple of hidden, itself a multiple of n), one at a time otherwise.
-template <typename S_t, int n>
-__device__ __forceinline__ void store_sums(S_t* p, const S_t (&v)[n]) {
-  if constexpr (std::is_same_v<S_t, float> && n % 4 == 0) {
+template <typename Sum, int n>
+__device__ __forceinline__ void store_sums(Sum* p, const Sum (&v)[n]) {
+  if constexpr (std::is_same_v<Sum, float> && n % 4 == 0) {
 #pragma unroll
     for (int k = 0; k < n; k += 4) {
       *reinterpret_cast<float4*>(p + k) = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
     }
-  } else if constexpr (std::is_same_v<S_t, double> && n % 2 == 0) {
+  } else if constexpr (std::is_same_v<Sum, double> && n % 2 == 0) {
 #pragma unroll
     for (int k = 0; k < n; k += 2) {
       *reinterpret_cast<double2*>(p + k) = make_double2(v[k], v[k + 1]);
@@ -405,18 +405,18 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   // 111.8-111.9 us; float32 4096 x 4096 63.3-63.6 against 62.2-63.0 us).
   Raw gv[S::kN], xv[S::kN];
   constexpr int kWeightUnits = (S::kUnits + S::kThreads - 1) / S::kThreads;
-  Raw wv0[kWeightUnits];
+  Raw weight_units[kWeightUnits];
 #pragma unroll
   for (int k = 0; k < kWeightUnits; ++k) {
     const int u = threadIdx.x + k * S::kThreads;
-    wv0[k] = u < units ? U::template load<false>(w + u * S::kVec) : U::zero();
+    weight_units[k] = u < units ? U::template load<false>(w + u * S::kVec) : U::zero();
   }
   load_row<T, S>(g, x, first + group, rows, hidden, t, gv, xv);
 #pragma unroll
   for (int k = 0; k < kWeightUnits; ++k) {
     const int u = threadIdx.x + k * S::kThreads;
     if (u < units) {
-      weight[u] = wv0[k];
+      weight[u] = weight_units[k];
     }
   }
   __syncthreads();
