@@ -129,11 +129,16 @@ def summarize(lines: list[str]) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="4096x4096", help="rows x hidden, comma-separated")
     parser.add_argument("--dtypes", default="bfloat16,float32")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("rms_norm_timeline: expected a CUDA device, found none. Run it on the GPU machine.", file=sys.stderr)
+        return 1
     with tempfile.TemporaryDirectory(prefix="rms_norm_timeline-") as tmp:
         root = Path(tmp)
         for part in ("opforge", "specs"):
@@ -156,7 +161,8 @@ def main() -> None:
                 lines = [line for line in done.stdout.splitlines() if line.startswith("TIMELINE")]
                 print(f"{rows}x{hidden} {dtype}:")
                 print(summarize(lines[len(lines) // 2 :]))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

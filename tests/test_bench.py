@@ -967,3 +967,13 @@ def test_timeline_script_says_which_anchor_moved():
     source = f"{script.KERNEL}) {{\n  __shared__ wide_t scratch[2];\n}}\n__global__ void next() {{}}\n"
     with pytest.raises(SystemExit, match="expected one 'wide_t dw\\[S::kN\\]\\[S::kVec\\];'"):
         script.instrument(source)
+
+
+def test_timeline_script_without_a_gpu_says_so_and_builds_nothing(monkeypatch, capsys):
+    import torch
+
+    script = load_benchmark("rms_norm_timeline")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(script.subprocess, "run", lambda *a, **k: pytest.fail("built or ran without a GPU"))
+    assert script.main([]) == 1
+    assert "rms_norm_timeline: expected a CUDA device, found none." in capsys.readouterr().err
