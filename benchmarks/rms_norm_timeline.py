@@ -11,11 +11,11 @@ block prints its stamps; this script prints, for each point, the earliest, media
 from the first block's start:
 
     start            the block began
-    weight ready     the weight is in shared memory (the first row step's loads went out before it)
+    weight ready     the weight is in shared memory (its loads went out first, the first row step's right after)
     first row        the block's first row step is reduced
     loop end         the block's last row step is done (grad_x written)
     partial written  the block's row of partial weight-gradient sums is written (with several row groups per block,
-                     thread 0's group has added its sums and the last group is writing the row)
+                     every group has added its sums and the last group's stores may still be in flight)
     barrier passed   the grid-wide barrier let the block go on
     end              the block's share of the partial rows' sum is written
 
