@@ -3,6 +3,7 @@
 Run on a GPU machine from the repository root:
     python benchmarks/rms_norm_timeline.py                       # 4096x4096 bfloat16 and float32
     python benchmarks/rms_norm_timeline.py --shapes 32768x4096 --dtypes bfloat16
+    OPFORGE_EXTRA_CUDA_CFLAGS=-DOPFORGE_RMS_BWD_BLOCKS_PER_SM=1 python benchmarks/rms_norm_timeline.py   # a variant
 
 It copies opforge/ and specs/ into a temporary folder, stamps backward_kernel (opforge/csrc/cuda/rms_norm.cu) with
 the GPU's %globaltimer at seven points, builds that copy under its own cache, and runs one warm-up call and one timed
