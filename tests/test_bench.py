@@ -977,3 +977,18 @@ def test_timeline_script_without_a_gpu_says_so_and_builds_nothing(monkeypatch, c
     monkeypatch.setattr(script.subprocess, "run", lambda *a, **k: pytest.fail("built or ran without a GPU"))
     assert script.main([]) == 1
     assert "rms_norm_timeline: expected a CUDA device, found none." in capsys.readouterr().err
+
+
+def test_timeline_summary_of_stamped_blocks_and_of_none():
+    script = load_benchmark("rms_norm_timeline")
+    # rows hidden block, then the seven stamps in ns: two blocks 1 us apart at the start, 2 us apart at the end.
+    lines = [
+        "TIMELINE 4096 4096 0 1000 2000 3000 10000 11000 12000 14000",
+        "TIMELINE 4096 4096 1 2000 3000 4000 12000 12500 12000 16000",
+    ]
+    summary = script.summarize(lines)
+    assert "2 blocks" in summary
+    assert "start:    0.00 /    0.50 /    1.00" in summary
+    assert "end:   13.00 /   14.00 /   15.00" in summary
+    assert "partial write:   0.50 /   0.75 /   1.00 us" in summary
+    assert "expected a line per block from backward_kernel, got none" in script.summarize([])
