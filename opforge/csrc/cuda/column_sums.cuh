@@ -54,6 +54,13 @@ struct SumOutputs {
 // (H200, 2026-12-03).
 constexpr int kMinSumCols = 16;
 
+// A column's sum, added in double, as the output's type, through the math type (float for float16/bfloat16):
+// sum_partials and rows_kernel's one-block case write it the same way.
+template <typename T>
+__device__ __forceinline__ T column_sum_as(double total) {
+  return static_cast<T>(static_cast<opmath_t<T>>(total));
+}
+
 // Partial rows a thread loads at once per column sum, all issued before the first is added: 32, or as many as fit 64
 // registers. With `#pragma unroll 16` over the rows instead, a slice of a 264-row sum (rms_norm's 4096 x 4096
 // bfloat16 backward on an H200: 132 SMs x 2 blocks, 16 slices) took 17 loads, i.e. two L2 round trips.
@@ -114,7 +121,7 @@ __device__ __forceinline__ void sum_partial_columns(const part_t* __restrict__ p
         for (int y = 0; y < slices; ++y) {
           total += tile[k][y * width + lane];
         }
-        outputs.out[k][col] = static_cast<T>(static_cast<opmath_t<T>>(total));
+        outputs.out[k][col] = column_sum_as<T>(total);
       }
     }
     __syncthreads();  // the tile is reused by the next columns
@@ -228,7 +235,7 @@ __global__ void __launch_bounds__(kRowThreads)
         if (partial != nullptr) {
           partial[(s * gridDim.y + blockIdx.y) * cols + c0 + j] = total;
         } else {
-          outputs.out[s][c0 + j] = static_cast<T>(static_cast<opmath_t<T>>(static_cast<double>(total)));
+          outputs.out[s][c0 + j] = column_sum_as<T>(static_cast<double>(total));
         }
       }
     }
