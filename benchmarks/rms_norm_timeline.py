@@ -103,11 +103,12 @@ RUN_ONE = """
 import sys, torch
 sys.path.insert(0, {root!r})
 import opforge.ops.rms_norm  # noqa: F401
+from opforge.bench.timing import flush_bytes_for, l2_bytes
 rows, hidden, dtype = {rows}, {hidden}, torch.{dtype}
 x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
 w = torch.randn(hidden, device="cuda", dtype=dtype)
 g = torch.randn_like(x)
-flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+flush = torch.empty(flush_bytes_for(l2_bytes(0)), dtype=torch.uint8, device="cuda")
 backward = torch.ops.opforge.rms_norm_backward.default
 backward(g, x, w, 1e-6)
 torch.cuda.synchronize()
