@@ -3,13 +3,14 @@
 Run on a GPU machine from the repository root:
     python benchmarks/rms_norm_timeline.py                       # 4096x4096 bfloat16 and float32
     python benchmarks/rms_norm_timeline.py --shapes 32768x4096 --dtypes bfloat16
+    python benchmarks/rms_norm_timeline.py --raw blocks.txt     # also every block's line, for analysis elsewhere
     OPFORGE_EXTRA_CUDA_CFLAGS=-DOPFORGE_RMS_BWD_BLOCKS_PER_SM=1 python benchmarks/rms_norm_timeline.py   # a variant
 
 It copies opforge/ and specs/ into a temporary folder, stamps backward_kernel (opforge/csrc/cuda/rms_norm.cu) with
 the GPU's %globaltimer at seven points, builds that copy under its own cache, and runs one warm-up call and one timed
 call (the L2 flushed before it, as the benchmarks do) per shape, each in a process of its own. Thread 0 of every
-block prints its stamps; this script prints, for each point, the earliest, median and latest block in microseconds
-from the first block's start:
+block prints its stamps and the SM it ran on (%smid); this script prints, for each point, the earliest, median and
+latest block in microseconds from the first block's start:
 
     start            the block began
     weight ready     the weight is in shared memory (its loads went out first, the first row step's right after)
@@ -56,7 +57,7 @@ STAMPS = [
     ("  if (grad_weight != nullptr) {\n", "before", 4),
     ("    cooperative_groups::this_grid().sync();\n", "after", 5),
 ]
-END = "                                     gridDim.x);\n  }\n"
+END = "blockIdx.x, gridDim.x, reinterpret_cast<double*>(shared));\n  }\n"
 
 
 def stamp(point: int) -> str:
@@ -89,8 +90,10 @@ def instrument(source: str) -> str:
         f"  {stamp(6)}\n"
         "  if (threadIdx.x == 0) {\n"
         "    const unsigned long long* s = opforge_timeline;\n"
-        '    printf("TIMELINE %lld %d %u %llu %llu %llu %llu %llu %llu %llu\\n", static_cast<long long>(rows),\n'
-        "           hidden, blockIdx.x, s[0], s[1], s[2], s[3], s[4], s[5], s[6]);\n"
+        "    unsigned sm;\n"
+        '    asm("mov.u32 %0, %%smid;" : "=r"(sm));\n'
+        '    printf("TIMELINE %lld %d %u %llu %llu %llu %llu %llu %llu %llu %u\\n", static_cast<long long>(rows),\n'
+        "           hidden, blockIdx.x, s[0], s[1], s[2], s[3], s[4], s[5], s[6], sm);\n"
         "  }\n"
     )
     if body.count(END) < 1:
@@ -141,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="4096x4096", help="rows x hidden, comma-separated")
     parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument("--raw", type=Path, help="append the timed call's lines here (rows hidden block 7 stamps sm)")
     args = parser.parse_args(argv)
     import torch
 
@@ -167,8 +171,12 @@ def main(argv: list[str] | None = None) -> int:
                 # Both calls print one line per block (device printf, flushed in order at the synchronizations):
                 # the second half is the timed call's.
                 lines = [line for line in done.stdout.splitlines() if line.startswith("TIMELINE")]
+                timed = lines[len(lines) // 2 :]
                 print(f"{rows}x{hidden} {dtype}:")
-                print(summarize(lines[len(lines) // 2 :]))
+                print(summarize(timed))
+                if args.raw is not None:
+                    with args.raw.open("a") as raw:
+                        raw.writelines(f"{line} {dtype}\n" for line in timed)
     return 0
 
 

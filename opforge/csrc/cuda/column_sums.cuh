@@ -61,42 +61,79 @@ __device__ __forceinline__ T column_sum_as(double total) {
   return static_cast<T>(static_cast<opmath_t<T>>(total));
 }
 
-// Partial rows a thread loads at once per column sum, all issued before the first is added: 32, or as many as fit 64
+// Columns a thread adds from one 16-byte load of partial sums (4 floats, 2 doubles), or 1 where the columns or the
+// pointer do not allow 16-byte loads.
+template <typename part_t>
+constexpr int kSumPack = kVectorBytes / static_cast<int>(sizeof(part_t));
+
+// Partial-row loads a thread issues at once per column sum, all before the first is added: as many as fit 32
 // registers. With `#pragma unroll 16` over the rows instead, a slice of a 264-row sum (rms_norm's 4096 x 4096
-// bfloat16 backward on an H200: 132 SMs x 2 blocks, 16 slices) took 17 loads, i.e. two L2 round trips.
-template <int kSums, typename part_t>
+// bfloat16 backward on an H200: 132 SMs x 2 blocks, 16 slices of scalar loads) took 17 loads, i.e. two L2 round
+// trips; with 16-byte loads the same sum takes 5 per thread.
+template <int kSums, int kPack, typename part_t>
 constexpr int sum_loads() {
-  return std::min<int>(32, 64 * 4 / (kSums * static_cast<int>(sizeof(part_t))));
+  return 32 * 4 / (kSums * kPack * static_cast<int>(sizeof(part_t)));
 }
 
-// outputs.out[k][c] = the sum over p of partial[(k * parts + p) * cols + c], in a fixed order, by `blocks` blocks of
-// kThreads threads (this one is block `block`). Within a tile, column c's partial rows are split among the tile's
-// slices of threads (slice y takes rows y, y + slices, ...), and the slices' sums are added in slice order.
-template <int kThreads, int kSums, typename T, typename part_t>
-__device__ __forceinline__ void sum_partial_columns(const part_t* __restrict__ partial, int64_t parts, int64_t cols,
-                                                    SumOutputs<T, kSums> outputs, int64_t block, int64_t blocks) {
-  static_assert(kThreads % kMinSumCols == 0 && (kThreads & (kThreads - 1)) == 0, "power-of-two tiles");
-  __shared__ double tile[kSums][kThreads];
-  int width = kMinSumCols;
-  while (width < kThreads && width * blocks < cols) {
+template <int kPack, typename part_t>
+__device__ __forceinline__ void load_sums(const part_t* p, part_t (&v)[kPack]) {
+  if constexpr (kPack == 1) {
+    v[0] = *p;
+  } else if constexpr (std::is_same_v<part_t, float>) {
+    const float4 r = *reinterpret_cast<const float4*>(p);
+    v[0] = r.x, v[1] = r.y, v[2] = r.z, v[3] = r.w;
+  } else {
+    static_assert(std::is_same_v<part_t, double> && kPack == 2, "16 bytes of floats or doubles");
+    const double2 r = *reinterpret_cast<const double2*>(p);
+    v[0] = r.x, v[1] = r.y;
+  }
+}
+
+// sum_partial_columns' work, kPack adjacent columns per thread. A tile is `width` threads across (width * kPack
+// columns) and kThreads / width slices down; slice y adds partial rows y, y + slices, ... of its columns. The slices
+// are then added in a fixed tree: by xor shuffles among the slices that share a warp, then in warp (or slice) order
+// through shared memory.
+template <int kThreads, int kPack, int kSums, typename T, typename part_t>
+__device__ __forceinline__ void sum_column_packs(const part_t* __restrict__ partial, int64_t parts, int64_t cols,
+                                                 SumOutputs<T, kSums> outputs, int64_t block, int64_t blocks,
+                                                 double* groups_sums) {
+  constexpr int kWarpThreads = 32;
+  constexpr int kMinWidth = std::max(1, kMinSumCols / kPack);
+  static_assert(kThreads % kWarpThreads == 0 && (kThreads & (kThreads - 1)) == 0, "power-of-two tiles");
+  const int64_t packs = cols / kPack;
+  int width = kMinWidth;
+  while (width < kThreads && static_cast<int64_t>(width) * blocks < packs) {
     width *= 2;
   }
   const int slices = kThreads / width;
   const int lane = threadIdx.x % width;
   const int slice = threadIdx.x / width;
-  for (int64_t t = block; t * width < cols; t += blocks) {
-    const int64_t col = t * width + lane;
-    double s[kSums] = {};
-    if (col < cols) {
-      constexpr int kLoads = sum_loads<kSums, part_t>();
+  // Threads [g * span, (g + 1) * span) hold one value per column after the shuffles: a warp's, or a slice's where a
+  // slice spans warps. The first `width` threads of each span write it.
+  const int span = std::max(width, kWarpThreads);
+  const int groups = kThreads / span;
+  const int group = threadIdx.x / span;
+  constexpr int kLoads = sum_loads<kSums, kPack, part_t>();
+  for (int64_t t = block; t * width < packs; t += blocks) {
+    const int64_t pack = t * width + lane;
+    const int64_t col = pack * kPack;
+    double s[kSums][kPack] = {};
+    if (pack < packs) {
       for (int64_t first = slice; first < parts; first += static_cast<int64_t>(kLoads) * slices) {
-        part_t v[kSums][kLoads];
+        part_t v[kSums][kLoads][kPack];
 #pragma unroll
         for (int i = 0; i < kLoads; ++i) {
           const int64_t p = first + static_cast<int64_t>(i) * slices;
 #pragma unroll
           for (int k = 0; k < kSums; ++k) {
-            v[k][i] = p < parts ? partial[(k * parts + p) * cols + col] : part_t(0);
+            if (p < parts) {
+              load_sums<kPack>(partial + (k * parts + p) * cols + col, v[k][i]);
+            } else {
+#pragma unroll
+              for (int j = 0; j < kPack; ++j) {
+                v[k][i][j] = part_t(0);
+              }
+            }
           }
         }
         // Adding the zeros past the last partial row leaves every sum's bits as they were (s is never -0.0).
@@ -104,28 +141,71 @@ __device__ __forceinline__ void sum_partial_columns(const part_t* __restrict__ p
         for (int i = 0; i < kLoads; ++i) {
 #pragma unroll
           for (int k = 0; k < kSums; ++k) {
-            s[k] += static_cast<double>(v[k][i]);
+#pragma unroll
+            for (int j = 0; j < kPack; ++j) {
+              s[k][j] += static_cast<double>(v[k][i][j]);
+            }
           }
         }
       }
     }
-#pragma unroll
-    for (int k = 0; k < kSums; ++k) {
-      tile[k][threadIdx.x] = s[k];
-    }
-    __syncthreads();
-    if (slice == 0 && col < cols) {
+    // xor partners hold the same columns; a + b and b + a round alike, so every lane gets the same bits.
+    for (int offset = width; offset < kWarpThreads; offset *= 2) {
 #pragma unroll
       for (int k = 0; k < kSums; ++k) {
-        double total = 0.0;
-        for (int y = 0; y < slices; ++y) {
-          total += tile[k][y * width + lane];
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) {
+          s[k][j] += __shfl_xor_sync(0xffffffffu, s[k][j], offset);
         }
-        outputs.out[k][col] = column_sum_as<T>(total);
       }
     }
-    __syncthreads();  // the tile is reused by the next columns
+    if (threadIdx.x % span < width) {
+#pragma unroll
+      for (int k = 0; k < kSums; ++k) {
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) {
+          groups_sums[(k * kThreads + group * width + lane) * kPack + j] = s[k][j];
+        }
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < width && pack < packs) {
+#pragma unroll
+      for (int k = 0; k < kSums; ++k) {
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) {
+          double total = 0.0;
+          for (int g = 0; g < groups; ++g) {
+            total += groups_sums[(k * kThreads + g * width + lane) * kPack + j];
+          }
+          outputs.out[k][col + j] = column_sum_as<T>(total);
+        }
+      }
+    }
+    __syncthreads();  // groups_sums is reused by the next columns
   }
+}
+
+// The shared memory sum_partial_columns needs, in doubles.
+template <int kThreads, int kSums, typename part_t>
+constexpr int kSumScratch = kSums * kThreads * kSumPack<part_t>;
+
+// outputs.out[k][c] = the sum over p of partial[(k * parts + p) * cols + c], in a fixed order, by `blocks` blocks of
+// kThreads threads (this one is block `block`): with kVectorLoads, 16 bytes of partial sums per load where the
+// columns come in whole 16-byte vectors and `partial` is 16-byte aligned (as allocated). `groups_sums` is
+// kSumScratch doubles of shared memory (a kernel that is done with its own shared memory lends it).
+template <int kThreads, bool kVectorLoads = true, int kSums, typename T, typename part_t>
+__device__ __forceinline__ void sum_partial_columns(const part_t* __restrict__ partial, int64_t parts, int64_t cols,
+                                                    SumOutputs<T, kSums> outputs, int64_t block, int64_t blocks,
+                                                    double* groups_sums) {
+  constexpr int kPack = kSumPack<part_t>;
+  if constexpr (kVectorLoads) {
+    if (cols % kPack == 0 && aligned(partial)) {
+      sum_column_packs<kThreads, kPack>(partial, parts, cols, outputs, block, blocks, groups_sums);
+      return;
+    }
+  }
+  sum_column_packs<kThreads, 1>(partial, parts, cols, outputs, block, blocks, groups_sums);
 }
 
 // The partial rows' sum as a kernel of its own.
@@ -134,13 +214,35 @@ constexpr int kSumThreads = 512;
 template <int kSums, typename T, typename part_t>
 __global__ void __launch_bounds__(kSumThreads)
     sum_partials_kernel(const part_t* __restrict__ partial, int64_t parts, int64_t cols, SumOutputs<T, kSums> outputs) {
-  sum_partial_columns<kSumThreads>(partial, parts, cols, outputs, blockIdx.x, gridDim.x);
+  __shared__ double groups_sums[kSumScratch<kSumThreads, kSums, part_t>];
+  sum_partial_columns<kSumThreads>(partial, parts, cols, outputs, blockIdx.x, gridDim.x, groups_sums);
+}
+
+// The standalone sum's grid: tiles as wide as leave each thread one batch of loads (slices >= parts / kLoads), then
+// narrower while the grid would not give every SM two blocks. Before, the grid was always cols / 16 blocks: at
+// 256 x 65536 (8 partial rows) 4096 blocks in which 3 of 4 threads had no row to add.
+template <int kSums, typename part_t>
+int64_t sum_partials_grid(const part_t* partial, int64_t parts, int64_t cols) {
+  const int pack = cols % kSumPack<part_t> == 0 && aligned(partial) ? kSumPack<part_t> : 1;
+  const int loads = pack == 1 ? sum_loads<kSums, 1, part_t>() : sum_loads<kSums, kSumPack<part_t>, part_t>();
+  const int min_width = std::max(1, kMinSumCols / pack);
+  int slices = 1;
+  while (slices * min_width < kSumThreads && static_cast<int64_t>(slices) * loads < parts) {
+    slices *= 2;
+  }
+  const int64_t packs = cols / pack;
+  const int64_t min_grid = 2 * static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  int width = kSumThreads / slices;
+  while (width > min_width && ceil_div(packs, width) < min_grid) {
+    width /= 2;
+  }
+  return std::min<int64_t>(ceil_div(packs, width), INT32_MAX);
 }
 
 template <int kSums, typename T, typename part_t>
 void sum_partials(const part_t* partial, int64_t parts, int64_t cols, SumOutputs<T, kSums> outputs,
                   cudaStream_t stream) {
-  const auto grid = static_cast<unsigned>(std::min<int64_t>(ceil_div(cols, kMinSumCols), INT32_MAX));
+  const auto grid = static_cast<unsigned>(sum_partials_grid<kSums>(partial, parts, cols));
   sum_partials_kernel<kSums, T, part_t><<<grid, kSumThreads, 0, stream>>>(partial, parts, cols, outputs);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -388,10 +388,12 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   __shared__ wide_t scratch[2][S::kGroups * S::kGroupWarps * 2];
   // The weight, read from global memory once per block and from shared memory twice per row (before and after the
   // reduction), rather than held in registers across it: registers go to grad and x, the bytes in flight.
-  // After the last row step the same shared memory holds the row groups' weight-gradient sums (`combined`).
+  // After the last row step the same shared memory holds the row groups' weight-gradient sums (`combined`), and
+  // after the grid-wide barrier sum_partial_columns' scratch.
   constexpr size_t kWeightBytes = sizeof(Raw) * S::kUnits;
   constexpr size_t kCombinedBytes = S::kGroups > 1 ? sizeof(wide_t) * S::kVec * S::kUnits : 0;
-  __shared__ alignas(16) unsigned char shared[std::max(kWeightBytes, kCombinedBytes)];
+  constexpr size_t kSumBytes = sizeof(double) * kSumScratch<S::kThreads, 1, wide_t>;
+  __shared__ alignas(16) unsigned char shared[std::max({kWeightBytes, kCombinedBytes, kSumBytes})];
   Raw* weight = reinterpret_cast<Raw*>(shared);
   const int group = threadIdx.x / S::kGroupThreads;
   const int t = threadIdx.x % S::kGroupThreads;
@@ -521,10 +523,14 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     }
   }
   if (grad_weight != nullptr) {
-    // The barrier also makes every block's partial row visible to every other block.
+    // The barrier also makes every block's partial row visible to every other block. The sum takes scalar loads:
+    // with 16-byte ones (sum_partials' kernel's choice) this backward was slower (H200, 2026-12-04, medians of 100):
+    // 4096 x 4096 bfloat16 36.8-37.2 us (five runs over two calls) against 36.5-36.7 (three runs), float32
+    // 62.0-62.7 against 61.8-62.3.
     cooperative_groups::this_grid().sync();
-    sum_partial_columns<S::kThreads>(partial, gridDim.x, hidden, SumOutputs<T, 1>{{grad_weight}}, blockIdx.x,
-                                     gridDim.x);
+    constexpr bool kVectorLoads = false;
+    sum_partial_columns<S::kThreads, kVectorLoads>(partial, gridDim.x, hidden, SumOutputs<T, 1>{{grad_weight}},
+                                                   blockIdx.x, gridDim.x, reinterpret_cast<double*>(shared));
   }
 }
 
