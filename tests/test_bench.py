@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -921,6 +922,8 @@ def load_benchmark(name: str):
 
     spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    # Registered before it runs, as an import would: dataclasses look their module up there.
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -942,6 +945,27 @@ def test_fidelity_do_bench_target_leaves_out_only_cases_do_bench_timed_on_the_cp
     # Nothing left to compare is a miss, not a pass.
     _, misses = script.do_bench_comparison(ours, {"host-bound": (90e-6, 110e-6)}, flush)
     assert misses == ["do_bench: expected cases timed by both where do_bench times the GPU, got none (1 host-bound)"]
+
+
+# ------------------------------------------------------------------------------------ the peers script
+
+
+def test_peers_copy_reference_is_the_median_over_separate_allocations():
+    script = load_benchmark("rms_norm_peers")
+    copied_into = []
+
+    class FakeTimer:
+        device = "cpu"
+        times_ms = iter([1.0, 4.0, 2.0])
+
+        def median_ms(self, fn):
+            copied_into.append(fn().data_ptr())
+            return next(self.times_ms), []
+
+    nbytes = 2 * 10**6
+    # One slow allocation (4 ms) must not set the reference: the median of 1, 4 and 2 ms is 2 ms.
+    assert script.copy_gbps(FakeTimer(), nbytes) == pytest.approx(nbytes / 2.0 / 1e6)
+    assert len(set(copied_into)) == script.COPY_ALLOCATIONS == 3
 
 
 # ------------------------------------------------------------------------------------ the timeline script
