@@ -6,6 +6,7 @@
 //
 // sum_partial_columns is the second step, inside a kernel of the caller's (rms_norm's cooperative backward) or as
 // sum_partials' kernel; rows_with_column_sums runs both steps for a row-wise function given as an Op (below).
+// load_sums and store_sums read and write partial sums 16 bytes at a time.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -90,16 +91,48 @@ __device__ __forceinline__ void load_sums(const part_t* p, part_t (&v)[kPack]) {
   }
 }
 
-// sum_partial_columns' work, kPack adjacent columns per thread. A tile is `width` threads across (width * kPack
-// columns) and kThreads / width slices down; slice y adds partial rows y, y + slices, ... of its columns. The slices
-// are then added in a fixed tree: by xor shuffles among the slices that share a warp, then in warp (or slice) order
-// through shared memory.
+// Stores n sums at p: 16 bytes at a time where they fill whole 16-byte vectors (p must then be 16-byte aligned), one
+// at a time otherwise.
+template <typename Sum, int n>
+__device__ __forceinline__ void store_sums(Sum* p, const Sum (&v)[n]) {
+  if constexpr (std::is_same_v<Sum, float> && n % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < n; k += 4) {
+      *reinterpret_cast<float4*>(p + k) = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
+    }
+  } else if constexpr (std::is_same_v<Sum, double> && n % 2 == 0) {
+#pragma unroll
+    for (int k = 0; k < n; k += 2) {
+      *reinterpret_cast<double2*>(p + k) = make_double2(v[k], v[k + 1]);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < n; ++k) {
+      p[k] = v[k];
+    }
+  }
+}
+
+// A tile's narrowest width in threads: kMinSumCols columns.
+template <int kPack>
+constexpr int kMinSumWidth = std::max(1, kMinSumCols / kPack);
+
+// The shared memory sum_partial_columns needs, in doubles.
+template <int kThreads, int kSums, int kPack>
+constexpr int kSumScratch = kSums * kThreads * kPack;
+
+// outputs.out[k][c] = the sum over p of partial[(k * parts + p) * cols + c], in a fixed order, by `blocks` blocks of
+// kThreads threads (this one is block `block`), kPack adjacent columns per thread: kSumPack<part_t> (16-byte loads)
+// needs cols % kPack == 0 and `partial` 16-byte aligned. A tile is `width` threads across (width * kPack columns) and
+// kThreads / width slices down; slice y adds partial rows y, y + slices, ... of its columns. The slices are then
+// added in a fixed tree: by xor shuffles among the slices that share a warp, then in warp (or slice) order through
+// `groups_sums`, kSumScratch doubles of shared memory (a kernel that is done with its own shared memory lends it).
 template <int kThreads, int kPack, int kSums, typename T, typename part_t>
-__device__ __forceinline__ void sum_column_packs(const part_t* __restrict__ partial, int64_t parts, int64_t cols,
-                                                 SumOutputs<T, kSums> outputs, int64_t block, int64_t blocks,
-                                                 double* groups_sums) {
+__device__ __forceinline__ void sum_partial_columns(const part_t* __restrict__ partial, int64_t parts, int64_t cols,
+                                                    SumOutputs<T, kSums> outputs, int64_t block, int64_t blocks,
+                                                    double* groups_sums) {
   constexpr int kWarpThreads = 32;
-  constexpr int kMinWidth = std::max(1, kMinSumCols / kPack);
+  constexpr int kMinWidth = kMinSumWidth<kPack>;
   static_assert(kThreads % kWarpThreads == 0 && (kThreads & (kThreads - 1)) == 0, "power-of-two tiles");
   const int64_t packs = cols / kPack;
   int width = kMinWidth;
@@ -187,66 +220,56 @@ __device__ __forceinline__ void sum_column_packs(const part_t* __restrict__ part
   }
 }
 
-// The shared memory sum_partial_columns needs, in doubles.
-template <int kThreads, int kSums, typename part_t>
-constexpr int kSumScratch = kSums * kThreads * kSumPack<part_t>;
-
-// outputs.out[k][c] = the sum over p of partial[(k * parts + p) * cols + c], in a fixed order, by `blocks` blocks of
-// kThreads threads (this one is block `block`): with kVectorLoads, 16 bytes of partial sums per load where the
-// columns come in whole 16-byte vectors and `partial` is 16-byte aligned (as allocated). `groups_sums` is
-// kSumScratch doubles of shared memory (a kernel that is done with its own shared memory lends it).
-template <int kThreads, bool kVectorLoads = true, int kSums, typename T, typename part_t>
-__device__ __forceinline__ void sum_partial_columns(const part_t* __restrict__ partial, int64_t parts, int64_t cols,
-                                                    SumOutputs<T, kSums> outputs, int64_t block, int64_t blocks,
-                                                    double* groups_sums) {
-  constexpr int kPack = kSumPack<part_t>;
-  if constexpr (kVectorLoads) {
-    if (cols % kPack == 0 && aligned(partial)) {
-      sum_column_packs<kThreads, kPack>(partial, parts, cols, outputs, block, blocks, groups_sums);
-      return;
-    }
-  }
-  sum_column_packs<kThreads, 1>(partial, parts, cols, outputs, block, blocks, groups_sums);
-}
-
 // The partial rows' sum as a kernel of its own.
 constexpr int kSumThreads = 512;
 
-template <int kSums, typename T, typename part_t>
+template <int kPack, int kSums, typename T, typename part_t>
 __global__ void __launch_bounds__(kSumThreads)
     sum_partials_kernel(const part_t* __restrict__ partial, int64_t parts, int64_t cols, SumOutputs<T, kSums> outputs) {
-  __shared__ double groups_sums[kSumScratch<kSumThreads, kSums, part_t>];
-  sum_partial_columns<kSumThreads>(partial, parts, cols, outputs, blockIdx.x, gridDim.x, groups_sums);
+  __shared__ double groups_sums[kSumScratch<kSumThreads, kSums, kPack>];
+  sum_partial_columns<kSumThreads, kPack>(partial, parts, cols, outputs, blockIdx.x, gridDim.x, groups_sums);
 }
 
 // The standalone sum's grid: tiles as wide as leave each thread one batch of loads (slices >= parts / kLoads), then
 // narrower while the grid would not give every SM two blocks (a floor not tuned on its own: the whole change was
 // timed, docs/performance.md, custom_loss 256 x 65536 bfloat16 62.6 -> 43.3 us on an H200). Before, the grid was
 // always cols / 16 blocks: at 256 x 65536 (8 partial rows) 4096 blocks in which 3 of 4 threads had no row to add.
-template <int kSums, typename part_t>
-int64_t sum_partials_grid(const part_t* partial, int64_t parts, int64_t cols) {
-  const int pack = cols % kSumPack<part_t> == 0 && aligned(partial) ? kSumPack<part_t> : 1;
-  const int loads = pack == 1 ? sum_loads<kSums, 1, part_t>() : sum_loads<kSums, kSumPack<part_t>, part_t>();
-  const int min_width = std::max(1, kMinSumCols / pack);
+template <int kPack, int kSums, typename part_t>
+int64_t sum_partials_grid(int64_t parts, int64_t cols) {
+  constexpr int kLoads = sum_loads<kSums, kPack, part_t>();
+  constexpr int kMinWidth = kMinSumWidth<kPack>;
   int slices = 1;
-  while (slices * min_width < kSumThreads && static_cast<int64_t>(slices) * loads < parts) {
+  while (slices * kMinWidth < kSumThreads && static_cast<int64_t>(slices) * kLoads < parts) {
     slices *= 2;
   }
-  const int64_t packs = cols / pack;
+  const int64_t packs = cols / kPack;
   const int64_t min_grid = 2 * static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
   int width = kSumThreads / slices;
-  while (width > min_width && ceil_div(packs, width) < min_grid) {
+  while (width > kMinWidth && ceil_div(packs, width) < min_grid) {
     width /= 2;
   }
   return std::min<int64_t>(ceil_div(packs, width), INT32_MAX);
 }
 
+template <int kPack, int kSums, typename T, typename part_t>
+void launch_sum_partials(const part_t* partial, int64_t parts, int64_t cols, SumOutputs<T, kSums> outputs,
+                         cudaStream_t stream) {
+  const auto grid = static_cast<unsigned>(sum_partials_grid<kPack, kSums, part_t>(parts, cols));
+  sum_partials_kernel<kPack, kSums, T, part_t><<<grid, kSumThreads, 0, stream>>>(partial, parts, cols, outputs);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The partial rows' column sums on `stream`: 16 bytes of partial sums per load where the columns come in whole
+// 16-byte vectors and `partial` is 16-byte aligned (as allocated), one sum at a time otherwise.
 template <int kSums, typename T, typename part_t>
 void sum_partials(const part_t* partial, int64_t parts, int64_t cols, SumOutputs<T, kSums> outputs,
                   cudaStream_t stream) {
-  const auto grid = static_cast<unsigned>(sum_partials_grid<kSums>(partial, parts, cols));
-  sum_partials_kernel<kSums, T, part_t><<<grid, kSumThreads, 0, stream>>>(partial, parts, cols, outputs);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  constexpr int kPack = kSumPack<part_t>;
+  if (cols % kPack == 0 && aligned(partial)) {
+    launch_sum_partials<kPack>(partial, parts, cols, outputs, stream);
+  } else {
+    launch_sum_partials<1>(partial, parts, cols, outputs, stream);
+  }
 }
 
 // ------------------------------------------------------------------------------------ rows_with_column_sums

@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__host__ __device__ inline bool aligned(const void* p) {
+inline bool aligned(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % kVectorBytes == 0;
 }
 

@@ -62,6 +62,9 @@ using rms_norm::rows_of;
 constexpr bool kStreamRows = OPFORGE_RMS_STREAMING_LOADS;
 constexpr bool kFusedWeightSum = OPFORGE_RMS_FUSED_WEIGHT_SUM;
 constexpr int kWarp = 32;
+// Columns per thread in the weight gradient's fused column sum: one, with scalar loads of the partial sums (see
+// backward_kernel's end).
+constexpr int kScalarSums = 1;
 
 // How a block covers rows: kGroups groups of kGroupWarps warps, each group one row at a time, each thread kN units
 // of kVec elements of it. kUnits is the longest row (in units) the shape holds. kMinBlocks is __launch_bounds__'s
@@ -345,28 +348,6 @@ __device__ __forceinline__ void load_row(const T* __restrict__ g, const T* __res
   }
 }
 
-// Stores n sums at p: 16 bytes at a time where they fill whole 16-byte vectors (p is then 16-byte aligned: a partial
-// row starts at a multiple of hidden, itself a multiple of n), one at a time otherwise.
-template <typename Sum, int n>
-__device__ __forceinline__ void store_sums(Sum* p, const Sum (&v)[n]) {
-  if constexpr (std::is_same_v<Sum, float> && n % 4 == 0) {
-#pragma unroll
-    for (int k = 0; k < n; k += 4) {
-      *reinterpret_cast<float4*>(p + k) = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
-    }
-  } else if constexpr (std::is_same_v<Sum, double> && n % 2 == 0) {
-#pragma unroll
-    for (int k = 0; k < n; k += 2) {
-      *reinterpret_cast<double2*>(p + k) = make_double2(v[k], v[k + 1]);
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < n; ++k) {
-      p[k] = v[k];
-    }
-  }
-}
-
 // grad_x for every row, and (when `partial` is given) one row of partial weight-gradient sums per block:
 // partial[blockIdx.x][c] = sum over the block's rows, in row order per group and group order after, of
 // grad * x * r. When `grad_weight` is given too (a cooperative launch only), the blocks then wait for each other
@@ -392,7 +373,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   // after the grid-wide barrier sum_partial_columns' scratch.
   constexpr size_t kWeightBytes = sizeof(Raw) * S::kUnits;
   constexpr size_t kCombinedBytes = S::kGroups > 1 ? sizeof(wide_t) * S::kVec * S::kUnits : 0;
-  constexpr size_t kSumBytes = sizeof(double) * kSumScratch<S::kThreads, 1, wide_t>;
+  constexpr size_t kSumBytes = sizeof(double) * kSumScratch<S::kThreads, 1, kScalarSums>;
   __shared__ alignas(16) unsigned char shared[std::max({kWeightBytes, kCombinedBytes, kSumBytes})];
   Raw* weight = reinterpret_cast<Raw*>(shared);
   const int group = threadIdx.x / S::kGroupThreads;
@@ -523,14 +504,13 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     }
   }
   if (grad_weight != nullptr) {
-    // The barrier also makes every block's partial row visible to every other block. The sum takes scalar loads:
-    // with 16-byte ones (sum_partials' kernel's choice) this backward was slower (H200, 2026-12-04, medians of 100):
-    // 4096 x 4096 bfloat16 36.8-37.2 us (five runs over two calls) against 36.5-36.7 (three runs), float32
-    // 62.0-62.7 against 61.8-62.3.
+    // The barrier also makes every block's partial row visible to every other block. The sum takes scalar loads
+    // (kScalarSums): with 16-byte ones (sum_partials' kernel's choice) this backward was slower (H200, 2026-12-04,
+    // medians of 100): 4096 x 4096 bfloat16 36.8-37.2 us (five runs over two calls) against 36.5-36.7 (three runs),
+    // float32 62.0-62.7 against 61.8-62.3.
     cooperative_groups::this_grid().sync();
-    constexpr bool kVectorLoads = false;
-    sum_partial_columns<S::kThreads, kVectorLoads>(partial, gridDim.x, hidden, SumOutputs<T, 1>{{grad_weight}},
-                                                   blockIdx.x, gridDim.x, reinterpret_cast<double*>(shared));
+    sum_partial_columns<S::kThreads, kScalarSums>(partial, gridDim.x, hidden, SumOutputs<T, 1>{{grad_weight}},
+                                                  blockIdx.x, gridDim.x, reinterpret_cast<double*>(shared));
   }
 }
 
