@@ -6,11 +6,12 @@ Run on a GPU machine from the repository root:
     python benchmarks/rms_norm_timeline.py --raw blocks.txt     # also every block's line, for analysis elsewhere
     OPFORGE_EXTRA_CUDA_CFLAGS=-DOPFORGE_RMS_BWD_BLOCKS_PER_SM=1 python benchmarks/rms_norm_timeline.py   # a variant
 
-It copies opforge/ and specs/ into a temporary folder, stamps backward_kernel (opforge/csrc/cuda/rms_norm.cu) with
-the GPU's %globaltimer at seven points, builds that copy under its own cache, and runs one warm-up call and one timed
-call (the L2 flushed before it, as the benchmarks do) per shape, each in a process of its own. Thread 0 of every
-block prints its stamps and the SM it ran on (%smid); this script prints, for each point, the earliest, median and
-latest block in microseconds from the first block's start:
+It copies opforge/ and specs/ into a temporary folder, stamps backward_kernel (opforge/csrc/cuda/rms_norm.cu) and
+the column sum it ends with (sum_partial_columns, opforge/csrc/cuda/column_sums.cuh) with the GPU's %globaltimer at
+nine points, builds that copy under its own cache, and runs one warm-up call and one timed call (the L2 flushed
+before it, as the benchmarks do) per shape, each in a process of its own. Thread 0 of every block prints its stamps
+and the SM it ran on (%smid); this script prints, for each point, the earliest, median and latest block in
+microseconds from the first block's start:
 
     start            the block began
     weight ready     the weight is in shared memory (its loads went out first, the first row step's right after)
@@ -19,10 +20,13 @@ latest block in microseconds from the first block's start:
     partial written  the block's row of partial weight-gradient sums is written (with several row groups per block,
                      every group has added its sums and the last group's stores may still be in flight)
     barrier passed   the grid-wide barrier let the block go on
+    slices added     thread 0's loads of partial sums are back and added (its slice of its column tile)
+    tile reduced     every slice of the tile is in shared memory
     end              the block's share of the partial rows' sum is written
 
-and how long each block spent between points. The stamps cost a few registers and a printf at the end; the
-uninstrumented kernel is what `benchmarks/rms_norm_peers.py` times.
+and how long each block spent between points. A block with no column tile to sum (more blocks than tiles) has no
+"slices added" or "tile reduced"; one with several tiles stamps its last. The stamps cost a few registers and a
+printf at the end; the uninstrumented kernel is what `benchmarks/rms_norm_peers.py` times.
 """
 
 from __future__ import annotations
@@ -38,13 +42,26 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 KERNEL = "backward_kernel(const T* __restrict__ g"
-POINTS = ["start", "weight ready", "first row", "loop end", "partial written", "barrier passed", "end"]
+POINTS = [
+    "start",
+    "weight ready",
+    "first row",
+    "loop end",
+    "partial written",
+    "barrier passed",
+    "slices added",
+    "tile reduced",
+    "end",
+]
 SPANS = [
     (1, 2, "weight to first row"),
     (2, 3, "row steps after it"),
     (3, 4, "partial write"),
     (4, 5, "barrier wait"),
-    (5, 6, "partial rows' sum"),
+    (5, 6, "partial sums loaded"),
+    (6, 7, "slices reduced"),
+    (7, 8, "tile sums written"),
+    (5, 8, "partial rows' sum"),
 ]
 
 # (anchor in backward_kernel, the stamp goes before or after it, point index); each anchor must occur once in the
@@ -59,12 +76,28 @@ STAMPS = [
 ]
 END = "blockIdx.x, gridDim.x, reinterpret_cast<double*>(shared));\n  }\n"
 
+# sum_partial_columns' stamps (anchor, the stamp goes before it or after its first line, slot), by thread 0 of each
+# block into a device array that backward_kernel prints: the column sum is a function of its own, shared with
+# sum_partials' kernel (which writes them too, but the fused backward does not run it). Each anchor must occur once
+# in column_sums.cuh.
+SUM_STAMPS = [
+    ("    // xor partners hold the same columns", "before", 0),
+    ("    __syncthreads();\n    if (threadIdx.x < width && pack < packs) {\n", "after-first-line", 1),
+]
+SUM_ARRAY = "opforge_sum_timeline"
+# Blocks whose sum stamps are kept: more than any resident grid.
+SUM_BLOCKS = 8192
+
+
+NOW = 'unsigned long long now; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));'
+
 
 def stamp(point: int) -> str:
-    return (
-        '{ unsigned long long now; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); '
-        f"opforge_timeline[{point}] = now; }}"
-    )
+    return f"{{ {NOW} opforge_timeline[{point}] = now; }}"
+
+
+def sum_stamp(slot: int) -> str:
+    return f"if (threadIdx.x == 0 && blockIdx.x < {SUM_BLOCKS}) {{ {NOW} {SUM_ARRAY}[blockIdx.x][{slot}] = now; }}"
 
 
 def instrument(source: str) -> str:
@@ -79,7 +112,12 @@ def instrument(source: str) -> str:
                 "Update STAMPS to the kernel's code."
             )
         if point == 0:
-            body = body.replace(anchor, f"  unsigned long long opforge_timeline[7] = {{}};\n  {stamp(point)}\n{anchor}")
+            # A block with no tile leaves its sum stamps at 0, not at the warm-up call's values.
+            mine = f"{SUM_ARRAY}[blockIdx.x]"
+            clear = f"if (threadIdx.x == 0 && blockIdx.x < {SUM_BLOCKS}) {mine}[0] = {mine}[1] = 0;"
+            body = body.replace(
+                anchor, f"  unsigned long long opforge_timeline[7] = {{}};\n  {stamp(point)}\n  {clear}\n{anchor}"
+            )
         elif where == "before":
             body = body.replace(anchor, f"  {stamp(point)}\n{anchor}")
         elif where == "after":
@@ -88,18 +126,42 @@ def instrument(source: str) -> str:
             body = body.replace(anchor, f"{anchor}    if (base == first) {stamp(point)}\n")
     report = (
         f"  {stamp(6)}\n"
-        "  if (threadIdx.x == 0) {\n"
+        f"  if (threadIdx.x == 0 && blockIdx.x < {SUM_BLOCKS}) {{\n"
         "    const unsigned long long* s = opforge_timeline;\n"
+        f"    const unsigned long long* sum = {SUM_ARRAY}[blockIdx.x];\n"
         "    unsigned sm;\n"
         '    asm("mov.u32 %0, %%smid;" : "=r"(sm));\n'
-        '    printf("TIMELINE %lld %d %u %llu %llu %llu %llu %llu %llu %llu %u\\n", static_cast<long long>(rows),\n'
-        "           hidden, blockIdx.x, s[0], s[1], s[2], s[3], s[4], s[5], s[6], sm);\n"
+        '    printf("TIMELINE %lld %d %u %llu %llu %llu %llu %llu %llu %llu %llu %llu %u\\n",\n'
+        "           static_cast<long long>(rows), hidden, blockIdx.x, s[0], s[1], s[2], s[3], s[4], s[5], sum[0],\n"
+        "           sum[1], s[6], sm);\n"
         "  }\n"
     )
     if body.count(END) < 1:
         sys.exit("rms_norm_timeline: backward_kernel's last statement moved. Update END to the kernel's code.")
     body = body.replace(END, END + report, 1)
     return head + body + tail
+
+
+def instrument_sums(source: str) -> str:
+    """column_sums.cuh with sum_partial_columns' stamps and the device array they go to."""
+    for anchor, where, slot in SUM_STAMPS:
+        if source.count(anchor) != 1:
+            sys.exit(
+                f"rms_norm_timeline: expected one {anchor.strip()!r} in column_sums.cuh, got {source.count(anchor)}. "
+                "Update SUM_STAMPS to sum_partial_columns' code."
+            )
+        if where == "before":
+            source = source.replace(anchor, f"    {sum_stamp(slot)}\n{anchor}")
+        else:
+            first_line, rest = anchor.split("\n", 1)
+            source = source.replace(anchor, f"{first_line}\n    {sum_stamp(slot)}\n{rest}")
+    namespace = "namespace opforge::cuda {\n"
+    if source.count(namespace) != 1:
+        sys.exit(
+            "rms_norm_timeline: expected one 'namespace opforge::cuda {' in column_sums.cuh, got "
+            f"{source.count(namespace)}. Update instrument_sums."
+        )
+    return source.replace(namespace, f"__device__ unsigned long long {SUM_ARRAY}[{SUM_BLOCKS}][2];\n\n{namespace}")
 
 
 RUN_ONE = """
@@ -128,23 +190,33 @@ def summarize(lines: list[str]) -> str:
             "  expected a line per block from backward_kernel, got none: this shape runs another kernel "
             "(backward_loop_kernel past 16384 bfloat16 elements per row), which has no stamps."
         )
-    stamps = [[int(v) for v in line.split()[4:11]] for line in lines]
+    stamps = [[int(v) for v in line.split()[4 : 4 + len(POINTS)]] for line in lines]
     origin = min(s[0] for s in stamps)
     out = [f"  {len(stamps)} blocks; us from the first block's start (earliest / median / latest block)"]
+    # 0: the block never got there (no column tile to sum).
     for k, name in enumerate(POINTS):
-        values = [(s[k] - origin) / 1000 for s in stamps]
-        out.append(f"  {name:>16}: {min(values):7.2f} / {statistics.median(values):7.2f} / {max(values):7.2f}")
+        values = [(s[k] - origin) / 1000 for s in stamps if s[k]]
+        out.append(f"  {name:>16}: {spread(values, 7)}")
     for a, b, name in SPANS:
-        values = [(s[b] - s[a]) / 1000 for s in stamps]
-        out.append(f"  {name:>22}: {min(values):6.2f} / {statistics.median(values):6.2f} / {max(values):6.2f} us")
+        values = [(s[b] - s[a]) / 1000 for s in stamps if s[a] and s[b]]
+        out.append(f"  {name:>22}: {spread(values, 6)} us")
     return "\n".join(out)
+
+
+def spread(values: list[float], width: int) -> str:
+    """earliest / median / latest, or what there is none of."""
+    if not values:
+        return "no block"
+    return f"{min(values):{width}.2f} / {statistics.median(values):{width}.2f} / {max(values):{width}.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="4096x4096", help="rows x hidden, comma-separated")
     parser.add_argument("--dtypes", default="bfloat16,float32")
-    parser.add_argument("--raw", type=Path, help="append the timed call's lines here (rows hidden block 7 stamps sm)")
+    parser.add_argument(
+        "--raw", type=Path, help="append the timed call's lines here (rows hidden block, 9 stamps, sm, dtype)"
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -158,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
         kernel = root / "opforge" / "csrc" / "cuda" / "rms_norm.cu"
         kernel.write_text(instrument(kernel.read_text()))
+        sums = root / "opforge" / "csrc" / "cuda" / "column_sums.cuh"
+        sums.write_text(instrument_sums(sums.read_text()))
         env = dict(os.environ, OPFORGE_CACHE=str(root / "cache"))
         build = [sys.executable, "-m", "opforge", "build", "specs/rms_norm.yaml"]
         subprocess.run(build, cwd=root, env=env, check=True, stdout=subprocess.DEVNULL)

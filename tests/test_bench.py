@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -1003,16 +1004,43 @@ def test_timeline_script_without_a_gpu_says_so_and_builds_nothing(monkeypatch, c
     assert "rms_norm_timeline: expected a CUDA device, found none." in capsys.readouterr().err
 
 
+def test_timeline_script_stamps_the_column_sum_once_per_point():
+    from conftest import REPO
+
+    script = load_benchmark("rms_norm_timeline")
+    source = (REPO / "opforge" / "csrc" / "cuda" / "column_sums.cuh").read_text()
+    stamped = script.instrument_sums(source)
+    assert [stamped.count(f"{script.SUM_ARRAY}[blockIdx.x][{slot}] = now;") for slot in range(2)] == [1, 1]
+    assert stamped.count(f"__device__ unsigned long long {script.SUM_ARRAY}[") == 1
+    # The tile's barrier stays where it was, before the stamp that says every slice is in shared memory.
+    assert stamped.count("__syncthreads();") == source.count("__syncthreads();")
+    assert stamped.index("__syncthreads();\n    if (threadIdx.x == 0") < stamped.index("[blockIdx.x][1] = now;")
+    kernel = script.instrument((REPO / "opforge" / "csrc" / "cuda" / "rms_norm.cu").read_text())
+    assert kernel.count(f"{script.SUM_ARRAY}[blockIdx.x][0] = {script.SUM_ARRAY}[blockIdx.x][1] = 0;") == 1
+
+
+def test_timeline_script_says_which_column_sum_anchor_moved():
+    script = load_benchmark("rms_norm_timeline")
+    anchor = "expected one '// xor partners hold the same columns' in column_sums.cuh"
+    with pytest.raises(SystemExit, match=re.escape(anchor)):
+        script.instrument_sums("namespace opforge::cuda {\n}\n")
+
+
 def test_timeline_summary_of_stamped_blocks_and_of_none():
     script = load_benchmark("rms_norm_timeline")
-    # rows hidden block, then the seven stamps in ns: two blocks 1 us apart at the start, 2 us apart at the end.
+    # rows hidden block, then the nine stamps in ns: two blocks 1 us apart at the start, 2 us apart at the end; the
+    # second had no column tile (its sum stamps are 0).
     lines = [
-        "TIMELINE 4096 4096 0 1000 2000 3000 10000 11000 12000 14000",
-        "TIMELINE 4096 4096 1 2000 3000 4000 12000 12500 12000 16000",
+        "TIMELINE 4096 4096 0 1000 2000 3000 10000 11000 12000 12500 13000 14000 7",
+        "TIMELINE 4096 4096 1 2000 3000 4000 12000 12500 12000 0 0 16000 9",
     ]
     summary = script.summarize(lines)
     assert "2 blocks" in summary
     assert "start:    0.00 /    0.50 /    1.00" in summary
     assert "end:   13.00 /   14.00 /   15.00" in summary
     assert "partial write:   0.50 /   0.75 /   1.00 us" in summary
+    assert "slices added:   11.50 /   11.50 /   11.50" in summary
+    assert "partial sums loaded:   0.50 /   0.50 /   0.50 us" in summary
+    assert "partial rows' sum:   2.00 /   3.00 /   4.00 us" in summary
     assert "expected a line per block from backward_kernel, got none" in script.summarize([])
+    assert "slices added: no block" in script.summarize([lines[1]])
