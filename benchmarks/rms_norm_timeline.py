@@ -76,17 +76,18 @@ STAMPS = [
 ]
 END = "blockIdx.x, gridDim.x, reinterpret_cast<double*>(shared));\n  }\n"
 
-# sum_partial_columns' stamps (anchor, the stamp goes before it or after its first line, slot), by thread 0 of each
-# block into a device array that backward_kernel prints: the column sum is a function of its own, shared with
-# sum_partials' kernel (which writes them too, but the fused backward does not run it). Each anchor must occur once
-# in column_sums.cuh.
+# sum_partial_columns' stamps (anchor, slot; the stamp goes before the anchor), by thread 0 of each block into a
+# device array that backward_kernel prints: the column sum is a function of its own, shared with sum_partials' kernel
+# (which writes them too, but the fused backward does not run it). Each anchor must occur once in column_sums.cuh.
 SUM_STAMPS = [
-    ("    // xor partners hold the same columns", "before", 0),
-    ("    __syncthreads();\n    if (threadIdx.x < width && pack < packs) {\n", "after-first-line", 1),
+    ("    // xor partners hold the same columns", 0),
+    ("    if (threadIdx.x < width && pack < packs) {\n", 1),
 ]
 SUM_ARRAY = "opforge_sum_timeline"
 # Blocks whose sum stamps are kept: more than any resident grid.
 SUM_BLOCKS = 8192
+# The thread that writes, clears and prints a block's sum stamps.
+SUM_OWNER = f"threadIdx.x == 0 && blockIdx.x < {SUM_BLOCKS}"
 
 
 NOW = 'unsigned long long now; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));'
@@ -97,7 +98,7 @@ def stamp(point: int) -> str:
 
 
 def sum_stamp(slot: int) -> str:
-    return f"if (threadIdx.x == 0 && blockIdx.x < {SUM_BLOCKS}) {{ {NOW} {SUM_ARRAY}[blockIdx.x][{slot}] = now; }}"
+    return f"if ({SUM_OWNER}) {{ {NOW} {SUM_ARRAY}[blockIdx.x][{slot}] = now; }}"
 
 
 def instrument(source: str) -> str:
@@ -114,7 +115,7 @@ def instrument(source: str) -> str:
         if point == 0:
             # A block with no tile leaves its sum stamps at 0, not at the warm-up call's values.
             mine = f"{SUM_ARRAY}[blockIdx.x]"
-            clear = f"if (threadIdx.x == 0 && blockIdx.x < {SUM_BLOCKS}) {mine}[0] = {mine}[1] = 0;"
+            clear = f"if ({SUM_OWNER}) {mine}[0] = {mine}[1] = 0;"
             body = body.replace(
                 anchor, f"  unsigned long long opforge_timeline[7] = {{}};\n  {stamp(point)}\n  {clear}\n{anchor}"
             )
@@ -126,7 +127,7 @@ def instrument(source: str) -> str:
             body = body.replace(anchor, f"{anchor}    if (base == first) {stamp(point)}\n")
     report = (
         f"  {stamp(6)}\n"
-        f"  if (threadIdx.x == 0 && blockIdx.x < {SUM_BLOCKS}) {{\n"
+        f"  if ({SUM_OWNER}) {{\n"
         "    const unsigned long long* s = opforge_timeline;\n"
         f"    const unsigned long long* sum = {SUM_ARRAY}[blockIdx.x];\n"
         "    unsigned sm;\n"
@@ -144,17 +145,13 @@ def instrument(source: str) -> str:
 
 def instrument_sums(source: str) -> str:
     """column_sums.cuh with sum_partial_columns' stamps and the device array they go to."""
-    for anchor, where, slot in SUM_STAMPS:
+    for anchor, slot in SUM_STAMPS:
         if source.count(anchor) != 1:
             sys.exit(
                 f"rms_norm_timeline: expected one {anchor.strip()!r} in column_sums.cuh, got {source.count(anchor)}. "
                 "Update SUM_STAMPS to sum_partial_columns' code."
             )
-        if where == "before":
-            source = source.replace(anchor, f"    {sum_stamp(slot)}\n{anchor}")
-        else:
-            first_line, rest = anchor.split("\n", 1)
-            source = source.replace(anchor, f"{first_line}\n    {sum_stamp(slot)}\n{rest}")
+        source = source.replace(anchor, f"    {sum_stamp(slot)}\n{anchor}")
     namespace = "namespace opforge::cuda {\n"
     if source.count(namespace) != 1:
         sys.exit(
