@@ -505,9 +505,9 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   }
   if (grad_weight != nullptr) {
     // The barrier also makes every block's partial row visible to every other block. The sum takes scalar loads
-    // (kScalarSums): with 16-byte ones (sum_partials' kernel's choice) this backward was slower (H200, 2026-12-04,
-    // medians of 100): 4096 x 4096 bfloat16 36.8-37.2 us (five runs over two calls) against 36.5-36.7 (three runs),
-    // float32 62.0-62.7 against 61.8-62.3.
+    // (kScalarSums): with 16-byte ones (sum_partials' kernel's choice) this backward was slower (H200, medians of
+    // 100): 4096 x 4096 bfloat16 36.8-37.2 us against 36.5-36.7 (2026-12-04), and again once sum_partial_columns
+    // took fewer instructions, 36.7-36.8 against 36.0-36.3 (three runs each, 2026-12-04, fourth session).
     cooperative_groups::this_grid().sync();
     sum_partial_columns<S::kThreads, kScalarSums>(partial, gridDim.x, hidden, SumOutputs<T, 1>{{grad_weight}},
                                                   blockIdx.x, gridDim.x, reinterpret_cast<double*>(shared));
