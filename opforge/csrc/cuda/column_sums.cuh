@@ -164,8 +164,8 @@ __device__ __forceinline__ void sum_partial_columns(const part_t* __restrict__ p
   // now ~7 per row it has (17) and 4 per add, some 400 fewer per warp. Measured (H200, medians of 100, 2026-12-04):
   // that backward 36.6-37.0 -> 35.6-36.3 us (78.6-79.1% -> 80.2-80.8% of a copy; nine runs over three calls, five
   // over two), the timeline's sum after the barrier 2.05 -> 1.73 us (median block); rms_norm's float32 and larger
-  // shapes the same or faster. custom_loss's own kernel: 4096 x 4096 bfloat16 0.6-1.2 us faster, 256 x 65536 bfloat16 0.4-0.7 us
-  // slower (docs/performance.md).
+  // shapes the same or faster. custom_loss's own kernel: 4096 x 4096 bfloat16 0.6-1.2 us faster, 256 x 65536
+  // bfloat16 0.4-0.7 us slower (docs/performance.md).
   const int slice_rows = parts > slice ? static_cast<int>(((parts - 1 - slice) >> slice_bits) + 1) : 0;
   const int64_t row_step = slices * cols;
   const int64_t sum_step = parts * cols;
