@@ -24,6 +24,9 @@ from pathlib import Path
 # A compiler or probe that has not answered by then is reported as hanging, not waited for.
 PROBE_TIMEOUT_S = 120
 
+# The releases that first accept a -std= flag torch passes (GCC's and Clang's release notes).
+FIRST_COMPILERS_TAKING = {"c++20": " (GCC 10 and Clang 10 are the first to take -std=c++20)"}
+
 
 class Verdict(str, Enum):
     OK = "ok"
@@ -82,20 +85,46 @@ def _torch() -> Finding:
 
 
 def _compiler() -> Finding:
-    """The C++ compiler torch.utils.cpp_extension calls: $CXX, else `c++`."""
+    """The C++ compiler torch.utils.cpp_extension calls: $CXX, else `c++`, and whether it takes the -std= that torch
+    passes to every extension build (C++17 up to torch 2.11, C++20 by 2.13: an older GCC fails on the flag alone)."""
     name = os.environ.get("CXX", "c++")
     path = shutil.which(name)
+    standard = _extension_standard()
+    wanted = f"a {standard.upper()} compiler" if standard else "a C++ compiler"
     if path is None:
         return Finding(
             "C++ compiler",
             Verdict.FAIL,
             f"expected `{name}` on PATH, got nothing",
-            "Install a C++17 compiler (apt install g++, or the build-essential package) or point CXX at one.",
+            f"Install {wanted} (apt install g++, or the build-essential package) or point CXX at one.",
         )
     version = _first_line([path, "--version"])
     built_with = _torch_compiler()
     note = f"; torch was built with {built_with}" if built_with else ""
-    return Finding("C++ compiler", Verdict.OK, f"{path}: {version}{note}")
+    if standard is None:
+        return Finding("C++ compiler", Verdict.OK, f"{path}: {version}{note}")
+    probe = _run([path, f"-std={standard}", "-x", "c++", "-fsyntax-only", "-"], stdin="int main() { return 0; }\n")
+    if probe.returncode != 0:
+        return Finding(
+            "C++ compiler",
+            Verdict.FAIL,
+            f"expected {path} ({version}) to accept -std={standard}, which torch passes to every extension build, "
+            f"got: {_tail(probe.stderr)}",
+            f"Install {wanted}{FIRST_COMPILERS_TAKING.get(standard, '')} and point CXX at it"
+            f"{f'; torch was built with {built_with}' if built_with else ''}.",
+        )
+    return Finding("C++ compiler", Verdict.OK, f"{path}: {version}{note}; extensions build as -std={standard}")
+
+
+def _extension_standard() -> str | None:
+    """The -std= torch.utils.cpp_extension passes (its most frequent one), read from its source: torch exposes it
+    nowhere else."""
+    import inspect
+
+    from torch.utils import cpp_extension
+
+    found = re.findall(r"-std=(c\+\+\d+)", inspect.getsource(cpp_extension))
+    return max(set(found), key=found.count) if found else None
 
 
 def _torch_compiler() -> str | None:
@@ -369,9 +398,11 @@ def _extension_messages() -> Finding:
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
+def _run(command: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False)
+        return subprocess.run(
+            command, input=stdin, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
+        )
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(command, 124, "", f"no answer in {PROBE_TIMEOUT_S} s")
     except OSError as exc:

@@ -3,6 +3,7 @@ run, and the probes shown failing on a faked broken machine."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 from pathlib import Path
 
@@ -34,9 +35,47 @@ def test_a_machine_without_compiler_or_ninja_fails_with_the_fixes(tmp_path):
     assert result.exit_code == 1, result.output
     text = " ".join(result.output.split())
     assert "FAIL C++ compiler expected `c++` on PATH, got nothing" in text
-    assert "fix: Install a C++17 compiler" in text
+    assert f"fix: Install a {doctor._extension_standard().upper()} compiler" in text
     assert "FAIL ninja" in text and "pip install ninja" in text
     assert "FAIL: C++ compiler, ninja: the bundled ops cannot be built or run here" in text
+
+
+def test_the_compiler_takes_the_standard_torch_builds_extensions_with():
+    finding = doctor._compiler()
+    standard = doctor._extension_standard()
+    assert standard in ("c++17", "c++20"), standard
+    assert finding.verdict == Verdict.OK and finding.found.endswith(f"extensions build as -std={standard}")
+
+
+def _compiler_rejecting(tmp_path: Path, flag: str) -> Path:
+    """A `c++` that prints a version and refuses `flag` as GCC 9 refuses -std=c++20, else runs the real compiler."""
+    fake = tmp_path / "c++"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = --version ]; then echo "c++ (GCC) 9.4.0"; exit 0; fi\n'
+        f'for a in "$@"; do [ "$a" = {flag} ] && echo "c++: error: unrecognized command-line option \'$a\'" >&2 '
+        "&& exit 1; done\n"
+        f'exec {shutil.which("c++")} "$@"\n'
+    )
+    fake.chmod(0o755)
+    return fake
+
+
+def test_a_compiler_older_than_torchs_standard_fails_with_the_release_that_takes_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(doctor, "_extension_standard", lambda: "c++20")
+    monkeypatch.setenv("CXX", str(_compiler_rejecting(tmp_path, "-std=c++20")))
+    finding = doctor._compiler()
+    assert finding.verdict == Verdict.FAIL, finding
+    assert "(c++ (GCC) 9.4.0) to accept -std=c++20, which torch passes to every extension build" in finding.found
+    assert "unrecognized command-line option '-std=c++20'" in finding.found
+    assert finding.fix.startswith("Install a C++20 compiler (GCC 10 and Clang 10 are the first to take -std=c++20)")
+
+
+def test_the_same_compiler_passes_under_a_torch_that_builds_as_cxx17(tmp_path, monkeypatch):
+    monkeypatch.setattr(doctor, "_extension_standard", lambda: "c++17")
+    monkeypatch.setenv("CXX", str(_compiler_rejecting(tmp_path, "-std=c++20")))
+    finding = doctor._compiler()
+    assert finding.verdict == Verdict.OK and finding.found.endswith("extensions build as -std=c++17"), finding
 
 
 def test_a_compiler_without_openmp_fails_the_build_probe(tmp_path, monkeypatch):
