@@ -135,6 +135,7 @@ __device__ __forceinline__ void sum_partial_columns(const part_t* __restrict__ p
                                                     SumOutputs<T, kSums> outputs, int64_t block, int64_t blocks,
                                                     double* groups_sums) {
   constexpr int kWarpThreads = 32;
+  constexpr int kWarpBits = log2_of_power_of_two(kWarpThreads);
   constexpr int kThreadBits = log2_of_power_of_two(kThreads);
   constexpr int kMinWidthBits = log2_of_power_of_two(kMinSumWidth<kPack>);
   static_assert(kThreads % kWarpThreads == 0 && (kThreads & (kThreads - 1)) == 0, "power-of-two tiles");
@@ -153,7 +154,7 @@ __device__ __forceinline__ void sum_partial_columns(const part_t* __restrict__ p
   const int slice = static_cast<int>(threadIdx.x) >> width_bits;
   // Threads [g * span, (g + 1) * span) hold one value per column after the shuffles: a warp's, or a slice's where a
   // slice spans warps. The first `width` threads of each span write it.
-  const int span_bits = std::max(width_bits, 5);
+  const int span_bits = std::max(width_bits, kWarpBits);
   const int groups = kThreads >> span_bits;
   const int group = static_cast<int>(threadIdx.x) >> span_bits;
   // The slice's partial rows (slice, slice + slices, ...; parts is a grid's size, so it fits an int), reached by
