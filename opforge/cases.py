@@ -13,7 +13,7 @@ import itertools
 import math
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opforge.spec.model import Avoid, OpSpec, ScalarInput, TensorInput
@@ -43,12 +43,15 @@ class Case:
     shape_index: int
     # Names a case that is no point of the matrix (an invalid call of error_inputs): it leads the id.
     label: str = ""
+    # Its inputs come from sample number `shape_index` of the spec's `samples:` function.
+    sample: bool = False
 
     @property
     def id(self) -> str:
         shapes = "-".join(f"{name}={_shape_label(shape)}" for name, shape in self.shapes)
         values = "-".join(f"{name}={value}" for name, value in self.values)
-        return "-".join(p for p in (self.label, self.dtype, self.device, self.layout, shapes, values) if p)
+        sample = f"sample{self.shape_index}" if self.sample and self.shape_index >= 0 else ""
+        return "-".join(p for p in (self.label, self.dtype, self.device, self.layout, sample, shapes, values) if p)
 
     def seed(self, base_seed: int) -> int:
         return zlib.crc32(f"{base_seed}:{self.id}".encode())
@@ -86,22 +89,41 @@ def case_applies(spec: OpSpec, layout: str, shapes: tuple[tuple[str, tuple[int, 
 
 
 def build_matrix(spec: OpSpec, dtypes: tuple[str, ...], devices: tuple[str, ...]) -> list[Case]:
-    """Every applicable case. Tensor shapes are paired by position; non-tensor values are crossed."""
-    tensors = spec.tensor_inputs()
+    """Every applicable case, each device in the dtypes of `dtypes` it claims. Tensor shapes are paired by position
+    (a sample spec: each sample is one pairing, with its own non-tensor values); `values:` lists are crossed."""
     scalars = [i for i in spec.inputs if isinstance(i, ScalarInput)]
     value_combos = list(itertools.product(*(s.values for s in scalars))) or [()]
     cases = []
-    for dtype, device, spec_layout in itertools.product(dtypes, devices, spec.layouts):
-        for layout in LAYOUT_VARIANTS[spec_layout]:
+    for device, spec_layout in itertools.product(devices, spec.layouts):
+        claimed = tuple(d for d in dtypes if d in spec.dtypes_on(device))
+        for dtype, layout in itertools.product(claimed, LAYOUT_VARIANTS[spec_layout]):
             for shape_index in range(spec.shape_count):
-                shapes = tuple((t.name, t.shapes[shape_index]) for t in tensors)
-                if not case_applies(spec, layout, shapes):
+                point = at_point(spec, Case(dtype, device, layout, (), (), 0, -1), shape_index)
+                if not case_applies(spec, layout, point.shapes):
                     continue
                 combos = value_combos[:1] if layout == "offset" else value_combos
                 for values_index, combo in enumerate(combos):
-                    values = tuple((s.name, v) for s, v in zip(scalars, combo))
-                    cases.append(Case(dtype, device, layout, shapes, values, values_index, shape_index))
+                    crossed = tuple((s.name, v) for s, v in zip(scalars, combo))
+                    cases.append(replace(point, values=point.values + crossed, values_index=values_index))
     return cases
+
+
+def crossed_values(spec: OpSpec, case: Case) -> tuple[tuple[str, Any], ...]:
+    """The case's values that come from `values:` lists, without a sample's own."""
+    crossed = {i.name for i in spec.inputs if isinstance(i, ScalarInput)}
+    return tuple((name, value) for name, value in case.values if name in crossed)
+
+
+def at_point(spec: OpSpec, case: Case, shape_index: int) -> Case:
+    """`case` moved to the spec's shape pairing `shape_index`: its shapes and, in a sample spec, that sample's own
+    non-tensor values in place of the case's (the crossed `values:` stay)."""
+    shapes = tuple((t.name, t.shapes[shape_index]) for t in spec.tensor_inputs())
+    if spec.samples is None:
+        return replace(case, shapes=shapes, shape_index=shape_index)
+    sampled = spec.samples.values[shape_index]
+    return replace(
+        case, shapes=shapes, shape_index=shape_index, values=sampled + crossed_values(spec, case), sample=True
+    )
 
 
 # ------------------------------------------------------------------------------------------------- the inputs
@@ -125,15 +147,19 @@ def make_inputs(
     base_seed: int,
     requires_grad: bool = False,
     generators: dict[str, Callable[..., Any]] | None = None,
+    samples: Callable[..., Any] | None = None,
 ) -> CaseInputs:
-    """`generators`: input name -> the function that makes its values (the spec's `generator:`, resolved)."""
+    """`generators`: input name -> the function that makes its values (the spec's `generator:`, resolved);
+    `samples`: the spec's `samples:` function, resolved, which makes a sample case's tensors."""
     import torch
 
     generator = torch.Generator().manual_seed(case.seed(base_seed))
     shapes = dict(case.shapes)
-    values64 = {}
+    values64 = sampled_tensors(spec, samples, case, generator) if case.sample and samples else {}
     for t in spec.tensor_inputs():
         make = (generators or {}).get(t.name)
+        if t.name in values64:
+            continue
         values64[t.name] = (
             generated(t, make, shapes, case, generator) if make else sample(t, shapes[t.name], case.dtype, generator)
         )
@@ -144,10 +170,10 @@ def make_inputs(
     scalars = dict(case.values)
     args, kwargs, ref_args, ref_kwargs, positional = [], {}, [], {}, True
     for argument in schema_arguments:
-        if argument.name not in given:
+        if argument.name not in given and argument.name not in scalars:
             positional = False  # left to its default; later arguments go by name
             continue
-        entry = given[argument.name]
+        entry = given.get(argument.name)
         if isinstance(entry, TensorInput):
             dtype = _torch_dtype(entry.dtype or case.dtype)
             layout = input_layout(spec, entry.name, case.layout, shapes[entry.name])
@@ -156,7 +182,7 @@ def make_inputs(
             value = value.requires_grad_(grad) if grad else value
             ref = values64[entry.name].to(_reference_dtype(dtype)).requires_grad_(grad)
         else:
-            value = ref = scalars[entry.name]
+            value = ref = scalars[argument.name]
         if positional and not argument.kwarg_only:
             args.append(value)
             ref_args.append(ref)
@@ -218,6 +244,41 @@ def generated(
         got = f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
         raise ValueError(f"generator {t.generator} for {t.name}: expected a tensor of shape {tuple(shape)}, got {got}")
     return value.detach().to("cpu").to(dtype).to(torch.float64)
+
+
+def sampled_tensors(spec: OpSpec, make: Callable[..., Any], case: Case, generator: Any) -> dict[str, Any]:
+    """Sample `case.shape_index`'s tensors as the op will see them (rounded to their dtype), held in float64. The
+    function runs with the case's generator, device and dtype (float64 for a case in an integer or bool dtype: it
+    makes floating tensors); its shapes must be those the matrix was planned with."""
+    import torch
+
+    dtype = _torch_dtype(case.dtype)
+    floating = dtype if dtype.is_floating_point or dtype.is_complex else torch.float64
+    drawn = call_samples(spec, make, floating, case.device, generator)[case.shape_index]
+    values64 = {}
+    for t, (name, planned) in zip(spec.tensor_inputs(), case.shapes):
+        value = drawn[name]
+        if tuple(value.shape) != planned:
+            raise ValueError(
+                f"samples: sample {case.shape_index}'s {name}: expected shape {planned} (as made in float64 on cpu), "
+                f"got {tuple(value.shape)} in {case.dtype} on {case.device}. A sample's shapes must not depend on "
+                "dtype or device."
+            )
+        values64[name] = value.detach().to("cpu").to(_torch_dtype(t.dtype or case.dtype)).to(torch.float64)
+    return values64
+
+
+def call_samples(spec: OpSpec, make: Callable[..., Any], dtype: Any, device: str, generator: Any) -> list[dict]:
+    """The samples `make` returns, each a dict by argument name."""
+    assert spec.samples is not None
+    drawn = list(make(dtype=dtype, device=device, generator=generator))
+    for index, one in enumerate(drawn):
+        if not isinstance(one, dict):
+            raise ValueError(
+                f"samples: {spec.samples.ref} item {index}: expected a dict of argument name to value, got "
+                f"{type(one).__name__}. Yield one dict per case."
+            )
+    return drawn
 
 
 def _apply_avoid(t: TensorInput, avoid: Avoid, values64: dict[str, Any], case_dtype: str) -> None:

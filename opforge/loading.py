@@ -14,12 +14,13 @@ import importlib.machinery
 import importlib.util
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from opforge.build import BuildPlan, BuildResult, Toolchain, build, detect_toolchain, plan_build
 from opforge.errors import BuildError, SpecError
+from opforge.outcomes import short
 from opforge.schema import canonical, is_tensor_type
 from opforge.spec.model import OpSpec, ScalarInput, TensorInput
 
@@ -45,6 +46,8 @@ class LoadedOp:
     build: BuildResult | None
     # Input name -> the function that makes its values (a spec's `generator:`).
     generators: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    # The spec's `samples:` function, which makes every case's inputs; None: sampled from `inputs`.
+    samples: Callable[..., Any] | None = None
 
     @property
     def arguments(self) -> list[Any]:
@@ -74,7 +77,10 @@ def load_op(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[str],
         for t in spec.tensor_inputs()
         if t.generator
     }
-    return LoadedOp(spec, overload, targets, reference, build, generators)
+    samples = resolve_callable(spec, "samples", spec.samples.ref) if spec.samples else None
+    if samples is not None:
+        spec = resolve_samples(spec, list(overload._schema.arguments), samples)
+    return LoadedOp(spec, overload, targets, reference, build, generators, samples)
 
 
 def _build(spec: OpSpec, cuda_arch: str | None, on_step: Callable[[str], None] | None) -> BuildResult:
@@ -106,6 +112,7 @@ def _add_import_roots(spec: OpSpec) -> None:
 def _named_callables(spec: OpSpec) -> list[tuple[str, str]]:
     """Every `module:function` the spec names, with the key that names it."""
     named = [("reference", spec.reference)] + [("implementations", ref) for _, ref in spec.implementations]
+    named += [("samples", spec.samples.ref)] if spec.samples else []
     return named + [(f"inputs.{t.name}.generator", t.generator) for t in spec.tensor_inputs() if t.generator]
 
 
@@ -297,7 +304,7 @@ def _check_inputs(spec: OpSpec, schema_arguments: list[Any]) -> None:
                 "`values:`",
                 "Give a tensor argument `shapes:` (and optionally low/high).",
             )
-        if not is_tensor and isinstance(entry, TensorInput):
+        if not is_tensor and isinstance(entry, TensorInput) and spec.samples is None:
             raise spec.error(
                 f"inputs.{entry.name}",
                 f"`values:` for {arguments[entry.name].type} argument {entry.name}",
@@ -306,10 +313,124 @@ def _check_inputs(spec: OpSpec, schema_arguments: list[Any]) -> None:
             )
     given = {i.name for i in spec.inputs}
     for name, argument in arguments.items():
-        if name not in given and not argument.has_default_value():
+        if name not in given and not argument.has_default_value() and spec.samples is None:
             raise spec.error(
                 "inputs",
                 f"an entry for schema argument {name!r} (it has no default)",
                 "none",
                 f"Add `{name}:` under inputs, or fix the schema if the op has no argument {name!r}.",
             )
+
+
+# ------------------------------------------------------------------------------------------------- samples
+
+
+def resolve_samples(spec: OpSpec, arguments: list[Any], make: Callable[..., Any]) -> OpSpec:
+    """The spec with its sample function's cases written in: a tensor input per tensor argument the samples give
+    (its shapes one per sample, its settings from `inputs.<arg>`), and each sample's non-tensor values. The samples
+    are made once here, in float64 on the CPU, to plan the matrix; each case makes them again in its own dtype, on
+    its own device, from its own seed (opforge.cases.sampled_tensors)."""
+    import torch
+
+    assert spec.samples is not None
+    drawn = _draw_samples(spec, make)
+    by_name = {a.name: a for a in arguments}
+    crossed = {i.name for i in spec.inputs if isinstance(i, ScalarInput)}
+    for index, one in enumerate(drawn):
+        _check_sample_keys(spec, index, one, arguments, crossed)
+    tensor_names = [a.name for a in arguments if any(isinstance(one.get(a.name), torch.Tensor) for one in drawn)]
+    for name in tensor_names:
+        _check_always_a_tensor(spec, drawn, name)
+    settings = {t.name: t for t in spec.tensor_inputs()}
+    for name in settings.keys() - set(tensor_names):
+        raise spec.error(
+            f"inputs.{name}",
+            f"settings of a tensor argument the samples give ({', '.join(tensor_names)})",
+            f"{name} ({by_name[name].type}), which no sample gives as a tensor",
+            f"Drop inputs.{name}, or give it `values:` if it is a non-tensor argument the samples leave out.",
+        )
+    tensors = tuple(_sampled_input(spec, settings.get(n), n, [one[n] for one in drawn]) for n in tensor_names)
+    values = tuple(
+        tuple((a.name, one[a.name]) for a in arguments if a.name in one and a.name not in tensor_names) for one in drawn
+    )
+    scalars = tuple(i for i in spec.inputs if isinstance(i, ScalarInput))
+    return replace(spec, inputs=tensors + scalars, samples=replace(spec.samples, values=values))
+
+
+def _draw_samples(spec: OpSpec, make: Callable[..., Any]) -> list[dict[str, Any]]:
+    import torch
+
+    from opforge.cases import call_samples
+
+    assert spec.samples is not None
+    try:
+        drawn = call_samples(spec, make, torch.float64, "cpu", torch.Generator().manual_seed(0))
+    except Exception as exc:  # the user's function may raise anything
+        raise spec.error(
+            "samples",
+            f"{spec.samples.ref}(dtype=torch.float64, device='cpu', generator=...) to return an iterable of dicts",
+            f"it raised {short(exc)}",
+            "Fix the function; call it alone with a torch.Generator() to see the traceback.",
+        ) from exc
+    if not drawn:
+        raise spec.error("samples", f"at least one sample from {spec.samples.ref}", "none", "Yield one dict per case.")
+    return drawn
+
+
+def _check_sample_keys(spec: OpSpec, index: int, sample: dict[str, Any], arguments: list[Any], crossed: set[str]):
+    """A sample names schema arguments only, each argument without a default (unless `inputs.<arg>.values` gives
+    it), and none whose `values:` the spec crosses with the samples."""
+    names = [a.name for a in arguments]
+    for key in sample:
+        if key not in names:
+            raise spec.error(
+                "samples",
+                f"sample {index} to name schema arguments ({', '.join(names)})",
+                f"unknown key {key!r}",
+                f"Rename or drop {key!r} in the dicts {spec.samples.ref if spec.samples else ''} returns.",
+            )
+        if key in crossed:
+            raise spec.error(
+                "samples",
+                f"sample {index} to leave {key!r} to inputs.{key}.values",
+                f"a value for {key!r} in the sample too",
+                f"Set {key!r} in the samples or in inputs.{key}.values, not both.",
+            )
+    for argument in arguments:
+        if argument.name not in sample and argument.name not in crossed and not argument.has_default_value():
+            raise spec.error(
+                "samples",
+                f"sample {index} to give every schema argument without a default",
+                f"no {argument.name!r}",
+                f"Add {argument.name!r} to each sample, or give it `values:` under inputs.",
+            )
+
+
+def _check_always_a_tensor(spec: OpSpec, drawn: list[dict[str, Any]], name: str) -> None:
+    import torch
+
+    kinds = [isinstance(one.get(name), torch.Tensor) for one in drawn]
+    if not all(kinds):
+        index = kinds.index(False)
+        raise spec.error(
+            "samples",
+            f"{name!r} a tensor in every sample (it is one in sample {kinds.index(True)})",
+            f"{type(drawn[index].get(name)).__name__} in sample {index}",
+            "Put samples whose argument is not a tensor (None for an optional tensor) in a spec of their own.",
+        )
+
+
+def _sampled_input(spec: OpSpec, entry: TensorInput | None, name: str, values: list[Any]) -> TensorInput:
+    """The tensor input `name` with one shape per sample. A tensor the samples make in an integer or bool dtype
+    (an index, a mask) keeps that dtype in every case, like `inputs.<arg>.dtype`."""
+    kinds = {str(v.dtype).removeprefix("torch.") for v in values if not (v.is_floating_point() or v.is_complex())}
+    if kinds and len({v.dtype for v in values}) > 1:
+        raise spec.error(
+            "samples",
+            f"{name!r} in one dtype in every sample, or floating in every sample",
+            ", ".join(sorted({str(v.dtype).removeprefix("torch.") for v in values})),
+            "Make an index or mask tensor in one dtype in every sample.",
+        )
+    base = entry or TensorInput(name=name, shapes=(), low=-1.0, high=1.0, requires_grad=False)
+    pinned = base.dtype or (kinds.pop() if kinds else None)
+    return replace(base, shapes=tuple(tuple(v.shape) for v in values), dtype=pinned)

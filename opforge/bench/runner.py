@@ -183,6 +183,8 @@ def plan_points(spec: OpSpec, filters: BenchFilters, devices: tuple[str, ...]) -
     values = tuple((i.name, i.values[0]) for i in spec.inputs if isinstance(i, ScalarInput))
     points = []
     for device, dtype, mode, layout in itertools.product(devices, dtypes, modes, layouts):
+        if dtype not in spec.dtypes_on(device):
+            continue
         for index, (size, shapes) in enumerate(size_points(spec, filters)):
             # A point of another layout is named by it; contiguous points keep their names (and old baselines).
             label = size if layout == "contiguous" else f"{size},{layout}"
@@ -478,7 +480,9 @@ def verify(loaded: LoadedOp, target: Target, point: BenchPoint, seed: int) -> tu
         if verdict.status == Status.SKIP:
             return SKIP, {"message": f"{name} skipped: {verdict.message}"}
         if verdict.status == Status.XFAIL:
-            xfail = loaded.spec.xfail_for(target.name, name, point.dtype, point.device)
+            xfail = loaded.spec.xfail_for(
+                target.name, name, point.dtype, point.device, point.case.layout, point.case.id
+            )
             notes.append(f"{name} xfail: {xfail.reason if xfail else verdict.message}")
     return None, {"message": "; ".join(notes)} if notes else {}
 

@@ -18,7 +18,9 @@ MUTATED = " (mutated)"
 
 def inputs_for(loaded: LoadedOp, case: Case, base_seed: int, requires_grad: bool = False) -> CaseInputs:
     try:
-        return make_inputs(loaded.spec, loaded.arguments, case, base_seed, requires_grad, loaded.generators)
+        return make_inputs(
+            loaded.spec, loaded.arguments, case, base_seed, requires_grad, loaded.generators, loaded.samples
+        )
     except Exception as exc:
         raise ReferenceFailure(f"could not make the inputs: {short(exc)}") from exc
 

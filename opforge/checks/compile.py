@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from opforge.cases import Case, case_applies
+from opforge.cases import Case, at_point, case_applies, crossed_values
 from opforge.checks.base import Check, CheckContext, Outcomes, aligned, first_values
 from opforge.checks.calls import inputs_for, mutated_values, outputs_of, paired
 from opforge.compare import as_tuple, check_result, tolerance_for
@@ -50,13 +50,8 @@ def compile_check(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
 def _shaped_cases(ctx: CheckContext, case: Case) -> list[Case]:
     """The merged case once per shape pairing the layout applies to: one compiled function sees every shape."""
     spec = ctx.loaded.spec
-    tensors = spec.tensor_inputs()
-    shaped = []
-    for shape_index in range(spec.shape_count):
-        shapes = tuple((t.name, t.shapes[shape_index]) for t in tensors)
-        if case_applies(spec, case.layout, shapes):
-            shaped.append(replace(case, shape_index=shape_index, shapes=shapes))
-    return shaped
+    points = (at_point(spec, case, shape_index) for shape_index in range(spec.shape_count))
+    return [point for point in points if case_applies(spec, case.layout, point.shapes)]
 
 
 @contextmanager
@@ -76,7 +71,7 @@ def all_shapes_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> lis
     """One case per dtype/device/layout that runs every shape through one compiled function (dynamic shapes)."""
     seen: dict[str, Case] = {}
     for case in first_values(loaded, target, aligned(cases)):
-        merged = replace(case, shapes=(), shape_index=-1)
+        merged = replace(case, shapes=(), shape_index=-1, values=crossed_values(loaded.spec, case))
         seen.setdefault(merged.id, merged)
     return list(seen.values())
 

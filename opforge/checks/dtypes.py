@@ -38,14 +38,17 @@ INTEGER_ROUNDING = Tolerance(atol=1.0, rtol=0.0)
 
 def every_dtype_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
     """Per device, the representative contiguous case (first argument values) in each claimed and tried dtype."""
-    dtypes = tuple(dict.fromkeys(loaded.spec.dtypes + TRIED_DTYPES))
-    return [replace(base, dtype=dtype) for base in representative_cases(loaded, cases).values() for dtype in dtypes]
+    return [
+        replace(base, dtype=dtype)
+        for base in representative_cases(loaded, cases).values()
+        for dtype in dict.fromkeys(loaded.spec.dtypes_on(base.device) + TRIED_DTYPES)
+    ]
 
 
 def dtypes(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed)
-    if case.dtype in loaded.spec.dtypes:
+    if case.dtype in loaded.spec.dtypes_on(case.device):
         try:
             _compare_with_reference(loaded, case, outputs_of(loaded, target, inputs), inputs, claimed=True)
         except CheckFailure as failure:

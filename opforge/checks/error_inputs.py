@@ -54,7 +54,7 @@ def _error_case(spec: OpSpec, entry: ErrorInput, device: str) -> Case:
     tensors = _error_tensors(spec, entry, device)
     scalars = _error_scalars(spec, entry)
     return Case(
-        dtype=tensors[0][2] if tensors else spec.dtypes[0],
+        dtype=tensors[0][2] if tensors else spec.dtypes_on(device)[0],
         device=device,
         layout="contiguous",
         shapes=tuple((name, shape) for name, shape, _, _ in tensors),
@@ -74,7 +74,7 @@ def _error_tensors(spec: OpSpec, entry: ErrorInput, device: str) -> list[tuple[s
     for t in spec.tensor_inputs():
         override = given.get(t.name)
         shape = override.shape if override and override.shape is not None else t.shapes[index]
-        dtype = (override.dtype if override else None) or t.dtype or spec.dtypes[0]
+        dtype = (override.dtype if override else None) or t.dtype or spec.dtypes_on(device)[0]
         resolved.append((t.name, shape, dtype, (override.device if override else None) or device))
     return resolved
 
@@ -94,7 +94,9 @@ def _unreachable_pin(spec: OpSpec, entry: ErrorInput) -> str | None:
 
 
 def _error_scalars(spec: OpSpec, entry: ErrorInput) -> dict[str, Any]:
-    values = {i.name: i.values[0] for i in spec.inputs if isinstance(i, ScalarInput)}
+    """The entry's values, else the representative valid case's (its sample's, in a sample spec)."""
+    values = dict(spec.samples.values[spec.representative_shape_index()]) if spec.samples else {}
+    values |= {i.name: i.values[0] for i in spec.inputs if isinstance(i, ScalarInput)}
     values.update(dict(entry.values))
     return values
 

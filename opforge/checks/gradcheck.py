@@ -123,11 +123,13 @@ def finite_difference_dtype(claimed: tuple[str, ...]) -> str | None:
 
 def gradient_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
     """One case per device/layout/shape/values point, in the finite-difference dtype."""
-    dtype = finite_difference_dtype(loaded.spec.dtypes)
-    if not loaded.spec.differentiable or dtype is None:
+    if not loaded.spec.differentiable:
         return []
     seen: dict[str, Case] = {}
     for case in aligned(cases):
+        dtype = finite_difference_dtype(loaded.spec.dtypes_on(case.device))
+        if dtype is None:
+            continue
         moved = replace(case, dtype=dtype)
         seen.setdefault(moved.id, moved)
     return list(seen.values())

@@ -53,7 +53,7 @@ def grid_shapes(spec: OpSpec) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
 def grid_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
     """One CUDA case, first argument values, in the narrowest claimed floating dtype."""
     base = next((c for c in cases if c.values_index == 0 and c.layout == "contiguous"), None)
-    dtype = next((d for d in NARROWEST_FIRST if d in loaded.spec.dtypes), None)
+    dtype = next((d for d in NARROWEST_FIRST if d in loaded.spec.dtypes_on("cuda")), None)
     if base is None or dtype is None:
         return []
     shapes = grid_shapes(loaded.spec) or ()

@@ -108,7 +108,8 @@ def sanitize_case_set(loaded: LoadedOp) -> list[Case]:
     and a misaligned pointer), first argument values, on CUDA."""
     from opforge.cases import build_matrix
 
-    dtypes = tuple(d for d in loaded.spec.dtypes if d in FLOATING_DTYPES) or loaded.spec.dtypes
+    claimed = loaded.spec.dtypes_on("cuda")
+    dtypes = tuple(d for d in claimed if d in FLOATING_DTYPES) or claimed
     matrix = build_matrix(loaded.spec, dtypes, ("cuda",))
     return [c for c in matrix if c.values_index == 0 and c.layout in ("contiguous", "offset")]
 

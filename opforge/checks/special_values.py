@@ -3,6 +3,7 @@ reference."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from opforge.cases import Case
@@ -25,38 +26,79 @@ def special_values(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     """NaN, +-inf, -0.0, the dtype's largest value and subnormals (or the spec's `special_values:` choice of them)
     written into every floating input that takes them must come out as the reference's do, rounded to the dtype: a
     kernel that clamps, flushes or swallows NaN fails. They go at the same flat positions of each input (so paired
-    inputs meet special values of each other): the first ones, and the last ones too, in reverse (NaN last), where a
-    vectorized kernel's scalar tail and a row op's last row are. An input marked `special_values: false`, or made by
-    a generator, keeps its values; one with a list of names takes those."""
+    inputs meet special values of each other): the first ones, and the last ones in reverse (NaN last), where a
+    vectorized kernel's scalar tail and a row op's last row are; and, but for the finite extremes, one in every row
+    (last dimension), where a row reduction meets it whatever row it is. An input marked `special_values: false`,
+    or made by a generator, keeps its values; one with a list of names takes those. See EXTREMES for `max`."""
+    for names in special_value_passes(ctx.loaded.spec.special_values):
+        _one_pass(ctx, target, case, names)
+    return {"special_values": None}
+
+
+# The finite extremes. In a reduction, whether max and -max cancel before they absorb the other terms, or whether
+# a partial sum of several extremes times weights overflows on the way to a finite total, depends on the summation
+# order alone: a correct row sum in plain order returns 0.0 where the float64 reference, adding pairwise, returns
+# -0.17, and a correct float32 GEMM overflows to -inf where the reference gives -3.05e38. So an extreme goes at the
+# head and the tail only, never in every row, and `-max` gets a call of its own, apart from `max`: a reduction then
+# meets at most two extremes of one sign, which overflow (or not) in any order alike.
+EXTREMES = ("max", "-max")
+
+
+def special_value_passes(chosen: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The spec's special values split into calls, `max` and `-max` never in the same one."""
+    if not set(EXTREMES) <= set(chosen):
+        return [chosen]
+    return [tuple(n for n in chosen if n != "-max"), ("-max",)]
+
+
+def _one_pass(ctx: CheckContext, target: Target, case: Case, names: tuple[str, ...]) -> None:
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed)
     takes = {
-        t.name: t.special_value_names(loaded.spec.special_values)
+        t.name: tuple(n for n in t.special_value_names(loaded.spec.special_values) if n in names)
         for t in loaded.spec.tensor_inputs()
         if t.takes_special_values
     }
     for name in inputs.tensor_names:
         value, ref = argument(inputs, loaded, name), argument(inputs, loaded, name, reference=True)
-        if name in takes and value.is_floating_point():
-            specials = special_value_tensor(value.dtype, takes[name]).to(value.dtype)
-            for where, values in placements(value.numel(), specials):
-                value.view(-1)[where] = values
-                ref.view(-1)[where] = values.to(ref.dtype)
+        if takes.get(name) and value.is_floating_point():
+            for where, values in placements(tuple(value.shape), takes[name], value.dtype):
+                value.view(-1)[where] = values.to(value.dtype)
+                ref.view(-1)[where] = values.to(value.dtype).to(ref.dtype)
     baseline = output_baseline(loaded, inputs, case.dtype)
     got = outputs_of(loaded, target, inputs)
     compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))
     compare_with_reference(
         loaded, case.dtype, case.device, compared, baseline, label=" (special values)", round_expected=True
     )
-    return {"special_values": None}
 
 
-def placements(numel: int, specials: Any) -> list[tuple[slice, Any]]:
-    """(positions, values) of the special values in `numel` elements: the first positions in order, and, when both
-    fit apart, the last ones reversed (NaN last)."""
+# The column of row r's special value steps by this many elements per row (a prime, so rows of any width get it at
+# varied positions: a vector body's lanes and a scalar tail alike).
+ROW_STEP = 7
+
+
+def placements(shape: tuple[int, ...], names: tuple[str, ...], dtype: Any) -> list[tuple[Any, Any]]:
+    """(flat positions, float64 values) of the special values `names` in a tensor of `shape`: the first positions
+    in order, when both fit apart the last ones reversed (NaN last), and in a tensor of several rows one value in
+    each row, the extremes left out (row r takes value r - 1 mod count, at column r * ROW_STEP mod width)."""
+    import torch
+
+    specials = special_value_tensor(dtype, names)
+    numel = math.prod(shape)
     count = len(specials)
-    head = (slice(0, min(count, numel)), specials[:numel])
-    return [head, (slice(numel - count, numel), specials.flip(0))] if numel >= 2 * count else [head]
+    placed = [(slice(0, min(count, numel)), specials[:numel])]
+    if numel >= 2 * count:
+        placed.append((slice(numel - count, numel), specials.flip(0)))
+    in_rows = special_value_tensor(dtype, tuple(n for n in names if n not in EXTREMES))
+    width = shape[-1] if shape else 1
+    rows = numel // width if width else 0
+    if rows > 1 and len(in_rows):
+        row = torch.arange(rows)
+        # Row 0 holds the head (NaN beside both infinities: NaN whatever the op does with NaN), so NaN alone
+        # starts at row 1.
+        placed.append((row * width + (row * ROW_STEP) % width, in_rows[(row - 1) % len(in_rows)]))
+    return placed
 
 
 def special_value_tensor(dtype, names: tuple[str, ...]):

@@ -165,7 +165,8 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
             for device in devices:
                 reason = device_unavailable(device)
                 if reason:
-                    skips = (_skip(spec, target, row, dtype, device, reason) for row in rows for dtype in dtypes)
+                    claimed = [d for d in dtypes if d in spec.dtypes_on(device)]
+                    skips = (_skip(spec, target, row, dtype, device, reason) for row in rows for dtype in claimed)
                     plan.skipped += _kept(filters, spec, skips)
     return plan
 

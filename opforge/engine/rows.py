@@ -143,7 +143,7 @@ def _outcome_verdict(check: Check, name: str, outcome: object) -> Verdict:
 
 
 def apply_xfail(spec: OpSpec, target: str, check: str, case: Case, verdict: Verdict) -> Verdict:
-    xfail = spec.xfail_for(target, check, case.dtype, case.device)
+    xfail = spec.xfail_for(target, check, case.dtype, case.device, case.layout, case.id)
     if xfail is None:
         return verdict
     if verdict.status in (Status.FAIL, Status.ERROR):

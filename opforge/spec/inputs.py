@@ -1,5 +1,6 @@
 """The spec's `inputs:` section: one entry per schema argument, a tensor (`shapes:` and how to sample it) or a
-non-tensor (`values:`)."""
+non-tensor (`values:`). In a spec whose `samples:` function makes the inputs, a tensor's entry holds its settings
+(requires_grad, layouts, special_values, ...) without `shapes:`."""
 
 from __future__ import annotations
 
@@ -32,10 +33,18 @@ _INPUT_KEYS = (
 )
 
 
-def _input(r: Reader, name: str, node: Node) -> Input:
+def _input(r: Reader, name: str, node: Node, sampled: bool) -> Input:
     key = f"inputs.{name}"
     i = Reader(r.path, node, key, _INPUT_KEYS)
-    if i.has("values") == i.has("shapes"):
+    if sampled and i.has("shapes"):
+        raise i.fail(
+            i.child("shapes"),
+            f"{key}.shapes",
+            "no `shapes:` beside `samples:` (the sample function gives every case's shapes)",
+            "`shapes:`",
+            f"Drop inputs.{name}.shapes, or drop `samples:` and list the shapes here.",
+        )
+    if i.has("values") == i.has("shapes") and not (sampled and not i.has("values")):
         raise i.fail(
             node,
             key,
@@ -65,7 +74,7 @@ def _input(r: Reader, name: str, node: Node) -> Input:
         )
     return TensorInput(
         name=name,
-        shapes=i.get("shapes", list_of(read_shape)),
+        shapes=i.get("shapes", list_of(read_shape), ()),
         low=low,
         high=high,
         requires_grad=i.get("requires_grad", read_bool, False),
@@ -92,8 +101,8 @@ def _read_special_values(r: Reader, key: str, node: Node) -> bool | tuple[str, .
     return node.value
 
 
-def read_inputs(r: Reader, key: str, node: Node) -> tuple[Input, ...]:
-    if not isinstance(node.value, dict) or not node.value:
+def read_inputs(r: Reader, key: str, node: Node, sampled: bool = False) -> tuple[Input, ...]:
+    if not isinstance(node.value, dict) or (not node.value and not sampled):
         raise r.fail(
             node,
             key,
@@ -101,8 +110,9 @@ def read_inputs(r: Reader, key: str, node: Node) -> tuple[Input, ...]:
             describe(node.value),
             "Add one entry per schema argument, e.g. `x: {shapes: [[7]]}`.",
         )
-    inputs = tuple(_input(r, name, child) for name, child in node.value.items())
-    _check_paired_shapes(r, node, inputs)
+    inputs = tuple(_input(r, name, child, sampled) for name, child in node.value.items())
+    if not sampled:
+        _check_paired_shapes(r, node, inputs)
     _check_avoid_targets(r, node, inputs)
     return inputs
 

@@ -21,6 +21,7 @@ from opforge.spec.model import (
     SPECIAL_VALUES,
     Input,
     OpSpec,
+    Samples,
     TensorInput,
     bench_modes,
 )
@@ -68,8 +69,9 @@ _TOP_KEYS = (
     "cuda_graphs",
     "timeout",
     "bench",
+    "samples",
 )
-_REQUIRED = ("op", "schema", "load", "reference", "inputs", "dtypes")
+_REQUIRED = ("op", "schema", "load", "reference", "dtypes")
 
 
 def load_spec(path: Path | str) -> OpSpec:
@@ -112,8 +114,9 @@ def load_spec(path: Path | str) -> OpSpec:
     checks = r.get("checks", list_of(one_of(CATALOG.names)), None)
     differentiable = r.get("differentiable", read_bool, True)
     double_backward = r.get("double_backward", read_bool, False)
-    inputs = r.get("inputs", read_inputs)
-    dtypes = r.get("dtypes", list_of(one_of(KNOWN_DTYPES)))
+    samples = Samples(r.get("samples", read_callable)) if r.has("samples") else None
+    inputs = _inputs(r, samples)
+    dtypes, device_dtypes = _dtypes(r)
     vmap = r.get("vmap", read_bool, False)
     error_inputs = read_error_inputs(r, inputs) if r.has("error_inputs") else ()
     large_index = read_large_index(r, inputs, dtypes) if r.has("large_index") else None
@@ -129,13 +132,24 @@ def load_spec(path: Path | str) -> OpSpec:
         checks = CATALOG.default_checks(claims)
     _check_claims(r, checks, claims)
     implementations = r.get("implementations", _implementations, ())
-    layouts = r.get("layouts", list_of(one_of(KNOWN_LAYOUTS)), ("contiguous",))
+    # Every layout by default: a spec that names none still meets a fake's strides on a transposed input.
+    layouts = r.get("layouts", list_of(one_of(KNOWN_LAYOUTS)), KNOWN_LAYOUTS)
     _check_input_layouts(r, inputs, layouts)
-    devices = r.get("devices", list_of(one_of(KNOWN_DEVICES)), ("cpu",))
+    devices = r.get("devices", list_of(one_of(KNOWN_DEVICES)), tuple(dict(device_dtypes)) or ("cpu",))
+    _check_device_dtypes(r, devices, device_dtypes)
     schema = r.get("schema", read_str)
+    input_nodes = r.child("inputs").value.items() if r.has("inputs") else ()
     lines = tuple((k, r.line(k)) for k in root.value) + tuple(
-        (f"inputs.{name}", child.line) for name, child in r.child("inputs").value.items()
+        (f"inputs.{name}", child.line) for name, child in input_nodes
     )
+    if samples is not None and r.has("bench"):
+        raise r.fail(
+            r.child("bench"),
+            "bench",
+            "no `bench:` section beside `samples:`",
+            "both",
+            "Time the op from a spec with `inputs.<arg>.shapes`: bench times fixed shapes.",
+        )
 
     return OpSpec(
         path=path,
@@ -165,7 +179,49 @@ def load_spec(path: Path | str) -> OpSpec:
         timeout=r.get("timeout", read_seconds),
         bench=read_bench_section(r, inputs, schema, bench_modes(differentiable, inputs), dtypes, devices, layouts),
         lines=lines,
+        device_dtypes=device_dtypes,
+        samples=samples,
     )
+
+
+def _inputs(r: Reader, samples: Samples | None) -> tuple[Input, ...]:
+    """`inputs:` is required unless `samples:` makes the inputs; then its entries hold per-argument settings."""
+    if samples is None and not r.has("inputs"):
+        raise r.fail(r.node, "inputs", "an 'inputs' entry", "none", "Add `inputs:` (see docs/specs.md).")
+    return r.get("inputs", lambda r, key, node: read_inputs(r, key, node, sampled=samples is not None), ())
+
+
+def _dtypes(r: Reader) -> tuple[tuple[str, ...], tuple[tuple[str, tuple[str, ...]], ...]]:
+    """`dtypes: [...]` claims them on every device; `dtypes: {cpu: [...], cuda: [...]}` per device (OpInfo's
+    dtypesIfCUDA). Returns the union, in the order first given, and the per-device lists (empty for a plain list)."""
+    node = r.child("dtypes")
+    if not isinstance(node.value, dict):
+        return r.get("dtypes", list_of(one_of(KNOWN_DTYPES))), ()
+    per_device = Reader(r.path, node, "dtypes", KNOWN_DEVICES)
+    device_dtypes = tuple((device, per_device.get(device, list_of(one_of(KNOWN_DTYPES)))) for device in node.value)
+    if not device_dtypes:
+        raise r.fail(
+            node, "dtypes", "a list of dtypes, or one per device", "an empty mapping", "Write e.g. `dtypes: [float32]`."
+        )
+    union = tuple(dict.fromkeys(d for _, dtypes in device_dtypes for d in dtypes))
+    return union, device_dtypes
+
+
+def _check_device_dtypes(
+    r: Reader, devices: tuple[str, ...], device_dtypes: tuple[tuple[str, tuple[str, ...]], ...]
+) -> None:
+    """Per-device dtypes name exactly the spec's devices: a device without a list would claim nothing."""
+    if not device_dtypes:
+        return
+    given = tuple(device for device, _ in device_dtypes)
+    if set(given) != set(devices):
+        raise r.fail(
+            r.child("dtypes"),
+            "dtypes",
+            f"a dtype list for each of the spec's devices ({', '.join(devices)})",
+            ", ".join(given),
+            "Give every device in `devices:` its dtypes, and no other device.",
+        )
 
 
 def _check_input_layouts(r: Reader, inputs: tuple[Input, ...], layouts: tuple[str, ...]) -> None:

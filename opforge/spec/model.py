@@ -5,6 +5,7 @@ Nothing here reads files or imports torch (opforge.spec.load builds these from Y
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,26 +147,38 @@ class GridSize:
     shapes: tuple[tuple[str, tuple[int, ...]], ...]
 
 
+# What an xfail's `layout` may name: a case's layout, or the spec's `noncontiguous`, which stands for both of its views.
+XFAIL_LAYOUTS = ("contiguous", "offset", "transposed", "strided", "channels_last", "noncontiguous")
+
+
 @dataclass(frozen=True)
 class XFail:
     """A known failure. Strict (the default): a case that passes anyway is XPASS and fails the run, so stale
-    entries get noticed. Non-strict: for failures that depend on the sampled values, a pass is just a pass."""
+    entries get noticed. Non-strict: for failures that depend on the sampled values, a pass is just a pass.
+    `case` is a glob (fnmatch) on the case id, for a failure that only some shapes or samples have."""
 
     check: str
     reason: str
     implementation: str | None = None
     dtype: str | None = None
     device: str | None = None
+    layout: str | None = None
+    case: str | None = None
     strict: bool = True
 
-    def matches(self, implementation: str, check: str, dtype: str, device: str) -> bool:
+    def matches(self, implementation: str, check: str, dtype: str, device: str, layout: str, case_id: str) -> bool:
         base = check.split(":", 1)[0]
         return (
             self.check in (check, base)
             and (self.implementation is None or self.implementation == implementation)
             and (self.dtype is None or self.dtype == dtype)
             and (self.device is None or self.device == device)
+            and (self.layout is None or layout in _LAYOUT_FAMILIES.get(self.layout, (self.layout,)))
+            and (self.case is None or fnmatch.fnmatchcase(case_id, self.case))
         )
+
+
+_LAYOUT_FAMILIES = {"noncontiguous": ("transposed", "strided")}
 
 
 BENCH_MODES = ("fwd", "bwd", "fwd+bwd")
@@ -210,6 +223,16 @@ class Load:
 
 
 @dataclass(frozen=True)
+class Samples:
+    """`samples: module:function`: the cases' inputs come from a function (OpInfo's sample inputs), for ops whose
+    shapes are coupled to their other arguments (a convolution's offsets to its stride and groups). `values` holds
+    each sample's non-tensor arguments once the op is loaded (opforge.loading): the spec alone cannot know them."""
+
+    ref: str
+    values: tuple[tuple[tuple[str, Any], ...], ...] = ()
+
+
+@dataclass(frozen=True)
 class OpSpec:
     path: Path
     op: str
@@ -245,6 +268,11 @@ class OpSpec:
     timeout: float | None = None
     # What `opforge bench` times; None when the spec has no `bench:` section.
     bench: BenchSpec | None = None
+    # The dtypes claimed on each device where the spec gives them per device (`dtypes: {cpu: [...], cuda: [...]}`);
+    # empty: `dtypes` holds on every device. `dtypes` is then the union, in the order first given.
+    device_dtypes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Where each case's inputs come from when a function makes them; None: `inputs.<arg>.shapes`.
+    samples: Samples | None = None
     # Line of each top-level key and of each input, for errors found after loading (schema mismatch, bad module).
     lines: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
@@ -294,8 +322,14 @@ class OpSpec:
                 return i
         return 0
 
-    def xfail_for(self, implementation: str, check: str, dtype: str, device: str) -> XFail | None:
-        return next((x for x in self.xfail if x.matches(implementation, check, dtype, device)), None)
+    def dtypes_on(self, device: str) -> tuple[str, ...]:
+        """The dtypes the spec claims on `device`."""
+        return dict(self.device_dtypes).get(device, self.dtypes) if self.device_dtypes else self.dtypes
+
+    def xfail_for(
+        self, implementation: str, check: str, dtype: str, device: str, layout: str, case_id: str
+    ) -> XFail | None:
+        return next((x for x in self.xfail if x.matches(implementation, check, dtype, device, layout, case_id)), None)
 
     @property
     def bench_modes(self) -> tuple[str, ...]:

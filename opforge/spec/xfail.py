@@ -1,9 +1,10 @@
-"""The spec's `xfail:` list: known failures, by check (or one of its rows), implementation, dtype and device."""
+"""The spec's `xfail:` list: known failures, by check (or one of its rows), implementation, dtype, device, layout and
+case id (a glob)."""
 
 from __future__ import annotations
 
 from opforge.checks.catalog import CATALOG
-from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES, XFail
+from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES, XFAIL_LAYOUTS, XFail
 from opforge.spec.reader import Node, Reader, list_of, one_of, read_bool, read_str, suggest
 
 
@@ -27,7 +28,7 @@ def _read_xfail(r: Reader, key: str, node: Node) -> XFail:
         r.path,
         node,
         key,
-        ("check", "implementation", "dtype", "device", "reason", "strict"),
+        ("check", "implementation", "dtype", "device", "layout", "case", "reason", "strict"),
         required=("check", "reason"),
     )
     check = x.get("check", read_str)
@@ -45,5 +46,7 @@ def _read_xfail(r: Reader, key: str, node: Node) -> XFail:
         implementation=x.get("implementation", read_str),
         dtype=x.get("dtype", one_of(KNOWN_DTYPES)),
         device=x.get("device", one_of(KNOWN_DEVICES)),
+        layout=x.get("layout", one_of(XFAIL_LAYOUTS)),
+        case=x.get("case", read_str),
         strict=x.get("strict", read_bool, True),
     )
