@@ -122,6 +122,8 @@ def test_a_fixed_fake_kernel_is_seen_by_the_next_run_not_a_cached_graph(tmp_path
         reference: cacheop:reference
         inputs: {x: {shapes: [[7], [5, 6]]}}
         dtypes: [float32]
+        # x * 2 keeps a transposed input's strides, which this fake does not: a bug of its own, not this test's.
+        layouts: [contiguous]
         differentiable: false
         checks: [compile]
         """)
@@ -157,6 +159,7 @@ def test_a_missing_fake_kernel_says_to_register_one(tmp_path):
         reference: nofake:reference
         inputs: {x: {shapes: [[7]]}}
         dtypes: [float32]
+        layouts: [contiguous]
         differentiable: false
         checks: [opcheck, compile]
         """)

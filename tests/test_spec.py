@@ -44,7 +44,7 @@ def test_bundled_specs_load_frozen():
 
 def test_defaults(tmp_path):
     spec = load_spec(write(tmp_path, VALID))
-    assert spec.devices == ("cpu",) and spec.layouts == ("contiguous",)
+    assert spec.devices == ("cpu",) and spec.layouts == ("contiguous", "noncontiguous", "channels_last")
     assert spec.differentiable and not spec.double_backward
     assert "gradgradcheck" not in spec.checks and "gradcheck" in spec.checks
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from opforge.cases import Case, CaseInputs
+from opforge.cases import Case, CaseInputs, build_matrix
 from opforge.checks.base import Check, CheckContext, Outcomes, representative_cases
 from opforge.checks.calls import (
     against_reference,
@@ -20,7 +20,7 @@ from opforge.checks.calls import (
 )
 from opforge.compare import Rule, check_result, rule_for, tolerance_for
 from opforge.loading import LoadedOp, Target
-from opforge.outcomes import CheckFailure, PassNote
+from opforge.outcomes import CheckFailure, PassNote, ReferenceFailure
 from opforge.spec.model import Tolerance
 
 # Every dtype an unclaimed call is tried in. Complex is left out: a real op's reference says nothing about it.
@@ -64,14 +64,54 @@ def dtypes(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
             f"{case.dtype} is not claimed and the op fails on it without a clear error "
             f"({failure.message}). Reject it with TORCH_CHECK and a message."
         ) from error
-    _compare_with_reference(loaded, case, returned, inputs, claimed=False)
+    try:
+        _compare_with_reference(loaded, case, returned, inputs, claimed=False)
+    except CheckFailure as failure:
+        raise CheckFailure(
+            f"{case.dtype} is not claimed, and instead of rejecting it the op returns wrong values: {failure.message}",
+            failure.mismatch,
+        ) from None
     kinds = ", ".join(str(v.dtype).removeprefix("torch.") for v in returned if hasattr(v, "dtype")) or "nothing"
-    return {
-        "dtypes": PassNote(
-            f"{case.dtype} on {case.device} is not claimed, but works (returns {kinds}): claim "
-            "it in the spec's dtypes, or reject it with a clear error"
+    return {"dtypes": PassNote(_unclaimed_note(ctx, target, case, kinds))}
+
+
+def _unclaimed_note(ctx: CheckContext, target: Target, case: Case, kinds: str) -> str:
+    """What an unclaimed dtype that works on the representative case does on every other case of the spec: "works"
+    only when it is right on all of them (a claim would then hold); else how close it came."""
+    cases = every_case_in(ctx.loaded, case.dtype, case.device)
+    failures = [(c, failure) for c in cases if (failure := _failure_on(ctx, target, c)) is not None]
+    unclaimed = f"{case.dtype} on {case.device} is not claimed"
+    if not failures:
+        return (
+            f"{unclaimed}, but works on all {len(cases)} cases of the spec (returns {kinds}): claim it in the "
+            "spec's dtypes, or reject it with a clear error"
         )
-    }
+    first, failure = failures[0]
+    return (
+        f"{unclaimed}; it works on the representative case but fails {len(failures)} of the spec's {len(cases)} "
+        f"cases in it (first: {first.id}: {failure.rstrip('.')}): reject it with a clear error, or fix it before "
+        "claiming it"
+    )
+
+
+def every_case_in(loaded: LoadedOp, dtype: str, device: str) -> list[Case]:
+    """The spec's matrix on `device`, every case moved to `dtype` (claimed or not)."""
+    claimed = loaded.spec.dtypes_on(device)[:1]
+    return list(
+        {c.id: c for c in (replace(c, dtype=dtype) for c in build_matrix(loaded.spec, claimed, (device,)))}.values()
+    )
+
+
+def _failure_on(ctx: CheckContext, target: Target, case: Case) -> str | None:
+    """Why the op is not right on `case`, in a dtype it does not claim (None: it is)."""
+    try:
+        inputs = inputs_for(ctx.loaded, case, ctx.base_seed)
+        _compare_with_reference(ctx.loaded, case, outputs_of(ctx.loaded, target, inputs), inputs, claimed=False)
+    except CheckFailure as failure:
+        return failure.message
+    except ReferenceFailure as failure:
+        return str(failure)
+    return None
 
 
 def _compare_with_reference(loaded: LoadedOp, case: Case, got: tuple, inputs: CaseInputs, claimed: bool) -> None:
@@ -79,7 +119,6 @@ def _compare_with_reference(loaded: LoadedOp, case: Case, got: tuple, inputs: Ca
     to within one unit, a bool exactly, a floating one within its dtype's tolerance."""
     import torch
 
-    what = "" if claimed else f"{case.dtype} is not claimed, and instead of rejecting it the op returns wrong values: "
     floating = getattr(torch, case.dtype).is_floating_point
     baseline = output_baseline(loaded, inputs, case.dtype) if floating else None
     compared = against_reference(
@@ -92,12 +131,9 @@ def _compare_with_reference(loaded: LoadedOp, case: Case, got: tuple, inputs: Ca
         dtype = compared_dtype(case.dtype, name, g, e) if claimed else g.dtype
         # The low-precision baseline is the reference in the case's dtype: only for a result in that dtype.
         same_dtype = baseline if g.dtype == getattr(torch, case.dtype) else None
-        try:
-            check_result(
-                name, g, _as_the_op_would(e, g.dtype), _rule(loaded, g.dtype), dtype, case.device, baseline=same_dtype
-            )
-        except CheckFailure as failure:
-            raise CheckFailure(what + failure.message, failure.mismatch) from None
+        check_result(
+            name, g, _as_the_op_would(e, g.dtype), _rule(loaded, g.dtype), dtype, case.device, baseline=same_dtype
+        )
 
 
 def _real_valued_reference(loaded: LoadedOp, inputs: CaseInputs) -> CaseInputs:
