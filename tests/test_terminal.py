@@ -67,6 +67,26 @@ def test_two_devices_too_wide_for_the_terminal_get_a_table_each(width, capsys):
     assert " on cpu" not in wide and wide.count("pass 1") == 8
 
 
+def test_ten_dtypes_too_wide_for_80_columns_split_into_tables_that_keep_every_column(width, capsys):
+    """`COLUMNS=80 opforge check leaky_swish --check dtypes` cut the columns after int64 off, without an ellipsis:
+    one device's columns now go into as many tables as fit, in order."""
+    from opforge.checks.dtypes import TRIED_DTYPES
+    from opforge.reporters.terminal import SHORT_DTYPES, render_op
+
+    results = [_result("cpu", dtype, "dtypes") for dtype in TRIED_DTYPES]
+    results += [CaseResult("op", "prototype", "dtypes", f"{d}-cpu", d, "cpu", Status.PASS) for d in TRIED_DTYPES]
+    op = OpReport(op="op", spec_path="op.yaml", results=results)
+    width(80)
+    render_op(op)
+    narrow = capsys.readouterr().out
+    lines = table_lines(narrow)
+    assert all(len(line) <= 80 for line in lines) and "…" not in narrow, narrow
+    assert "op  (op.yaml)  on cpu, part 1 of 2" in narrow and "part 2 of 2" in narrow
+    headers = " ".join(line for line in lines if line.startswith("┃"))
+    assert all(SHORT_DTYPES.get(d, d) in headers for d in TRIED_DTYPES), headers
+    assert narrow.count("pass") == 2 * len(TRIED_DTYPES)
+
+
 def test_failures_with_one_cause_are_one_panel_with_their_count_and_a_repro_on_one_line(width):
     width(100)
     result = check(str(FIXTURES / "ignores_strides.yaml"), "--check", "correctness", "--dtype", "float32")
@@ -215,3 +235,12 @@ def test_the_bench_table_never_cuts_a_number_at_80_to_140_columns(width, capsys,
     if columns <= 100:
         words = " ".join(out.split())  # a title longer than the console wraps
         assert f"{labels[0]} bfloat16" in words and f"{labels[1]} float32" in words, out
+
+
+def test_the_spec_list_folds_long_names_at_80_columns_instead_of_cutting_them(width):
+    width(80)
+    result = runner.invoke(app, ["list"], env={"NO_COLOR": "1"})
+    assert result.exit_code == 0 and "…" not in result.output, result.output
+    assert all(len(line) <= 80 for line in table_lines(result.output))
+    folded = "".join(line.split("│")[1].strip() for line in table_lines(result.output) if line.startswith("│"))
+    assert "opforge::affine_leaky_swish" in folded

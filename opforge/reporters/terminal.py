@@ -183,11 +183,24 @@ def render_op(op: OpReport, verbose: bool = False) -> None:
     whole = _result_table(rows, columns)
     if _narrowest(whole) <= console.width:
         console.print(Text(title, style="italic"), whole)
-    else:  # too wide for the terminal (two devices at 80 columns): one table per device
+    else:  # too wide for the terminal (two devices, or ten dtypes, at 80 columns): tables that fit, every column kept
         for device in dict.fromkeys(d for d, _ in columns):
-            table = _result_table(rows, [c for c in columns if c[0] == device])
-            console.print(Text(f"{title}  on {device}", style="italic"), table)
+            parts = _fitting_parts(rows, [c for c in columns if c[0] == device], console.width)
+            for number, part in enumerate(parts, 1):
+                which = f", part {number} of {len(parts)}" if len(parts) > 1 else ""
+                console.print(Text(f"{title}  on {device}{which}", style="italic"), _result_table(rows, part))
     _render_op_notes(op, verbose)
+
+
+def _fitting_parts(rows, columns: list[tuple[str, str]], width: int) -> list[list[tuple[str, str]]]:
+    """`columns` in order, split into runs whose table fits `width` (at least one column each: a run that cannot
+    fit one column still shows it, wrapped)."""
+    parts: list[list[tuple[str, str]]] = [[]]
+    for column in columns:
+        if parts[-1] and _narrowest(_result_table(rows, [*parts[-1], column])) > width:
+            parts.append([])
+        parts[-1].append(column)
+    return parts
 
 
 # Columns of a table: padding on both sides and a border.
@@ -390,8 +403,10 @@ def run_verdict(report: RunReport) -> tuple[str, str]:
 
 def render_spec_list(rows: list[tuple[str, str, str]]) -> None:
     table = Table(title="opforge specs", title_justify="left")
-    for name in ("op", "spec", "description"):
-        table.add_column(name)
+    # Names fold onto a second line at 80 columns rather than end in "…": a cut name cannot be typed back.
+    for name in ("op", "spec"):
+        table.add_column(name, overflow="fold")
+    table.add_column("description")
     for row in rows:
         table.add_row(*row)
     console.print(table)
