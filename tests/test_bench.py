@@ -95,6 +95,7 @@ def test_wrong_implementations_are_reported_and_not_timed(tmp_path):
     assert "FAILED: 5 timed, 3 wrong" in result.output
 
 
+@pytest.mark.slow
 def test_compile_baseline_and_speedup_columns(tmp_path):
     out = tmp_path / "run.json"
     result = invoke(
@@ -369,6 +370,7 @@ def test_peak_is_measured_once_per_device_and_cached(tmp_path):
     assert not peak_module.peak_bandwidth("cpu", env, path=path, measure=measure).cached
 
 
+@pytest.mark.slow
 def test_cpu_copy_peak_is_a_real_measurement():
     gbps, method, nbytes = REAL_MEASURE_COPY("cpu")
     assert gbps > 0 and nbytes == peak_module.CPU_COPY_BYTES and method.startswith("memcpy copy of 256 MiB")
@@ -682,6 +684,7 @@ def test_a_contender_past_its_time_limit_is_cut_off_with_a_note_and_the_run_goes
     assert "cut off after 1 s" in result.output and "OK: 1 timed, 1 skip" in result.output
 
 
+@pytest.mark.slow
 def test_the_op_itself_is_never_cut_off(tmp_path, monkeypatch):
     """Verifying a large case in float64 takes minutes on a CPU: the op's rows run to the end, only baselines are
     cut. Here the op's implementation is the slow one."""

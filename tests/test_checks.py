@@ -19,6 +19,7 @@ def test_declared_nondeterministic_op_skips_determinism(tmp_path):
     assert not report.failed and "determinism" not in {r.check for r in report.results}
 
 
+@pytest.mark.slow
 def test_correct_op_passes_every_check():
     report = run_spec(FIXTURES / "good.yaml")
     failed = [r for r in report.results if r.status.failed]
@@ -533,6 +534,7 @@ def _small_index_job(target, shape=(10_000,)):
     )
 
 
+@pytest.mark.slow
 def test_large_index_child_compares_the_elements_past_the_boundary():
     from opforge.checks.large_index import run_in_child
 
@@ -542,6 +544,7 @@ def test_large_index_child_compares_the_elements_past_the_boundary():
     assert f"around index {_small_index_limit()}" in failure.message
 
 
+@pytest.mark.slow
 def test_large_index_child_that_faults_is_the_ops_failure_and_the_run_goes_on():
     from opforge.checks.large_index import run_in_child
 
@@ -549,6 +552,7 @@ def test_large_index_child_that_faults_is_the_ops_failure_and_the_run_goes_on():
     assert failure is not None and "SIGSEGV" in failure.message and "child process" in failure.message
 
 
+@pytest.mark.slow
 def test_large_index_child_fails_an_output_shorter_than_the_inputs():
     from opforge.checks.large_index import run_in_child
 
@@ -557,6 +561,7 @@ def test_large_index_child_fails_an_output_shorter_than_the_inputs():
     assert f"got ({_small_index_limit()},)" in failure.message
 
 
+@pytest.mark.slow
 def test_large_index_child_that_runs_out_of_memory_in_the_op_is_skipped():
     from opforge.checks.large_index import run_in_child
     from opforge.outcomes import CheckSkipped
@@ -565,6 +570,7 @@ def test_large_index_child_that_runs_out_of_memory_in_the_op_is_skipped():
         run_in_child(_small_index_job("oom"))
 
 
+@pytest.mark.slow
 def test_large_index_child_that_breaks_outside_the_op_is_an_error_with_where():
     from dataclasses import replace
 
@@ -584,6 +590,7 @@ def test_large_index_child_time_limit_fits_in_the_rows():
     assert child_time_limit(8) == 4
 
 
+@pytest.mark.slow
 def test_large_index_child_skips_when_memory_is_short():
     from opforge.checks.large_index import run_in_child
     from opforge.outcomes import CheckSkipped

@@ -143,6 +143,7 @@ def test_bad_spec_exits_2_with_file_line(tmp_path):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_build_error_exits_3_with_first_compiler_error_and_log():
     result = invoke("check", str(FIXTURES / "build_error" / "broken.yaml"))
     assert result.exit_code == 3, result.output

@@ -106,6 +106,7 @@ def test_a_sanitizer_failure_names_kernel_access_case_and_the_log(tmp_path):
     assert "No source lines in the reports: build the op's CUDA sources with -lineinfo" in no_lines
 
 
+@pytest.mark.slow
 def test_sanitizer_tools_run_only_when_asked_and_skip_without_a_gpu(tmp_path):
     import torch
 

@@ -40,6 +40,10 @@ from opforge.loading import load_op
 from opforge.results import OpReport, RunReport, Status
 from opforge.spec.load import load_spec
 
+# The quick tier (`pytest -m "not slow"`) leaves these out. Worker processes, each importing torch and loading an
+# op: seconds per test.
+pytestmark = pytest.mark.slow
+
 runner = CliRunner()
 
 

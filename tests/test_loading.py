@@ -111,6 +111,7 @@ def reference(x):
 """
 
 
+@pytest.mark.slow
 def test_a_fixed_fake_kernel_is_seen_by_the_next_run_not_a_cached_graph(tmp_path):
     (tmp_path / "cacheop.py").write_text(_CACHE_OP.format(extra=1))
     spec = tmp_path / "cacheop.yaml"

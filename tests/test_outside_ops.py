@@ -108,6 +108,7 @@ def test_layouts_narrow_the_default(tmp_path):
 # ---------------------------------------------------------------------------------------------------- samples
 
 
+@pytest.mark.slow
 def test_samples_give_each_geometry_its_case_and_every_check_runs_on_it():
     report = run_spec(OUTSIDE / "conv1d.yaml")
     assert not report.failed, describe([r for r in report.results if r.status.failed])

@@ -10,6 +10,9 @@ from xml.etree import ElementTree
 import pytest
 from conftest import FIXTURES, REPO
 
+# The quick tier (`pytest -m "not slow"`) leaves these out. Each test runs pytest in a subprocess.
+pytestmark = pytest.mark.slow
+
 pytest_plugins = ["pytester"]
 
 

@@ -10,6 +10,9 @@ from conftest import FIXTURES, describe, failures_by_check, requires_cuda, run_s
 
 from opforge.results import Status
 
+# The quick tier (`pytest -m "not slow"`) leaves these out. Whole specs of ops written elsewhere, C++ built.
+pytestmark = pytest.mark.slow
+
 REAL = FIXTURES / "real_ops"
 
 # (spec, the checks it is run with): each must pass every row.

@@ -4,10 +4,14 @@ compile gate; it runs where a GPU is.) Each test uses an op name of its own: ops
 
 from __future__ import annotations
 
+import pytest
 from conftest import in_process
 from typer.testing import CliRunner
 
 from opforge.cli import app
+
+# The quick tier (`pytest -m "not slow"`) leaves these out. Scaffolded ops are built (C++) and checked whole.
+pytestmark = pytest.mark.slow
 
 runner = CliRunner()
 

@@ -16,6 +16,9 @@ from opforge.loading import load_op
 from opforge.shard import owns, parse_shard
 from opforge.spec.load import load_spec
 
+# The quick tier (`pytest -m "not slow"`) leaves these out. Whole runs, sharded and merged.
+pytestmark = pytest.mark.slow
+
 runner = CliRunner()
 GOOD = str(FIXTURES / "good.yaml")
 BENCH_GOOD = str(FIXTURES / "bench_good.yaml")

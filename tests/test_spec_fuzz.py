@@ -189,6 +189,7 @@ def test_random_text_loads_or_gives_a_spec_error(workdir, text):
 @settings(
     max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
+@pytest.mark.slow
 @given(mutated_specs())
 def test_mutated_specs_load_or_give_a_spec_error(workdir, mutation):
     name, text = mutation

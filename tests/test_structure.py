@@ -109,6 +109,7 @@ def test_no_lower_layer_imports_a_higher_one():
     assert not upward, "\n".join(upward)
 
 
+@pytest.mark.slow
 def test_an_isolated_run_keeps_the_parent_torch_free():
     code = (
         "import sys\n"

@@ -325,6 +325,7 @@ def uncached_compile():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("uncached_compile")
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile_accepts_both_mutating_ops(device):
