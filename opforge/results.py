@@ -1,4 +1,4 @@
-"""The result model: what a run found, as data. Rendering lives in opforge.report; nothing here prints.
+"""The result model: what a run found, as data. Rendering lives in opforge.reporters; nothing here prints.
 
 One CaseResult per (implementation, check, case). The JSON form is versioned (JSON_SCHEMA_VERSION); add fields
 freely, bump the version when one changes meaning or goes away.

@@ -1,4 +1,4 @@
-"""The result model of `opforge bench`: data only (opforge.report renders it, opforge.bench.export writes it).
+"""The result model of `opforge bench`: data only (opforge.reporters renders it and writes its JSON, CSV and plot).
 
 The JSON form carries every raw sample so that a later run can be gated against it (opforge.bench.baseline).
 """

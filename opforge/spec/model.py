@@ -189,7 +189,7 @@ class BenchSpec:
     """What `opforge bench` times. Empty fields take defaults from the rest of the spec (see opforge.bench.runner).
 
     `sizes` gives every tensor input the 1-D shape (n,); `shapes` gives each tensor input its own shapes, paired by
-    position like `inputs`. `bytes` maps a mode to an expression of the bytes one call moves (opforge.bench.expr).
+    position like `inputs`. `bytes` maps a mode to an expression of the bytes one call moves (opforge.spec.bytes_expr).
     """
 
     sizes: tuple[int, ...] = ()
