@@ -21,6 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
+from opforge.checks.base import CheckOption, OptIns
 from opforge.checks.catalog import CATALOG
 from opforge.errors import (
     EXIT_FAILED,
@@ -191,6 +192,58 @@ def with_report_options(formats: tuple[ReportFormat, ...]) -> Callable[[Callable
     return decorate
 
 
+def with_check_options(options: tuple[CheckOption, ...]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command the options the checks own (`--large`, `--sanitize TOOLS`: CheckOption, from the catalog); the
+    command receives them as `opt_ins` (GivenOptions, parsed into OptIns in its body). A check's flag lives in its
+    module, not here."""
+
+    def param_name(option: CheckOption) -> str:
+        return "option_" + option.name.replace("-", "_")
+
+    def annotation(option: CheckOption) -> Any:
+        kind = typer.Option(option.flag, help=option.help, metavar=option.metavar, rich_help_panel=EXECUTION)
+        return Annotated[bool, kind] if option.metavar is None else Annotated[str | None, kind]
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(command, eval_str=True)
+        params = [p for p in signature.parameters.values() if p.name != "opt_ins"]
+        added = [
+            inspect.Parameter(
+                param_name(o),
+                inspect.Parameter.KEYWORD_ONLY,
+                default=False if o.metavar is None else None,
+                annotation=annotation(o),
+            )
+            for o in options
+        ]
+
+        @functools.wraps(command)
+        def with_options(**kwargs: Any) -> None:
+            given = {o: kwargs.pop(param_name(o)) for o in options}
+            kwargs["opt_ins"] = GivenOptions(given)
+            command(**kwargs)
+
+        with_options.__signature__ = signature.replace(parameters=params + added)  # type: ignore[attr-defined]
+        with_options.__annotations__ = {p.name: p.annotation for p in params + added}
+        return with_options
+
+    return decorate
+
+
+class GivenOptions:
+    """The check options as given, parsed (a bad value is a UsageError) when the command's body runs, where errors
+    become exit codes."""
+
+    def __init__(self, given: dict[CheckOption, Any]):
+        self.given = given
+
+    def parse(self) -> OptIns:
+        values = {
+            o.name: (o.parse(v) if o.parse is not None and isinstance(v, str) else v) for o, v in self.given.items()
+        }
+        return OptIns.of(**values)
+
+
 def _specs(targets: list[str], all_specs: bool) -> list[Path]:
     if all_specs:
         return list_specs()
@@ -213,6 +266,7 @@ def _validate(values: list[str], known: tuple[str, ...], option: str) -> tuple[s
 
 @app.command()
 @with_report_options(CHECK_FORMATS)
+@with_check_options(CATALOG.options)
 def check(
     targets: Targets = None,
     all_specs: Annotated[
@@ -283,25 +337,9 @@ def check(
         ),
     ] = False,
     cuda_arch: CudaArch = None,
-    large: Annotated[
-        bool,
-        typer.Option(
-            "--large",
-            help="Also run large_index (tensors past 2^31 elements: GBs of GPU memory).",
-            rich_help_panel=EXECUTION,
-        ),
-    ] = False,
-    sanitize: Annotated[
-        str | None,
-        typer.Option(
-            "--sanitize",
-            help="Also run the op's CUDA cases under compute-sanitizer with these tools: memcheck, racecheck, "
-            "initcheck, synccheck (comma-separated), or all.",
-            rich_help_panel=EXECUTION,
-        ),
-    ] = None,
     *,
     reports: dict[ReportFormat, Path | None],
+    opt_ins: GivenOptions,
 ) -> None:
     """Build an op's kernels and run every check its spec declares.
 
@@ -325,8 +363,7 @@ def check(
             keyword=keyword,
             seed=seed,
             fail_fast=fail_fast,
-            large=large,
-            sanitize=_sanitizer_tools(sanitize),
+            opt_ins=opt_ins.parse(),
             shard=parse_shard(shard) if shard else None,
         )
         files = _file_reporters(reports)
@@ -394,15 +431,6 @@ def _unlisted_check_notes(specs: list[OpSpec], filters: Any) -> list[str]:
         f"{' '.join(c.rerun_flags)}."
         for c in unasked
     ]
-
-
-def _sanitizer_tools(text: str | None) -> tuple[str, ...]:
-    from opforge.checks.sanitize import TOOLS
-
-    if text is None:
-        return ()
-    tools = TOOLS if text.strip() == "all" else tuple(t.strip() for t in text.split(",") if t.strip())
-    return _validate(list(tools), TOOLS, "--sanitize")
 
 
 def _validate_run_options(timeout: float | None, jobs: int, no_isolation: bool) -> None:

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from opforge.checks.base import OptIns
+from opforge.checks.catalog import CATALOG
 from opforge.errors import OpforgeError
 from opforge.results import CaseResult, Status, failure_text
 from opforge.spec.model import SPEC_SUFFIXES
@@ -36,13 +38,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--opforge-seed", type=int, default=0, help="opforge's base seed (as `opforge check --seed`).")
     group.addoption("--opforge-cuda-arch", default=None, help="CUDA archs to build for, e.g. 9.0.")
+    # The options the checks own, as `opforge check` has them (`--large` here is `--opforge-large`).
+    for option in CATALOG.options:
+        if option.metavar is None:
+            group.addoption(f"--opforge-{option.name}", action="store_true", default=False, help=option.help)
+        else:
+            group.addoption(f"--opforge-{option.name}", metavar=option.metavar, default=None, help=option.help)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "opforge: a test item collected from an opforge spec")
     config.stash[_SESSION] = _Session(
-        seed=config.getoption("opforge_seed"), cuda_arch=config.getoption("opforge_cuda_arch")
+        seed=config.getoption("opforge_seed"), cuda_arch=config.getoption("opforge_cuda_arch"), opt_ins=_opt_ins(config)
     )
+
+
+def _opt_ins(config: pytest.Config) -> OptIns:
+    values = {}
+    for option in CATALOG.options:
+        given = config.getoption(f"opforge_{option.name.replace('-', '_')}")
+        try:
+            values[option.name] = option.parse(given) if option.parse is not None and given is not None else given
+        except OpforgeError as exc:
+            raise pytest.UsageError(f"--opforge-{option.name}: {exc}") from None
+    return OptIns.of(**values)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -55,6 +74,7 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
 class _Session:
     seed: int
     cuda_arch: str | None
+    opt_ins: OptIns = field(default_factory=OptIns)
     loaded: dict[Path, Any] = field(default_factory=dict)
     results: dict[tuple[Path, int], dict[str, CaseResult]] = field(default_factory=dict)
 
@@ -62,7 +82,7 @@ class _Session:
     def filters(self):
         from opforge.engine.plan import Filters
 
-        return Filters(seed=self.seed)
+        return Filters(seed=self.seed, opt_ins=self.opt_ins)
 
     def load(self, path: Path):
         from opforge.engine.plan import load_checked
@@ -79,7 +99,7 @@ class _Session:
 
         key = (path, index)
         if key not in self.results:
-            context = CheckContext(self.loaded[path], self.seed)
+            context = CheckContext(self.loaded[path], self.seed, opt_ins=self.opt_ins)
             self.results[key] = {r.check: r for r in run_row(context, row, self.filters)}
         return self.results[key][name]
 

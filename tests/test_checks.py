@@ -7,6 +7,7 @@ import math
 import pytest
 from conftest import FIXTURES, REPO, describe, failures_by_check, requires_cuda, run_spec, spec_variant
 
+from opforge.checks.base import OptIns
 from opforge.checks.dtypes import TRIED_DTYPES
 from opforge.loading import load_op
 from opforge.results import Status
@@ -487,7 +488,7 @@ def test_cuda_kernel_that_disagrees_with_its_cpu_kernel_fails_devices():
 
 @requires_cuda
 def test_int32_indexing_kernel_fails_large_index():
-    report = run_spec(CUDA_OPS / "int32_index_swish.yaml", large=True)
+    report = run_spec(CUDA_OPS / "int32_index_swish.yaml", opt_ins=OptIns.of(large=True))
     rows = [r for r in report.results if r.check == "large_index"]
     assert len(rows) == 1, describe(rows)
     if rows[0].status == Status.SKIP:
@@ -504,7 +505,7 @@ def test_large_index_is_opt_in():
 
 @no_cuda
 def test_large_index_asked_for_without_cuda_is_skipped_with_the_reason():
-    report = run_spec(CUDA_OPS / "int32_index_swish.yaml", checks=("large_index",), large=True)
+    report = run_spec(CUDA_OPS / "int32_index_swish.yaml", checks=("large_index",), opt_ins=OptIns.of(large=True))
     assert report.results and all(
         r.status == Status.SKIP and "CUDA is not available" in r.message for r in report.results
     )

@@ -210,3 +210,58 @@ def test_a_missing_or_unknown_outcome_is_an_error_row_never_a_pass(toy_check, ou
     even = [r for r in report.results if r.check == "toy:even" and r.target == "native"]
     assert even and {r.status for r in even} == {Status.ERROR}
     assert all(expected in r.message for r in even), even[0].message
+
+
+# A check with a command-line option of its own, in a module of its own, joined to the catalog by one line: the
+# bootstrap below stands for that line (the catalog is rebound before anything imports it by name).
+_TOY_OPTION_MODULE = """
+from opforge.checks.base import Check, CheckOption, all_cases
+from opforge.outcomes import CheckFailure
+
+LOUD = CheckOption("toy-loud", "Also run toy_loud, which fails loudly.")
+
+
+def _run(context, target, case):
+    return {"toy_loud": CheckFailure("loud: " + repr(context.opt_ins.get(LOUD.name)))}
+
+
+CHECKS = (Check("toy_loud", "a toy check run only when asked", all_cases, _run, asked=lambda o: bool(o.get(LOUD.name)),
+                rerun_flags=(LOUD.flag,), options=(LOUD,)),)
+"""
+_TOY_BOOTSTRAP = (
+    "import sys\n"
+    "sys.path.insert(0, {where!r})\n"
+    "import opforge.checks.catalog as catalog, toy_loud\n"
+    "catalog.CATALOG = catalog.Catalog((*catalog.CATALOG, *toy_loud.CHECKS))\n"
+)
+
+
+def test_a_check_brings_its_own_command_line_option_to_the_cli_and_the_pytest_plugin(tmp_path):
+    (tmp_path / "toy_loud.py").write_text(_TOY_OPTION_MODULE)
+    spec = _spec_listing(tmp_path, "correctness")
+    bootstrap = _TOY_BOOTSTRAP.format(where=str(tmp_path))
+    cli = bootstrap + (
+        "from typer.testing import CliRunner\n"
+        "from opforge.cli import app\n"
+        "env = {'NO_COLOR': '1', 'COLUMNS': '200'}\n"
+        "print(CliRunner().invoke(app, ['check', '--help'], env=env).output)\n"
+        f"args = ['check', {str(spec)!r}, '--no-isolation', '--dtype', 'float64', '--check', 'toy_loud']\n"
+        "print(CliRunner().invoke(app, args, env=env).output)\n"
+        "print(CliRunner().invoke(app, [*args, '--toy-loud'], env=env).output)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", cli], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    help_text, unasked, asked = _three(done.stdout)
+    assert "--toy-loud" in help_text and "Also run toy_loud" in help_text
+    assert "add --toy-loud" in unasked, unasked
+    assert "loud: True" in asked and "--toy-loud" in asked.split("repro:")[-1], asked
+    plugin = bootstrap + "import pytest\nsys.exit(pytest.main(['--help', '-p', 'no:cacheprovider']))\n"
+    done = subprocess.run([sys.executable, "-c", plugin], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0 and "--opforge-toy-loud" in done.stdout, done.stdout + done.stderr
+
+
+def _three(output: str) -> tuple[str, str, str]:
+    """The help, then the two runs' outputs, split at each run's first line (the op's table title)."""
+    first = output.index("good  (")
+    second = output.index("good  (", first + 1)
+    return output[:first], output[first:second], output[second:]

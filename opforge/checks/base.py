@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opforge.outcomes import Outcome
 
@@ -19,11 +19,34 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class OptIns:
-    """What a run asked for beyond the checks that run by default: `--large`, `--sanitize TOOLS`."""
+class CheckOption:
+    """A command-line option a check owns. The CLI (`opforge check --<name>`) and the pytest plugin
+    (`pytest --opforge-<name>`) make theirs from the catalog's. Without a metavar it is a flag (True when given);
+    with one it takes a value, which `parse` turns into what the check reads (raising UsageError for a bad one)."""
 
-    large: bool = False
-    sanitize: tuple[str, ...] = ()
+    name: str
+    help: str
+    metavar: str | None = None
+    parse: Callable[[str], Any] | None = None
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.name}"
+
+
+@dataclass(frozen=True)
+class OptIns:
+    """What a run asked for beyond the checks that run by default, by option name (`CheckOption.name`): e.g.
+    `large: True` for `--large`, `sanitize: ("memcheck",)` for `--sanitize memcheck`. An option not given is absent."""
+
+    values: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, **values: Any) -> OptIns:
+        return cls(tuple((name, value) for name, value in values.items() if value not in (None, False, ())))
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return dict(self.values).get(name, default)
 
 
 @dataclass(frozen=True)
@@ -69,6 +92,8 @@ class Check:
     validate: Validator | None = None
     # What a rerun command of one of its failures adds (an opt-in flag).
     rerun_flags: tuple[str, ...] = ()
+    # The command-line options it owns (what `asked` and `opted_out` read from the run's OptIns).
+    options: tuple[CheckOption, ...] = ()
     # It also visits dtypes the spec does not claim (the terminal folds those into one column).
     visits_unclaimed_dtypes: bool = False
 

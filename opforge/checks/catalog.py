@@ -29,7 +29,7 @@ from opforge.checks import (
     stream,
     vmap,
 )
-from opforge.checks.base import Check
+from opforge.checks.base import Check, CheckOption
 
 
 class Catalog:
@@ -65,6 +65,11 @@ class Catalog:
     def of_row(self, row: str) -> Check:
         """The check that produces result row `row`."""
         return self._by_row[row]
+
+    @property
+    def options(self) -> tuple[CheckOption, ...]:
+        """Every command-line option a check owns, once each (the sanitizer tools share `--sanitize`)."""
+        return tuple({option.name: option for check in self for option in check.options}.values())
 
     def default_checks(self, claims: Mapping[str, bool]) -> tuple[str, ...]:
         """The checks a spec runs when it lists none: those whose claims its spec makes."""

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from opforge.cases import Case
-from opforge.checks.base import Check, CheckContext, OptIns, Outcomes
+from opforge.checks.base import Check, CheckContext, CheckOption, OptIns, Outcomes
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
 from opforge.results import Mismatch
@@ -67,7 +67,7 @@ class Job:
 def opted_out(loaded: LoadedOp, opt_ins: OptIns) -> str | None:
     claim = loaded.spec.large_index
     # Asked only of a spec whose checks include large_index, which the spec loader allows only with the section.
-    if opt_ins.large or claim is None or claim.enabled:
+    if opt_ins.get(LARGE.name) or claim is None or claim.enabled:
         return None
     gib = required_bytes(loaded, claim.dtype, dict(claim.shapes)) / 2**30
     return (
@@ -190,6 +190,8 @@ def required_bytes(loaded: LoadedOp, dtype: str, shapes: dict[str, tuple[int, ..
     return int((len(shapes) + outputs) * n * element * MEMORY_HEADROOM)
 
 
+LARGE = CheckOption("large", "Also run large_index (tensors past 2^31 elements: GBs of GPU memory).")
+
 CHECKS = (
     Check(
         "large_index",
@@ -199,6 +201,7 @@ CHECKS = (
         claim="large_index",
         devices=("cuda",),
         opted_out=opted_out,
-        rerun_flags=("--large",),
+        rerun_flags=(LARGE.flag,),
+        options=(LARGE,),
     ),
 )

@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from opforge.cases import Case
-from opforge.checks.base import Check, CheckContext, OptIns, Outcomes
+from opforge.checks.base import Check, CheckContext, CheckOption, OptIns, Outcomes
+from opforge.errors import UsageError
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
 from opforge.spec.model import FLOATING_DTYPES
@@ -280,9 +281,27 @@ def _case_json(case: Case) -> dict:
 
 def _asked(tool: str):
     def asked(opt_ins: OptIns) -> bool:
-        return tool in opt_ins.sanitize
+        return tool in opt_ins.get(SANITIZE.name, ())
 
     return asked
+
+
+def parse_tools(text: str) -> tuple[str, ...]:
+    """`--sanitize memcheck,racecheck` or `--sanitize all`."""
+    tools = TOOLS if text.strip() == "all" else tuple(t.strip() for t in text.split(",") if t.strip())
+    for tool in tools:
+        if tool not in TOOLS:
+            raise UsageError("--sanitize", f"one of {', '.join(TOOLS)} or all", repr(tool), "Fix the --sanitize value.")
+    return tools
+
+
+SANITIZE = CheckOption(
+    "sanitize",
+    "Also run the op's CUDA cases under compute-sanitizer with these tools: memcheck, racecheck, initcheck, "
+    "synccheck (comma-separated), or all.",
+    metavar="TOOLS",
+    parse=parse_tools,
+)
 
 
 CHECKS = tuple(
@@ -293,7 +312,8 @@ CHECKS = tuple(
         _run_tool(tool),
         devices=("cuda",),
         asked=_asked(tool),
-        rerun_flags=("--sanitize", tool),
+        rerun_flags=(SANITIZE.flag, tool),
+        options=(SANITIZE,),
     )
     for tool in TOOLS
 )

@@ -37,19 +37,13 @@ class Filters:
     keyword: str | None = None
     seed: int = DEFAULT_SEED
     fail_fast: bool = False
-    # Run the checks that cost GBs of memory (large_index) even where the spec does not enable them.
-    large: bool = False
-    # compute-sanitizer tools to run the op's CUDA cases under (memcheck, racecheck, initcheck, synccheck).
-    sanitize: tuple[str, ...] = ()
+    # The check-owned options the run was given (`--large`, `--sanitize TOOLS`: CheckOption).
+    opt_ins: OptIns = field(default_factory=OptIns)
     # Only these full result ids (--last-failed). An op whose loading failed is listed by its load row's id and
     # then runs whole.
     ids: tuple[str, ...] = ()
     # --shard K/N: only the rows whose key hashes to this shard (opforge.shard).
     shard: Shard | None = None
-
-    @property
-    def opt_ins(self) -> OptIns:
-        return OptIns(large=self.large, sanitize=self.sanitize)
 
     def wants_check(self, row: str) -> bool:
         return (
@@ -67,6 +61,8 @@ class Filters:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Filters:
         fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        values = data["opt_ins"]["values"]
+        fields["opt_ins"] = OptIns(tuple((name, tuple(v) if isinstance(v, list) else v) for name, v in values))
         return cls(**fields)
 
 
