@@ -165,7 +165,7 @@ def test_a_grid_size_shape_must_be_past_2_24_elements(tmp_path):
     with pytest.raises(SpecError, match=r"grid_size.shapes: expected a tensor of more than 2\^24"):
         load_spec(path)
     path.write_text((FIXTURES / "good.yaml").read_text() + "grid_size: {shapes: {x: [70000, 256]}}\n")
-    assert load_spec(path).grid_size.shapes == (("x", (70000, 256)),)
+    assert load_spec(path).section("grid_size").shapes == (("x", (70000, 256)),)
 
 
 # --------------------------------------------------------------------------------------------- the GPU proofs

@@ -204,5 +204,5 @@ def test_claims_switch_their_checks_on_by_default(tmp_path):
     )
     spec = load_spec(write(tmp_path, claimed))
     assert {"vmap", "error_inputs", "large_index"} <= set(spec.checks)
-    assert spec.large_index.dtype == "float16" and not spec.large_index.enabled
+    assert spec.section("large_index").dtype == "float16" and not spec.section("large_index").enabled
     assert spec.error_inputs[0].label == "integer_x" and spec.error_inputs[0].tensors[0].dtype == "int32"

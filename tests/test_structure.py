@@ -215,18 +215,36 @@ def test_a_missing_or_unknown_outcome_is_an_error_row_never_a_pass(toy_check, ou
 # A check with a command-line option of its own, in a module of its own, joined to the catalog by one line: the
 # bootstrap below stands for that line (the catalog is rebound before anything imports it by name).
 _TOY_OPTION_MODULE = """
-from opforge.checks.base import Check, CheckOption, all_cases
+from dataclasses import dataclass
+
+from opforge.checks.base import Check, CheckOption, SpecSection, all_cases
 from opforge.outcomes import CheckFailure
+from opforge.spec.reader import Reader, read_number
 
 LOUD = CheckOption("toy-loud", "Also run toy_loud, which fails loudly.")
 
 
+@dataclass(frozen=True)
+class Loudness:
+    level: float
+
+
+def read_loudness(r, so_far):
+    section = Reader(r.path, r.child("toy_loud"), "toy_loud", ("level",), required=("level",))
+    level = section.get("level", read_number)
+    if level <= 0:
+        raise section.fail(section.child("level"), "toy_loud.level", "a level > 0", repr(level), "Turn it up.")
+    return Loudness(level)
+
+
 def _run(context, target, case):
-    return {"toy_loud": CheckFailure("loud: " + repr(context.opt_ins.get(LOUD.name)))}
+    level = context.loaded.spec.section("toy_loud").level
+    return {"toy_loud": CheckFailure(f"loud: {context.opt_ins.get(LOUD.name)!r} at {level}")}
 
 
 CHECKS = (Check("toy_loud", "a toy check run only when asked", all_cases, _run, asked=lambda o: bool(o.get(LOUD.name)),
-                rerun_flags=(LOUD.flag,), options=(LOUD,)),)
+                rerun_flags=(LOUD.flag,), options=(LOUD,), claim="toy_loud",
+                section=SpecSection("toy_loud", read_loudness)),)
 """
 _TOY_BOOTSTRAP = (
     "import sys\n"
@@ -236,10 +254,24 @@ _TOY_BOOTSTRAP = (
 )
 
 
-def test_a_check_brings_its_own_command_line_option_to_the_cli_and_the_pytest_plugin(tmp_path):
+def test_a_check_brings_its_own_option_and_spec_section_to_the_cli_the_plugin_and_the_loader(tmp_path):
+    """One module and one catalog line: its flag in `opforge check --help` and `pytest --help`, its section read
+    (with file:line errors) and handed to its run, and its rows run when asked."""
     (tmp_path / "toy_loud.py").write_text(_TOY_OPTION_MODULE)
     spec = _spec_listing(tmp_path, "correctness")
+    spec.write_text(spec.read_text() + "toy_loud: {level: 11}\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(spec.read_text().replace("toy_loud: {level: 11}", "toy_loud:\n  level: -1"))
     bootstrap = _TOY_BOOTSTRAP.format(where=str(tmp_path))
+    load_bad = (
+        "from opforge.spec.load import load_spec\n"
+        f"try:\n    load_spec({str(bad)!r})\nexcept Exception as e:\n    print(e)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", bootstrap + load_bad], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    line = bad.read_text().splitlines().index("  level: -1") + 1
+    assert f"bad.yaml:{line}: toy_loud.level: expected a level > 0, got -1.0. Turn it up." in done.stdout, done
     cli = bootstrap + (
         "from typer.testing import CliRunner\n"
         "from opforge.cli import app\n"
@@ -254,7 +286,7 @@ def test_a_check_brings_its_own_command_line_option_to_the_cli_and_the_pytest_pl
     help_text, unasked, asked = _three(done.stdout)
     assert "--toy-loud" in help_text and "Also run toy_loud" in help_text
     assert "add --toy-loud" in unasked, unasked
-    assert "loud: True" in asked and "--toy-loud" in asked.split("repro:")[-1], asked
+    assert "loud: True at 11.0" in asked and "--toy-loud" in asked.split("repro:")[-1], asked
     plugin = bootstrap + "import pytest\nsys.exit(pytest.main(['--help', '-p', 'no:cacheprovider']))\n"
     done = subprocess.run([sys.executable, "-c", plugin], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0 and "--opforge-toy-loud" in done.stdout, done.stdout + done.stderr

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opforge.outcomes import Outcome
+from opforge.spec.model import Input
+from opforge.spec.reader import Reader
 
 if TYPE_CHECKING:
     from opforge.cases import Case
@@ -32,6 +34,24 @@ class CheckOption:
     @property
     def flag(self) -> str:
         return f"--{self.name}"
+
+
+@dataclass(frozen=True)
+class SpecSoFar:
+    """What a spec section's reader may need of the rest of the spec: its inputs and its dtypes."""
+
+    inputs: tuple[Input, ...]
+    dtypes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SpecSection:
+    """A top-level spec key a check owns: `read` builds the section's model (a frozen dataclass the check defines)
+    from its node, naming `file:line` on every error (opforge.spec.reader), and the loaded spec keeps it under the
+    key (OpSpec.section). Its presence is a claim of the spec's: the check's `claim`, when it has one."""
+
+    key: str
+    read: Callable[[Reader, SpecSoFar], Any]
 
 
 @dataclass(frozen=True)
@@ -94,6 +114,8 @@ class Check:
     rerun_flags: tuple[str, ...] = ()
     # The command-line options it owns (what `asked` and `opted_out` read from the run's OptIns).
     options: tuple[CheckOption, ...] = ()
+    # The spec section it owns (what its selection and run read from the spec), if any.
+    section: SpecSection | None = None
     # It also visits dtypes the spec does not claim (the terminal folds those into one column).
     visits_unclaimed_dtypes: bool = False
 

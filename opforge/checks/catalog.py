@@ -29,7 +29,7 @@ from opforge.checks import (
     stream,
     vmap,
 )
-from opforge.checks.base import Check, CheckOption
+from opforge.checks.base import Check, CheckOption, SpecSection
 
 
 class Catalog:
@@ -70,6 +70,11 @@ class Catalog:
     def options(self) -> tuple[CheckOption, ...]:
         """Every command-line option a check owns, once each (the sanitizer tools share `--sanitize`)."""
         return tuple({option.name: option for check in self for option in check.options}.values())
+
+    @property
+    def sections(self) -> tuple[SpecSection, ...]:
+        """Every spec section a check owns, once each."""
+        return tuple({c.section.key: c.section for c in self if c.section is not None}.values())
 
     def default_checks(self, claims: Mapping[str, bool]) -> tuple[str, ...]:
         """The checks a spec runs when it lists none: those whose claims its spec makes."""

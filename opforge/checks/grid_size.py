@@ -16,10 +16,10 @@ shows as NaN, not as a stale right value.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from opforge.cases import Case
-from opforge.checks.base import Check, CheckContext, Outcomes
+from opforge.checks.base import Check, CheckContext, Outcomes, SpecSection, SpecSoFar
 from opforge.checks.calls import (
     against_reference,
     call_reference,
@@ -31,7 +31,8 @@ from opforge.checks.calls import (
 )
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, CheckSkipped
-from opforge.spec.model import OpSpec
+from opforge.spec.model import OpSpec, TensorInput
+from opforge.spec.reader import Reader, read_shape
 
 # 2^25 + 4099: past 65,535 blocks x 512 threads (33,553,920), and no multiple of a vector width. A float16 input is
 # 64 MiB on the GPU and its float64 reference copy 256 MiB on the host.
@@ -41,10 +42,42 @@ ELEMENTS = 2**25 + 4099
 NARROWEST_FIRST = ("float16", "bfloat16", "float32", "float64")
 
 
+# A grid capped at 65,535 blocks of 256 threads covers 2^24 - 256 elements: a grid_size shape must exceed 2^24.
+GRID_SIZE_ELEMENTS_MIN = 2**24
+
+
+@dataclass(frozen=True)
+class GridSize:
+    """The spec's `grid_size:` section: the shapes of the check's case, past 2^24 elements, for an op that is not
+    elementwise (an elementwise op gets one 1-D shape for every input by default)."""
+
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def read_grid_size(r: Reader, so_far: SpecSoFar) -> GridSize:
+    node = r.child("grid_size")
+    g = Reader(r.path, node, "grid_size", ("shapes",), required=("shapes",))
+    tensors = [i.name for i in so_far.inputs if isinstance(i, TensorInput)]
+    s = Reader(r.path, g.child("shapes"), "grid_size.shapes", tuple(tensors), required=tuple(tensors))
+    shapes = tuple((name, s.get(name, read_shape)) for name in tensors)
+    largest = max(math.prod(shape) for _, shape in shapes)
+    if largest <= GRID_SIZE_ELEMENTS_MIN:
+        raise s.fail(
+            g.child("shapes"),
+            "grid_size.shapes",
+            f"a tensor of more than 2^24 = {GRID_SIZE_ELEMENTS_MIN} elements (a grid capped at 65,535 blocks of 256 "
+            "threads covers fewer)",
+            f"{largest} at most",
+            "Give one input a shape past 2^24 elements, e.g. [70000, 256] for an op with one block per row.",
+        )
+    return GridSize(shapes=shapes)
+
+
 def grid_shapes(spec: OpSpec) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
     """The spec's grid_size shapes, else one 1-D shape for every tensor input of an elementwise op, else None."""
-    if spec.grid_size is not None:
-        return spec.grid_size.shapes
+    given = spec.section("grid_size")
+    if given is not None:
+        return given.shapes
     tensors = spec.tensor_inputs()
     elementwise = any(len({t.shapes[i] for t in tensors}) == 1 for i in range(spec.shape_count))
     return tuple((t.name, (ELEMENTS,)) for t in tensors) if tensors and elementwise else None
@@ -103,5 +136,6 @@ CHECKS = (
         grid_cases,
         grid_size,
         devices=("cuda",),
+        section=SpecSection("grid_size", read_grid_size),
     ),
 )

@@ -24,11 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from opforge.cases import Case
-from opforge.checks.base import Check, CheckContext, CheckOption, OptIns, Outcomes
+from opforge.checks.base import Check, CheckContext, CheckOption, OptIns, Outcomes, SpecSection, SpecSoFar
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
 from opforge.results import Mismatch
-from opforge.spec.model import INT32_INDEX_LIMIT
+from opforge.spec.model import KNOWN_DTYPES, TensorInput
+from opforge.spec.reader import Reader, one_of, read_bool, read_shape
+
+# int32 indexing breaks past this many elements: a large_index shape must exceed it.
+INT32_INDEX_LIMIT = 2**31
 
 # Elements compared on each side of 2^31, and at the end of the tensor: enough to cover many thread blocks.
 WINDOW = 2**20
@@ -65,7 +69,7 @@ class Job:
 
 
 def opted_out(loaded: LoadedOp, opt_ins: OptIns) -> str | None:
-    claim = loaded.spec.large_index
+    claim = loaded.spec.section("large_index")
     # Asked only of a spec whose checks include large_index, which the spec loader allows only with the section.
     if opt_ins.get(LARGE.name) or claim is None or claim.enabled:
         return None
@@ -78,7 +82,7 @@ def opted_out(loaded: LoadedOp, opt_ins: OptIns) -> str | None:
 
 def large_index_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
     """One case on CUDA (where the matrix has CUDA cases) in the large_index dtype, with the first argument values."""
-    large = loaded.spec.large_index
+    large = loaded.spec.section("large_index")
     base = next((c for c in cases if c.device == "cuda" and c.values_index == 0), None)
     if large is None or base is None:
         return []
@@ -190,6 +194,53 @@ def required_bytes(loaded: LoadedOp, dtype: str, shapes: dict[str, tuple[int, ..
     return int((len(shapes) + outputs) * n * element * MEMORY_HEADROOM)
 
 
+@dataclass(frozen=True)
+class LargeIndex:
+    """The spec's `large_index:` section: shapes past 2^31 elements (an elementwise op is assumed: output element i
+    depends on element i of each input). It costs GBs, so it runs only with `enabled: true` or `--large`."""
+
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    dtype: str = "float16"
+    enabled: bool = False
+
+
+def read_large_index(r: Reader, so_far: SpecSoFar) -> LargeIndex:
+    node = r.child("large_index")
+    g = Reader(r.path, node, "large_index", ("shapes", "dtype", "enabled"), required=("shapes",))
+    dtype = g.get("dtype", one_of(KNOWN_DTYPES), "float16")
+    if dtype not in so_far.dtypes:
+        raise g.fail(
+            g.child("dtype") if g.has("dtype") else node,
+            "large_index.dtype",
+            f"one of the spec's dtypes ({', '.join(so_far.dtypes)})",
+            repr(dtype),
+            "Pick a claimed dtype; the smallest (float16, bfloat16) needs the least memory.",
+        )
+    shapes_node = g.child("shapes")
+    tensors = [i.name for i in so_far.inputs if isinstance(i, TensorInput)]
+    s = Reader(r.path, shapes_node, "large_index.shapes", tuple(tensors), required=tuple(tensors))
+    shapes = tuple((name, s.get(name, read_shape)) for name in tensors)
+    if len({shape for _, shape in shapes}) != 1:
+        raise s.fail(
+            shapes_node,
+            "large_index.shapes",
+            "the same shape for every tensor input (the check compares "
+            "element i of the output with element i of each input)",
+            ", ".join(f"{n}: {list(sh)}" for n, sh in shapes),
+            "Give every tensor input one shape.",
+        )
+    numel = math.prod(shapes[0][1])
+    if numel <= INT32_INDEX_LIMIT:
+        raise s.fail(
+            shapes_node,
+            "large_index.shapes",
+            f"more than 2^31 = {INT32_INDEX_LIMIT} elements",
+            f"{numel}",
+            "Use e.g. [2147487747] (2^31 + 4099: past the limit, no multiple of a vector width).",
+        )
+    return LargeIndex(shapes=shapes, dtype=dtype, enabled=g.get("enabled", read_bool, False))
+
+
 LARGE = CheckOption("large", "Also run large_index (tensors past 2^31 elements: GBs of GPU memory).")
 
 CHECKS = (
@@ -203,5 +254,6 @@ CHECKS = (
         opted_out=opted_out,
         rerun_flags=(LARGE.flag,),
         options=(LARGE,),
+        section=SpecSection("large_index", read_large_index),
     ),
 )

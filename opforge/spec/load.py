@@ -8,10 +8,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from opforge.checks.base import SpecSoFar
 from opforge.checks.catalog import CATALOG
 from opforge.errors import SpecError, UsageError
 from opforge.spec.bench import read_bench_section
-from opforge.spec.claims import read_error_inputs, read_grid_size, read_large_index
+from opforge.spec.claims import read_error_inputs
 from opforge.spec.inputs import read_inputs
 from opforge.spec.model import (
     KNOWN_DEVICES,
@@ -63,13 +64,13 @@ _TOP_KEYS = (
     "nondeterministic",
     "vmap",
     "error_inputs",
-    "large_index",
-    "grid_size",
     "special_values",
     "cuda_graphs",
     "timeout",
     "bench",
     "samples",
+    # The sections the checks own (large_index, grid_size, ...): each check's module reads its own.
+    *(section.key for section in CATALOG.sections),
 )
 _REQUIRED = ("op", "schema", "load", "reference", "dtypes")
 
@@ -119,15 +120,14 @@ def load_spec(path: Path | str) -> OpSpec:
     dtypes, device_dtypes = _dtypes(r)
     vmap = r.get("vmap", read_bool, False)
     error_inputs = read_error_inputs(r, inputs) if r.has("error_inputs") else ()
-    large_index = read_large_index(r, inputs, dtypes) if r.has("large_index") else None
-    grid_size = read_grid_size(r, inputs) if r.has("grid_size") else None
+    so_far = SpecSoFar(inputs, dtypes)
+    sections = tuple((s.key, s.read(r, so_far)) for s in CATALOG.sections if r.has(s.key))
     claims = {
         "differentiable": differentiable,
         "double_backward": double_backward,
         "vmap": vmap,
         "error_inputs": bool(error_inputs),
-        "large_index": large_index is not None,
-    }
+    } | {s.key: r.has(s.key) for s in CATALOG.sections}
     if checks is None:
         checks = CATALOG.default_checks(claims)
     _check_claims(r, checks, claims)
@@ -172,8 +172,7 @@ def load_spec(path: Path | str) -> OpSpec:
         nondeterministic=r.get("nondeterministic", read_bool, False),
         vmap=vmap,
         error_inputs=error_inputs,
-        large_index=large_index,
-        grid_size=grid_size,
+        sections=sections,
         special_values=r.get("special_values", list_of(one_of(SPECIAL_VALUES)), SPECIAL_VALUES),
         cuda_graphs=r.get("cuda_graphs", read_bool, True),
         timeout=r.get("timeout", read_seconds),

@@ -36,10 +36,6 @@ SPECIAL_VALUES = (
     "-max",
     "smallest_normal",
 )
-# int32 indexing breaks past this many elements: a large_index shape must exceed it.
-INT32_INDEX_LIMIT = 2**31
-# A grid capped at 65,535 blocks of 256 threads covers 2^24 - 256 elements: a grid_size shape must exceed 2^24.
-GRID_SIZE_ELEMENTS_MIN = 2**24
 
 
 @dataclass(frozen=True)
@@ -127,24 +123,6 @@ class ErrorInput:
     @property
     def label(self) -> str:
         return re.sub(r"\W+", "_", self.description.strip().lower()).strip("_")
-
-
-@dataclass(frozen=True)
-class LargeIndex:
-    """Shapes past 2^31 elements for the large_index check (an elementwise op is assumed: output element i depends
-    on element i of each input). It costs GBs, so it runs only with `enabled: true` or `opforge check --large`."""
-
-    shapes: tuple[tuple[str, tuple[int, ...]], ...]
-    dtype: str = "float16"
-    enabled: bool = False
-
-
-@dataclass(frozen=True)
-class GridSize:
-    """The shapes of the grid_size check's case, past 2^24 elements, for an op that is not elementwise (an elementwise
-    op gets one 1-D shape for every input by default)."""
-
-    shapes: tuple[tuple[str, tuple[int, ...]], ...]
 
 
 # What an xfail's `layout` may name: a case's layout, or the spec's `noncontiguous`, which stands for both of its views.
@@ -253,12 +231,12 @@ class OpSpec:
     description: str = ""
     # Declares results that may differ run to run (atomics, sampling): the determinism check then does not apply.
     nondeterministic: bool = False
-    # Claims that switch on the vmap, error_inputs and large_index checks.
+    # Claims that switch on the vmap and error_inputs checks.
     vmap: bool = False
     error_inputs: tuple[ErrorInput, ...] = ()
-    large_index: LargeIndex | None = None
-    # The grid_size check's shapes (None: automatic for an elementwise op).
-    grid_size: GridSize | None = None
+    # The sections the checks own (`large_index:`, `grid_size:`: opforge.checks.base.SpecSection), by key, as each
+    # check's reader built them; a section the spec does not give is absent.
+    sections: tuple[tuple[str, Any], ...] = ()
     # Which special values special_values writes (SPECIAL_VALUES names); all of them by default.
     special_values: tuple[str, ...] = SPECIAL_VALUES
     # False for an op that synchronizes with the host (it cannot be captured in a CUDA graph): stream then checks
@@ -321,6 +299,10 @@ class OpSpec:
             if all(t.shapes[i] and all(t.shapes[i]) for t in tensors):
                 return i
         return 0
+
+    def section(self, key: str) -> Any:
+        """The model of check-owned section `key` (opforge.checks.base.SpecSection), or None when the spec has none."""
+        return dict(self.sections).get(key)
 
     def dtypes_on(self, device: str) -> tuple[str, ...]:
         """The dtypes the spec claims on `device`."""
