@@ -48,9 +48,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "opforge: a test item collected from an opforge spec")
-    config.stash[_SESSION] = _Session(
-        seed=config.getoption("opforge_seed"), cuda_arch=config.getoption("opforge_cuda_arch"), opt_ins=_opt_ins(config)
-    )
+    from opforge.engine.plan import Filters
+    from opforge.session import RunOptions
+
+    # In this process: pytest is the runner (pytest-xdist its workers, pytest-timeout its time limit).
+    filters = Filters(seed=config.getoption("opforge_seed"), opt_ins=_opt_ins(config))
+    config.stash[_SESSION] = _Session(RunOptions(filters, config.getoption("opforge_cuda_arch"), isolation=False))
 
 
 def _opt_ins(config: pytest.Config) -> OptIns:
@@ -72,41 +75,37 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
 
 @dataclass
 class _Session:
-    seed: int
-    cuda_arch: str | None
-    opt_ins: OptIns = field(default_factory=OptIns)
+    """The run session's row-at-a-time side (opforge.session), with what this process loaded and ran so far."""
+
+    options: Any
     loaded: dict[Path, Any] = field(default_factory=dict)
     results: dict[tuple[Path, int], dict[str, CaseResult]] = field(default_factory=dict)
 
     @property
     def filters(self):
-        from opforge.engine.plan import Filters
-
-        return Filters(seed=self.seed, opt_ins=self.opt_ins)
+        return self.options.filters
 
     def load(self, path: Path):
-        from opforge.engine.plan import load_checked
-        from opforge.spec.load import load_spec
+        from opforge import session
 
         if path not in self.loaded:
-            self.loaded[path] = load_checked(load_spec(path), self.cuda_arch)
+            self.loaded[path] = session.load(path, self.options)
         return self.loaded[path]
 
     def result(self, path: Path, index: int, row, name: str) -> CaseResult:
         """Runs a planned row once per process; its other result rows (opcheck's sub-tests) come from the cache."""
-        from opforge.checks.base import CheckContext
-        from opforge.engine.rows import run_row
+        from opforge import session
 
         key = (path, index)
         if key not in self.results:
-            context = CheckContext(self.loaded[path], self.seed, opt_ins=self.opt_ins)
-            self.results[key] = {r.check: r for r in run_row(context, row, self.filters)}
+            self.results[key] = {r.check: r for r in session.run_row(self.loaded[path], row, self.options)}
         return self.results[key][name]
 
 
 class SpecFile(pytest.File):
     def collect(self) -> Iterator[pytest.Collector]:
-        from opforge.engine.plan import plan_op, reported_rows
+        from opforge import session as run_session
+        from opforge.engine.plan import reported_rows
 
         session = self.config.stash[_SESSION]
         try:
@@ -114,7 +113,7 @@ class SpecFile(pytest.File):
         except OpforgeError as exc:
             raise self.CollectError(f"opforge: {exc}") from None
         spec = loaded.spec
-        plan = plan_op(loaded, session.filters)
+        plan = run_session.plan(loaded, session.options)
         # One collector per implementation, so that an item's node id is its opforge id after the file
         # (`good.yaml::good/native::correctness[...]`) and selects it: a `::` inside an item's name would not.
         by_target: dict[str, list[dict[str, Any]]] = {}

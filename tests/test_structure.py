@@ -42,7 +42,9 @@ LAYERS = [
     ("bench", ["bench"]),
     ("tools", ["doctor", "scaffold", "profile", "merge"]),
     ("reporters", ["reporters"]),
-    ("commands", ["cli", "pytest_plugin", "__main__"]),
+    # One run session for every front end: the CLI runs whole selections through it, the pytest plugin a row a time.
+    ("session", ["session"]),
+    ("commands", ["cli", "commands", "pytest_plugin", "__main__"]),
 ]
 
 

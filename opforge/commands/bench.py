@@ -1,0 +1,258 @@
+"""`opforge bench` and `opforge profile`: timing an op's implementations against its baselines, and where one
+call's time goes."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from opforge.commands.app import (
+    SELECTION,
+    CudaArch,
+    Devices,
+    Dtypes,
+    Impls,
+    Modes,
+    ShardOption,
+    Sizes,
+    Targets,
+    app,
+    file_reporters,
+    finish_files,
+    guarded,
+    spec_paths,
+    validated,
+    with_report_options,
+)
+from opforge.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, UsageError
+from opforge.reporters import BENCH_FORMATS
+from opforge.reporters import console as out
+from opforge.reporters.base import ReportFormat
+from opforge.shard import parse_shard
+from opforge.spec.load import load_spec
+from opforge.spec.model import BENCH_LAYOUTS, BENCH_MODES, KNOWN_DEVICES, KNOWN_DTYPES
+
+
+@app.command()
+@with_report_options(BENCH_FORMATS)
+def bench(
+    targets: Targets = None,
+    all_specs: Annotated[
+        bool, typer.Option("--all", help="Benchmark every bundled spec that has a bench: section.")
+    ] = False,
+    device: Devices = [],  # noqa: B006 (typer copies it)
+    dtype: Dtypes = [],  # noqa: B006
+    mode: Modes = [],  # noqa: B006
+    impl: Impls = [],  # noqa: B006
+    sizes: Sizes = [],  # noqa: B006
+    layout: Annotated[
+        list[str],
+        typer.Option(
+            "--layout",
+            help="Memory formats to time (repeatable): contiguous, channels_last (default: the spec's bench.layouts).",
+            rich_help_panel=SELECTION,
+        ),
+    ] = [],  # noqa: B006
+    shard: ShardOption = None,
+    baseline: Annotated[
+        Path | None,
+        typer.Option("--baseline", help="A --json of an earlier run to gate against."),
+    ] = None,
+    max_regression: Annotated[
+        float, typer.Option("--max-regression", help="Percent slower (beyond noise) that fails.")
+    ] = 5.0,
+    markdown_path: Annotated[
+        Path | None,
+        typer.Option("--markdown", help="Also write the gate's Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)."),
+    ] = None,
+    budget: Annotated[float, typer.Option("--budget", help="Seconds of timing per contender and case, at most.")] = 2.0,
+    warmup: Annotated[float, typer.Option("--warmup", help="Seconds of warm-up per contender and case.")] = 0.2,
+    noise: Annotated[float, typer.Option("--noise", help="Stop timing once IQR/median is below this.")] = 0.02,
+    min_reps: Annotated[
+        int, typer.Option("--min-reps", help="Samples taken before the noise target may stop timing.")
+    ] = 25,
+    contender_limit: Annotated[
+        float,
+        typer.Option(
+            "--contender-limit",
+            help="Seconds a baseline (eager, compile) may take on one case (compiling and warm-up included) before "
+            "it is cut off with a note; 0: no limit.",
+        ),
+    ] = 60.0,
+    cuda_graph: Annotated[
+        bool,
+        typer.Option(
+            "--cuda-graph",
+            help="Time CUDA-graph replays whose calls go round cold copies of the inputs: for microsecond ops.",
+        ),
+    ] = False,
+    refresh_peak: Annotated[bool, typer.Option("--refresh-peak", help="Measure the peak bandwidth again.")] = False,
+    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads for torch (default: torch's).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the benchmark inputs.")] = 0,
+    cuda_arch: CudaArch = None,
+    *,
+    reports: dict[ReportFormat, Path | None],
+) -> None:
+    """Time an op's implementations against its eager reference and torch.compile of it; gate regressions.
+
+    Examples:
+      opforge bench leaky_swish
+      opforge bench rms_norm --device cuda --dtype bfloat16 --mode bwd --impl native --impl compile
+      opforge bench --all --baseline main.json --max-regression 5 --markdown summary.md
+    """
+
+    def body() -> int:
+        from opforge.bench.runner import BenchHooks, run_bench
+        from opforge.bench.timing import TimingOptions
+        from opforge.reporters import bench_terminal
+
+        _check_bench_options(budget, warmup, noise, min_reps, max_regression, threads, contender_limit)
+        filters = _bench_filters(device, dtype, mode, impl, sizes, seed)
+        filters = dataclasses.replace(
+            filters,
+            layouts=validated(layout, BENCH_LAYOUTS, "--layout"),
+            shard=parse_shard(shard) if shard else None,
+        )
+        files = file_reporters(reports)
+        timing = TimingOptions(
+            budget_s=budget,
+            warmup_s=warmup,
+            noise_target=noise,
+            min_reps=min_reps,
+            cuda_graph=cuda_graph,
+            contender_limit_s=contender_limit or None,
+        )
+        old = None
+        if baseline is not None:
+            from opforge.bench.baseline import load_baseline
+
+            old = load_baseline(baseline)
+        specs = [load_spec(p) for p in spec_paths(targets or [], all_specs)]
+        if all_specs:
+            specs = [s for s in specs if s.bench is not None]
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+        hooks = BenchHooks(step=out.spinner, info=out.info, progress=bench_terminal.bench_progress)
+        run = run_bench(specs, filters, timing, refresh_peak, cuda_arch, hooks)
+        bench_terminal.render_bench(run)
+        comparison = None
+        if old is not None:
+            from opforge.bench.baseline import compare, markdown
+
+            comparison = compare(run, old, max_regression, str(baseline))
+            summary = markdown(comparison)
+            bench_terminal.render_comparison(comparison, summary)
+            if markdown_path:
+                from opforge.files import write_atomically
+
+                write_atomically(markdown_path, summary)
+        written = finish_files(files, run)
+        bench_terminal.render_bench_totals(run, comparison)
+        failed = run.failed or (comparison is not None and comparison.failed)
+        code = EXIT_FAILED if failed else EXIT_NOTHING_RAN if run.nothing_timed else EXIT_OK
+        return code if written else max(code, EXIT_USAGE)
+
+    guarded(body)
+
+
+def _bench_filters(
+    device: list[str], dtype: list[str], mode: list[str], impl: list[str], sizes: list[str], seed: int
+) -> Any:
+    """The points and contenders `bench` and `profile` run, from their shared options."""
+    from opforge.bench.runner import BenchFilters, parse_sizes
+
+    return BenchFilters(
+        devices=validated(device, KNOWN_DEVICES, "--device"),
+        dtypes=validated(dtype, KNOWN_DTYPES, "--dtype"),
+        modes=validated(mode, BENCH_MODES, "--mode"),
+        impls=tuple(impl),
+        sizes=parse_sizes(sizes),
+        seed=seed,
+    )
+
+
+def _check_bench_options(
+    budget: float,
+    warmup: float,
+    noise: float,
+    min_reps: int,
+    max_regression: float,
+    threads: int | None,
+    contender_limit: float,
+) -> None:
+    rules = [
+        ("--budget", budget > 0, "seconds > 0", budget, "Pass e.g. --budget 2."),
+        ("--warmup", warmup >= 0, "seconds >= 0", warmup, "Pass e.g. --warmup 0.2, or 0 for none."),
+        ("--noise", 0 < noise < 1, "a fraction 0 < F < 1", noise, "Pass e.g. --noise 0.02 (2% IQR/median)."),
+        ("--min-reps", min_reps >= 1, "an integer >= 1", min_reps, "Pass e.g. --min-reps 25."),
+        ("--max-regression", max_regression >= 0, "a percentage >= 0", max_regression, "Pass e.g. --max-regression 5."),
+        (
+            "--threads",
+            threads is None or threads >= 1,
+            "an integer >= 1",
+            threads,
+            "Pass e.g. --threads 2, or leave it out for torch's default.",
+        ),
+        (
+            "--contender-limit",
+            contender_limit >= 0 and contender_limit != float("inf"),
+            "seconds >= 0",
+            contender_limit,
+            "Pass e.g. --contender-limit 120, or 0 for no limit.",
+        ),
+    ]
+    for option, ok, expected, got, hint in rules:
+        if not ok:
+            raise UsageError(option, expected, repr(got), hint)
+
+
+@app.command()
+def profile(
+    target: Annotated[str, typer.Argument(help="An op name (see `opforge list`) or a spec file.")],
+    device: Devices = [],  # noqa: B006
+    dtype: Dtypes = [],  # noqa: B006
+    mode: Modes = [],  # noqa: B006
+    impl: Impls = [],  # noqa: B006
+    sizes: Sizes = [],  # noqa: B006
+    calls: Annotated[int, typer.Option("--calls", help="Calls profiled per implementation.")] = 10,
+    trace: Annotated[
+        Path | None,
+        typer.Option("--trace", help="Write a Chrome/Perfetto trace per implementation: FILE-NN-impl-....json."),
+    ] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs.")] = 0,
+) -> None:
+    """Profile each implementation of an op: kernels per call, each kernel's time and share, host time, GB/s.
+
+    The points are `opforge bench`'s (the spec's first bench size unless --sizes is given).
+
+    Examples:
+      opforge profile leaky_swish --dtype float32 --mode fwd
+      opforge profile rms_norm --device cuda --impl native --impl compile --trace rms.json
+    """
+
+    def body() -> int:
+        import json
+
+        from opforge.files import write_atomically
+        from opforge.profile import profile_op
+        from opforge.reporters.profile_terminal import render_profile
+
+        filters = _bench_filters(device, dtype, mode, impl, sizes, seed)
+        [spec_path] = spec_paths([target], False)
+        run = profile_op(load_spec(spec_path), filters, trace, calls, on_step=out.info)
+        render_profile(run)
+        if json_path is not None:
+            write_atomically(json_path, json.dumps(run.to_json(), indent=2))
+            out.info(f"JSON: {json_path}")
+        if not run.results:
+            out.error(f"opforge profile: expected something to profile, got nothing ({run.skipped_devices}).")
+            return EXIT_NOTHING_RAN
+        return EXIT_FAILED if any(r.error for r in run.results) else EXIT_OK
+
+    guarded(body)

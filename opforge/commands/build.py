@@ -1,0 +1,72 @@
+"""`opforge list` and `opforge build`: the bundled specs, and compiling (or finding cached) kernels."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from opforge.commands.app import CudaArch, app, guarded, spec_paths
+from opforge.errors import EXIT_OK, BuildError
+from opforge.reporters import console as out
+from opforge.spec.load import list_specs, load_spec
+
+
+@app.command("list")
+def list_() -> None:
+    """List the bundled op specs."""
+
+    def body() -> int:
+        from opforge.reporters.terminal import render_spec_list
+
+        rows = []
+        for path in list_specs():
+            spec = load_spec(path)
+            rows.append((spec.op, str(path.name), spec.description.strip().splitlines()[0] if spec.description else ""))
+        render_spec_list(rows)
+        return EXIT_OK
+
+    guarded(body)
+
+
+@app.command()
+def build(
+    targets: Annotated[
+        list[str] | None,
+        typer.Argument(help="Op names or spec paths; all bundled specs when none."),
+    ] = None,
+    cuda_arch: CudaArch = None,
+    require_cuda: Annotated[
+        bool,
+        typer.Option("--require-cuda", help="Fail (exit 3) if CUDA sources cannot be built here: a compile-only gate."),
+    ] = False,
+) -> None:
+    """Compile (or find in the cache) the C++/CUDA sources of op specs."""
+
+    def body() -> int:
+        from opforge.build import build, detect_toolchain
+        from opforge.loading import spec_build_plan
+        from opforge.reporters.terminal import render_builds
+
+        rows = []
+        for path in spec_paths(targets or [], all_specs=not targets):
+            spec = load_spec(path)
+            if not spec.sources:
+                rows.append((spec.op, "-", "no sources (pure Python)"))
+                continue
+            plan = spec_build_plan(spec, detect_toolchain(cuda_arch))
+            if require_cuda and plan.skipped_sources:
+                raise BuildError(spec.name, plan.log, [f"CUDA sources left out: {plan.toolchain.skip_reason}"])
+            with out.spinner(f"building {spec.name}"):
+                result = build(plan, on_step=out.info)
+            status = f"cached ({result.seconds:.2f} s)" if result.cached else f"built in {result.seconds:.1f} s"
+            if result.plan.skipped_sources:
+                status += (
+                    f"; left out {', '.join(s.name for s in result.plan.skipped_sources)}: "
+                    f"{result.plan.toolchain.skip_reason}"
+                )
+            rows.append((spec.op, str(result.plan.library), status))
+        render_builds(rows)
+        return EXIT_OK
+
+    guarded(body)

@@ -1,0 +1,132 @@
+"""One run session for every front end: the CLI's `opforge check` runs a whole selection through `run`, the pytest
+plugin (one test item per row) loads, plans and runs rows through `load`, `plan` and `run_row`. Both take the same
+RunOptions, so a run asks the same things of opforge wherever it starts, opt-in checks included.
+
+Nothing here imports torch at module level: an isolated run's parent stays torch-free (tests/test_structure.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from opforge.engine.plan import Filters, PlannedRow, load_checked, plan_op, unasked_checks, unlisted_checks
+from opforge.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, OpforgeError
+from opforge.results import CaseResult, RunReport
+from opforge.spec.load import load_spec
+from opforge.spec.model import OpSpec
+
+if TYPE_CHECKING:
+    from opforge.engine.plan import Plan
+    from opforge.loading import LoadedOp
+    from opforge.reporters.base import Reporter
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run goes: which rows (filters, with the seed and the check-owned options), what to build for, and where
+    the checks run (worker processes, each row under a time limit, `jobs` ops at once; or this process)."""
+
+    filters: Filters = field(default_factory=Filters)
+    cuda_arch: str | None = None
+    isolation: bool = True
+    jobs: int = 1
+    timeout: float | None = None
+
+
+def run(paths: list[Path], options: RunOptions, reporters: list[Reporter]) -> tuple[RunReport, int]:
+    """Every selected spec's checks, streamed to `reporters` (started here; finishing them is the caller's). An
+    interrupt ends the run early with the report marked incomplete. Returns the report and its exit code."""
+    from opforge.reporters.base import fan_out
+
+    report = RunReport(environment={}, seed=options.filters.seed, shard=options.filters.shard)
+    specs = load_specs(paths, report)
+    report.notes += unlisted_check_notes(specs, options.filters)
+    events = fan_out(reporters)
+    for reporter in reporters:
+        reporter.start()
+    start = time.perf_counter()
+    try:
+        if options.isolation:
+            from opforge.engine.isolated import Isolation, run_isolated
+
+            isolation = Isolation(jobs=options.jobs, timeout=options.timeout, cuda_arch=options.cuda_arch)
+            run_isolated(specs, options.filters, isolation, report, events)
+        else:
+            from opforge.engine.inprocess import run_in_process
+
+            run_in_process(specs, options.filters, options.cuda_arch, report, events)
+    except KeyboardInterrupt:
+        report.incomplete = True
+    finally:
+        report.seconds = time.perf_counter() - start
+    if not report.environment:
+        from opforge.environment import host_environment
+
+        report.environment = host_environment()
+    return report, exit_code(report)
+
+
+def load_specs(paths: list[Path], report: RunReport) -> list[OpSpec]:
+    """The specs that load. With one spec its error is the run's (exit 2); with several, a spec that does not load
+    is its op's ERROR load row in `report` and the others still run."""
+    from opforge.engine.plan import unloadable_spec_report
+
+    if len(paths) == 1:
+        return [load_spec(paths[0])]
+    specs = []
+    for path in paths:
+        try:
+            specs.append(load_spec(path))
+        except OpforgeError as exc:
+            report.ops.append(unloadable_spec_report(path, exc))
+    return specs
+
+
+def exit_code(report: RunReport) -> int:
+    """1 when a check failed; an op that could not load (a bad spec: 2, a failed build: 3) raises it; 5 when no
+    check gave a verdict at all."""
+    if report.nothing_ran:
+        return EXIT_NOTHING_RAN
+    return max(
+        [EXIT_FAILED if report.failed else EXIT_OK]
+        + [op.load_exit_code for op in report.ops if op.load_exit_code is not None]
+    )
+
+
+def unlisted_check_notes(specs: list[OpSpec], filters: Filters) -> list[str]:
+    """Why a `--check` selects nothing: no selected spec lists it, or it runs only when its option is given."""
+    unasked = unasked_checks(filters)
+    return [
+        f"--check {name}: expected a check some selected spec runs, got one none of them lists in `checks:` "
+        f"({', '.join(s.name for s in specs)}). Add it to the spec's checks, or pick one it lists."
+        for name in unlisted_checks(specs, filters)
+        if name not in {c.name for c in unasked}
+    ] + [
+        f"--check {c.name}: expected a check this run asked for, got one that runs only when asked: add "
+        f"{' '.join(c.rerun_flags)}."
+        for c in unasked
+    ]
+
+
+# --------------------------------------------------------------------- a row at a time (the pytest plugin's items)
+
+
+def load(path: Path, options: RunOptions) -> LoadedOp:
+    """One spec, loaded and built, its claims validated by every check."""
+    return load_checked(load_spec(path), options.cuda_arch)
+
+
+def plan(loaded: LoadedOp, options: RunOptions) -> Plan:
+    return plan_op(loaded, options.filters)
+
+
+def run_row(loaded: LoadedOp, row: PlannedRow, options: RunOptions) -> list[CaseResult]:
+    """One planned row in this process: a result per result row it reports."""
+    from opforge.checks.base import CheckContext
+    from opforge.engine.rows import run_row as run_one
+
+    context = CheckContext(loaded, options.filters.seed, opt_ins=options.filters.opt_ins)
+    return run_one(context, row, options.filters)
