@@ -125,8 +125,7 @@ def plan(loaded: LoadedOp, options: RunOptions) -> Plan:
 
 def run_row(loaded: LoadedOp, row: PlannedRow, options: RunOptions) -> list[CaseResult]:
     """One planned row in this process: a result per result row it reports."""
-    from opforge.checks.base import CheckContext
+    from opforge.engine.plan import check_context
     from opforge.engine.rows import run_row as run_one
 
-    context = CheckContext(loaded, options.filters.seed, opt_ins=options.filters.opt_ins)
-    return run_one(context, row, options.filters)
+    return run_one(check_context(loaded, options.filters), row, options.filters)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from opforge.checks.base import CheckContext
 from opforge.engine.events import Events
-from opforge.engine.plan import Filters, Plan, build_info, load_checked, load_row, plan_op
+from opforge.engine.plan import Filters, Plan, build_info, check_context, load_checked, load_row, plan_op
 from opforge.engine.rows import run_rows, stops_run
 from opforge.errors import OpforgeError
 from opforge.loading import LoadedOp
@@ -35,15 +34,13 @@ def run_in_process(
             report.results.append(load_row(spec, Status.ERROR, str(exc), time.perf_counter() - start))
             events.result(spec.name, report.results[-1])
             continue
-        report.build = build_info(loaded)
         plan = plan_op(loaded, filters)
         events.planned(spec.name, len(plan.rows) + len(plan.skipped))
 
-        def on_result(result: CaseResult, name: str = spec.name, into: OpReport = report) -> None:
-            into.results.append(result)
+        def on_result(result: CaseResult, name: str = spec.name) -> None:
             events.result(name, result)
 
-        run_op(loaded, filters, plan, on_result=on_result)
+        run_op(loaded, filters, plan, on_result=on_result, report=report)
         report.seconds = time.perf_counter() - start
         if stops_run(filters, report.results):
             return
@@ -54,15 +51,19 @@ def run_op(
     filters: Filters,
     plan: Plan | None = None,
     on_result: Callable[[CaseResult], None] | None = None,
+    report: OpReport | None = None,
 ) -> OpReport:
-    """One loaded op's planned rows, skips first; `on_result` receives each result as it comes."""
+    """One loaded op's planned rows, skips first, into `report` (a new one when none is given); `on_result` receives
+    each result as it comes."""
     plan = plan or plan_op(loaded, filters)
     start = time.perf_counter()
-    report = OpReport(op=loaded.spec.name, spec_path=str(loaded.spec.path), build=build_info(loaded))
+    if report is None:
+        report = OpReport(op=loaded.spec.name, spec_path=str(loaded.spec.path))
+    report.build = build_info(loaded)
 
     def add(result: CaseResult) -> None:
         report.results.append(result)
-        if on_result:
+        if on_result is not None:
             on_result(result)
 
     def add_row(index: int, results: list[CaseResult]) -> None:
@@ -71,6 +72,6 @@ def run_op(
 
     for result in plan.skipped:
         add(result)
-    run_rows(CheckContext(loaded, filters.seed, opt_ins=filters.opt_ins), plan, filters, on_results=add_row)
+    run_rows(check_context(loaded, filters), plan, filters, on_results=add_row)
     report.seconds = time.perf_counter() - start
     return report

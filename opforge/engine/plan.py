@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, build_matrix
-from opforge.checks.base import Check, OptIns
+from opforge.checks.base import Check, CheckContext, OptIns
 from opforge.checks.catalog import CATALOG
 from opforge.errors import OpforgeError
 from opforge.results import CaseResult, OpReport, Status, result_id
@@ -148,7 +148,13 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
                 # The cases it would run on every device the spec names, available here or not.
                 wanted = check.cases(loaded, target, build_matrix(spec, dtypes, devices))
                 plan.skipped += _kept(
-                    filters, spec, (_skip_case(spec, target, row, case, opted_out) for row in rows for case in wanted)
+                    filters,
+                    spec,
+                    (
+                        skip_row(spec, target, row, case.id, case.dtype, case.device, opted_out)
+                        for row in rows
+                        for case in wanted
+                    ),
                 )
                 continue
             for case in check.cases(loaded, target, matrix):
@@ -162,7 +168,11 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
                 reason = device_unavailable(device)
                 if reason:
                     claimed = [d for d in dtypes if d in spec.dtypes_on(device)]
-                    skips = (_skip(spec, target, row, dtype, device, reason) for row in rows for dtype in claimed)
+                    skips = (
+                        skip_row(spec, target, row, f"{dtype}-{device}", dtype, device, reason)
+                        for row in rows
+                        for dtype in claimed
+                    )
                     plan.skipped += _kept(filters, spec, skips)
     return plan
 
@@ -205,12 +215,14 @@ def reported_rows(filters: Filters, spec: OpSpec, row: PlannedRow) -> list[str]:
     ]
 
 
-def _skip(spec: OpSpec, target: Target, row: str, dtype: str, device: str, reason: str) -> CaseResult:
+def skip_row(spec: OpSpec, target: Target, row: str, case_id: str, dtype: str, device: str, reason: str) -> CaseResult:
+    """A row that does not run here, and why: a device that is missing (one per dtype: `float32-cuda`), or an
+    opt-in check not asked for (one per case it would run)."""
     return CaseResult(
         op=spec.name,
         target=target.name,
         check=row,
-        case_id=f"{dtype}-{device}",
+        case_id=case_id,
         dtype=dtype,
         device=device,
         status=Status.SKIP,
@@ -218,17 +230,9 @@ def _skip(spec: OpSpec, target: Target, row: str, dtype: str, device: str, reaso
     )
 
 
-def _skip_case(spec: OpSpec, target: Target, row: str, case: Case, reason: str) -> CaseResult:
-    return CaseResult(
-        op=spec.name,
-        target=target.name,
-        check=row,
-        case_id=case.id,
-        dtype=case.dtype,
-        device=case.device,
-        status=Status.SKIP,
-        message=reason,
-    )
+def check_context(loaded: LoadedOp, filters: Filters, time_limit: float | None = None) -> CheckContext:
+    """What a check is handed for a run under `filters` (a worker also passes its row's time limit)."""
+    return CheckContext(loaded, filters.seed, time_limit, filters.opt_ins)
 
 
 def build_info(loaded: LoadedOp) -> dict[str, Any] | None:

@@ -61,8 +61,7 @@ def main() -> None:
 
 
 def run(job: Job, send: Send) -> None:
-    from opforge.checks.base import CheckContext
-    from opforge.engine.plan import build_info, load_checked, plan_op, reported_rows
+    from opforge.engine.plan import build_info, check_context, load_checked, plan_op, reported_rows
     from opforge.engine.rows import run_rows
     from opforge.environment import environment
     from opforge.spec.load import load_spec
@@ -105,7 +104,7 @@ def run(job: Job, send: Send) -> None:
             send(Restart(unusable[0]))
         return not unusable
 
-    context = CheckContext(loaded, filters.seed, job.time_limit, filters.opt_ins)
+    context = check_context(loaded, filters, job.time_limit)
     ran_to_the_end = run_rows(
         context,
         plan,
