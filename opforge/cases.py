@@ -14,9 +14,12 @@ import math
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opforge.spec.model import Avoid, OpSpec, ScalarInput, TensorInput
+
+if TYPE_CHECKING:
+    import torch
 
 # The spec's `noncontiguous` layout expands into both kinds of non-contiguous view, since kernels get them wrong in
 # different ways: a transpose is dense with permuted strides, a strided slice has gaps.
@@ -192,13 +195,14 @@ def make_inputs(
     return CaseInputs(tuple(args), kwargs, tuple(ref_args), ref_kwargs, tuple(t.name for t in spec.tensor_inputs()))
 
 
-def _torch_dtype(name: str):
+def _torch_dtype(name: str) -> torch.dtype:
     import torch
 
-    return getattr(torch, name)
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
 
 
-def _reference_dtype(dtype):
+def _reference_dtype(dtype: torch.dtype) -> torch.dtype:
     import torch
 
     if dtype.is_floating_point:
@@ -208,7 +212,7 @@ def _reference_dtype(dtype):
     return dtype
 
 
-def sample(t: TensorInput, shape: tuple[int, ...], case_dtype: str, generator):
+def sample(t: TensorInput, shape: tuple[int, ...], case_dtype: str, generator: torch.Generator) -> torch.Tensor:
     """Uniform values in [low, high], already rounded to the dtype the op will see, held in float64."""
     import torch
 
@@ -306,7 +310,7 @@ def _apply_avoid(t: TensorInput, avoid: Avoid, values64: dict[str, Any], case_dt
     values64[moved] = adjusted.to(dtype).to(torch.float64)
 
 
-def in_layout(values64, layout: str, dtype, device: str):
+def in_layout(values64: torch.Tensor, layout: str, dtype: torch.dtype, device: str) -> torch.Tensor:
     """A tensor holding `values64` (cast to dtype) with the case's memory layout."""
     import torch
 

@@ -113,6 +113,8 @@ class SpecFile(pytest.File):
         except OpforgeError as exc:
             raise self.CollectError(f"opforge: {exc}") from None
         spec = loaded.spec
+        for warning in spec.warnings:
+            self.warn(pytest.PytestWarning(f"opforge: {warning}"))
         plan = run_session.plan(loaded, session.options)
         # One collector per implementation, so that an item's node id is its opforge id after the file
         # (`good.yaml::good/native::correctness[...]`) and selects it: a `::` inside an item's name would not.

@@ -75,13 +75,15 @@ def load_specs(paths: list[Path], report: RunReport) -> list[OpSpec]:
     from opforge.engine.plan import unloadable_spec_report
 
     if len(paths) == 1:
-        return [load_spec(paths[0])]
-    specs = []
-    for path in paths:
-        try:
-            specs.append(load_spec(path))
-        except OpforgeError as exc:
-            report.ops.append(unloadable_spec_report(path, exc))
+        specs = [load_spec(paths[0])]
+    else:
+        specs = []
+        for path in paths:
+            try:
+                specs.append(load_spec(path))
+            except OpforgeError as exc:
+                report.ops.append(unloadable_spec_report(path, exc))
+    report.notes += [warning for spec in specs for warning in spec.warnings]
     return specs
 
 

@@ -206,3 +206,34 @@ def test_claims_switch_their_checks_on_by_default(tmp_path):
     assert {"vmap", "error_inputs", "large_index"} <= set(spec.checks)
     assert spec.section("large_index").dtype == "float16" and not spec.section("large_index").enabled
     assert spec.error_inputs[0].label == "integer_x" and spec.error_inputs[0].tensors[0].dtype == "int32"
+
+
+def test_claims_are_one_section_of_plain_statements_with_defaults(tmp_path):
+    spec = load_spec(write(tmp_path, VALID + "claims: {double_backward: true, deterministic: false, vmap: true}\n"))
+    assert spec.differentiable and spec.double_backward and spec.vmap and spec.cuda_graphs
+    assert not spec.deterministic and not spec.warnings
+    assert "gradgradcheck" in spec.checks and "determinism" in spec.checks
+
+
+@pytest.mark.parametrize(
+    "old, claim, value",
+    [
+        ("nondeterministic: true", "deterministic", False),
+        ("cuda_graphs: false", "cuda_graphs", False),
+        ("vmap: true", "vmap", True),
+        ("differentiable: false", "differentiable", False),
+    ],
+)
+def test_old_claim_keys_still_load_with_a_warning_naming_the_new_form(tmp_path, old, claim, value):
+    path = write(tmp_path, VALID + old + "\n")
+    spec = load_spec(path)
+    assert getattr(spec, claim) is value
+    (warning,) = spec.warnings
+    line = VALID.count("\n") + 1
+    assert warning.startswith(f"{path}:{line}: `{old}` is read as `claims: {{{claim}: {str(value).lower()}}}`")
+
+
+def test_an_old_claim_key_beside_its_claim_is_refused(tmp_path):
+    with pytest.raises(SpecError) as error:
+        load_spec(write(tmp_path, VALID + "nondeterministic: true\nclaims: {deterministic: false}\n"))
+    assert error.value.key == "nondeterministic" and "Drop `nondeterministic:`" in str(error.value)

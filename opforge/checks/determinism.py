@@ -76,8 +76,8 @@ def _bitwise_equal(a, b) -> bool:
 
 
 def deterministic_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
-    """Every case, unless the spec declares the op nondeterministic (atomics, sampling)."""
-    return [] if loaded.spec.nondeterministic else aligned(cases)
+    """Every case, unless the spec claims `deterministic: false` (atomics, sampling)."""
+    return aligned(cases) if loaded.spec.deterministic else []
 
 
 CHECKS = (

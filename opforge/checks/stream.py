@@ -11,7 +11,7 @@ Two runs per case:
    that bug until July 2025, pytorch#157363).
 2. CUDA-graph capture of the op, then replay on new input values. A legacy-stream launch during capture fails
    (cudaErrorStreamCaptureImplicit); a kernel that is not captured leaves the replayed outputs stale; a host
-   synchronization inside the op fails the capture. A spec that declares `cuda_graphs: false` skips this part
+   synchronization inside the op fails the capture. A spec that claims `cuda_graphs: false` skips this part
    (with a note on the row).
 3. For a differentiable op, CUDA-graph capture of its backward (autograd.grad through a forward run on the capture
    stream), then replay on a new grad_output: training loops capture the backward too (torch.compile's
@@ -77,9 +77,9 @@ def stream(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     return {"stream": None}
 
 
-# The note a spec with `cuda_graphs: false` gets on its stream rows.
+# The note a spec claiming `cuda_graphs: false` gets on its stream rows.
 GRAPHS_SKIPPED = (
-    "CUDA-graph capture not checked: the spec declares cuda_graphs: false (the op synchronizes with the host, so "
+    "CUDA-graph capture not checked: the spec claims claims.cuda_graphs: false (the op synchronizes with the host, so "
     "code that captures CUDA graphs cannot call it)"
 )
 
@@ -171,7 +171,7 @@ def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
         "launch on at::cuda::getCurrentCUDAStream(). Host synchronization (.item(), .cpu(), a data-dependent size) "
         "cannot be captured either, and code that captures CUDA graphs (torch.compile's reduce-overhead mode, vLLM, "
         "training loops) cannot call the op: keep it out of the op, or, where it must stay, declare "
-        "`cuda_graphs: false` in the spec.",
+        "`claims: {cuda_graphs: false}` in the spec.",
     )
     for name, value in fresh.items():
         argument(captured_inputs, loaded, name).copy_(value)
@@ -237,7 +237,7 @@ def _backward_in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> No
         "Training loops capture the backward too (torch.compile's reduce-overhead mode, "
         "torch.cuda.make_graphed_callables): keep host synchronization (.item(), .cpu(), a data-dependent size) out "
         "of the backward formula and its kernels, and launch them on at::cuda::getCurrentCUDAStream(); where it must "
-        "stay, declare `cuda_graphs: false` in the spec.",
+        "stay, claim `claims: {cuda_graphs: false}` in the spec.",
         stream=capture_stream,
     )
     for buffer, values in zip(captured_grads, replay_grads):

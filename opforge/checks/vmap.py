@@ -74,16 +74,16 @@ def refuse_mutating_op(loaded: LoadedOp) -> None:
     if loaded.spec.vmap and mutated:
         raise loaded.spec.error(
             "vmap",
-            "vmap: true only for an op that mutates none of its arguments",
-            f"vmap: true on an op that mutates {', '.join(mutated)}",
-            "Drop `vmap: true`: opforge checks vmap of functional ops only.",
+            "claims.vmap: true only for an op that mutates none of its arguments",
+            f"claims.vmap: true on an op that mutates {', '.join(mutated)}",
+            "Drop `vmap: true` from claims: opforge checks vmap of functional ops only.",
         )
 
 
 CHECKS = (
     Check(
         "vmap",
-        "torch.vmap over a new batch dimension against a loop over the batch (needs `vmap: true`)",
+        "torch.vmap over a new batch dimension against a loop over the batch (needs `claims: {vmap: true}`)",
         vmap_cases,
         vmap,
         claim="vmap",

@@ -44,6 +44,19 @@ from opforge.spec.xfail import read_xfails
 
 _QUALNAME = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_]\w*(\.[A-Za-z_]\w*)?$")
 
+# What a spec says its op does, each a plain statement of the op with the value most ops have by default:
+# `claims: {differentiable: true, double_backward: false, vmap: false, deterministic: true, cuda_graphs: true}`.
+CLAIMS = {"differentiable": True, "double_backward": False, "vmap": False, "deterministic": True, "cuda_graphs": True}
+# Top-level keys earlier specs used, still read, each with a warning naming its claim: (claim, negated).
+OLD_CLAIMS = {
+    "differentiable": ("differentiable", False),
+    "double_backward": ("double_backward", False),
+    "vmap": ("vmap", False),
+    "nondeterministic": ("deterministic", True),
+    "cuda_graphs": ("cuda_graphs", False),
+}
+OLD_CLAIM_KEYS = tuple(OLD_CLAIMS)
+
 _TOP_KEYS = (
     "op",
     "schema",
@@ -59,10 +72,8 @@ _TOP_KEYS = (
     "grad_tolerances",
     "checks",
     "xfail",
-    "differentiable",
-    "double_backward",
-    "nondeterministic",
-    "vmap",
+    "claims",
+    *OLD_CLAIM_KEYS,
     "error_inputs",
     "special_values",
     "cuda_graphs",
@@ -113,21 +124,15 @@ def load_spec(path: Path | str) -> OpSpec:
         )
     load = read_load_section(r, path)
     checks = r.get("checks", list_of(one_of(CATALOG.names)), None)
-    differentiable = r.get("differentiable", read_bool, True)
-    double_backward = r.get("double_backward", read_bool, False)
+    claims, warnings = read_claims(r)
     samples = Samples(r.get("samples", read_callable)) if r.has("samples") else None
     inputs = _inputs(r, samples)
     dtypes, device_dtypes = _dtypes(r)
-    vmap = r.get("vmap", read_bool, False)
     error_inputs = read_error_inputs(r, inputs) if r.has("error_inputs") else ()
     so_far = SpecSoFar(inputs, dtypes)
     sections = tuple((s.key, s.read(r, so_far)) for s in CATALOG.sections if r.has(s.key))
-    claims = {
-        "differentiable": differentiable,
-        "double_backward": double_backward,
-        "vmap": vmap,
-        "error_inputs": bool(error_inputs),
-    } | {s.key: r.has(s.key) for s in CATALOG.sections}
+    claims |= {"error_inputs": bool(error_inputs)} | {s.key: r.has(s.key) for s in CATALOG.sections}
+    differentiable = claims["differentiable"]
     if checks is None:
         checks = CATALOG.default_checks(claims)
     _check_claims(r, checks, claims)
@@ -168,19 +173,45 @@ def load_spec(path: Path | str) -> OpSpec:
         checks=checks,
         xfail=read_xfails(r, implementations),
         differentiable=differentiable,
-        double_backward=double_backward,
-        nondeterministic=r.get("nondeterministic", read_bool, False),
-        vmap=vmap,
+        double_backward=claims["double_backward"],
+        deterministic=claims["deterministic"],
+        vmap=claims["vmap"],
         error_inputs=error_inputs,
         sections=sections,
         special_values=r.get("special_values", list_of(one_of(SPECIAL_VALUES)), SPECIAL_VALUES),
-        cuda_graphs=r.get("cuda_graphs", read_bool, True),
+        cuda_graphs=claims["cuda_graphs"],
         timeout=r.get("timeout", read_seconds),
         bench=read_bench_section(r, inputs, schema, bench_modes(differentiable, inputs), dtypes, devices, layouts),
         lines=lines,
         device_dtypes=device_dtypes,
         samples=samples,
+        warnings=warnings,
     )
+
+
+def read_claims(r: Reader) -> tuple[dict[str, bool], tuple[str, ...]]:
+    """The spec's claims (CLAIMS, with their defaults), and a warning per old top-level key read as one."""
+    given = Reader(r.path, r.child("claims"), "claims", tuple(CLAIMS)) if r.has("claims") else None
+    claims = {name: given.get(name, read_bool, default) if given else default for name, default in CLAIMS.items()}
+    warnings = []
+    for old, (name, negated) in OLD_CLAIMS.items():
+        if not r.has(old):
+            continue
+        if given is not None and given.has(name):
+            raise r.fail(
+                r.child(old),
+                old,
+                f"one place for the claim {name!r}",
+                f"both `{old}:` and `claims.{name}`",
+                f"Drop `{old}:`: `claims.{name}` replaces it.",
+            )
+        value = r.get(old, read_bool)
+        claims[name] = not value if negated else value
+        warnings.append(
+            f"{r.path}:{r.line(old)}: `{old}: {str(value).lower()}` is read as `claims: {{{name}: "
+            f"{str(claims[name]).lower()}}}`. Write that instead: the top-level `{old}:` will go."
+        )
+    return claims, tuple(warnings)
 
 
 def _inputs(r: Reader, samples: Samples | None) -> tuple[Input, ...]:
@@ -241,16 +272,18 @@ def _check_input_layouts(r: Reader, inputs: tuple[Input, ...], layouts: tuple[st
 
 
 def _check_claims(r: Reader, checks: tuple[str, ...], claims: dict[str, bool]) -> None:
-    """A check listed in `checks:` whose cases come from a spec key (vmap, error_inputs, large_index) needs it."""
+    """A check listed in `checks:` whose cases come from a claim or a spec section (vmap, error_inputs, large_index)
+    needs it."""
     for name in checks:
         claim = CATALOG.get(name).claim
         if claim and not claims[claim]:
+            entry, where = (f"claims: {{{claim}: true}}", " under claims") if claim in CLAIMS else (f"{claim}:", "")
             raise r.fail(
                 r.child("checks"),
                 "checks",
-                f"a `{claim}:` entry for check {name!r}",
+                f"a `{claim}:` entry{where} for check {name!r}",
                 "none",
-                f"Add `{claim}:` (see docs/checks.md) or drop {name} from checks.",
+                f"Add `{entry}` (see docs/checks.md) or drop {name} from checks.",
             )
 
 

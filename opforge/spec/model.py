@@ -180,6 +180,8 @@ class BenchSpec:
     # Line and key (`bench.bytes` or `bench.bytes.<mode>`) of each `bench.bytes` expression, for errors found when
     # it is evaluated.
     lines: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+    # What the loader read but would rather see written otherwise (an old key name), each with its file:line.
+    warnings: tuple[str, ...] = field(default=(), compare=False)
     keys: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
 
@@ -229,8 +231,8 @@ class OpSpec:
     differentiable: bool
     double_backward: bool
     description: str = ""
-    # Declares results that may differ run to run (atomics, sampling): the determinism check then does not apply.
-    nondeterministic: bool = False
+    # False declares results that may differ run to run (atomics, sampling): the determinism check then does not apply.
+    deterministic: bool = True
     # Claims that switch on the vmap and error_inputs checks.
     vmap: bool = False
     error_inputs: tuple[ErrorInput, ...] = ()
@@ -253,6 +255,8 @@ class OpSpec:
     samples: Samples | None = None
     # Line of each top-level key and of each input, for errors found after loading (schema mismatch, bad module).
     lines: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+    # What the loader read but would rather see written otherwise (an old key name), each with its file:line.
+    warnings: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def name(self) -> str:
