@@ -14,10 +14,11 @@
 namespace opforge::cpu {
 namespace {
 
+using custom_loss::backward_output;
 using custom_loss::broadcast_output;
-using custom_loss::check_backward_grad;
 using custom_loss::check_pair;
-using custom_loss::check_repeated;
+using custom_loss::grads_operands;
+using custom_loss::repeated_operands;
 
 
 at::Tensor custom_loss(const at::Tensor& pred, const at::Tensor& target) {
@@ -45,9 +46,7 @@ inline acc_t grad_d(acc_t g, acc_t p, acc_t t) {
 }
 
 at::Tensor custom_loss_backward(const at::Tensor& grad, const at::Tensor& pred, const at::Tensor& target) {
-  check_pair(pred, target, "opforge::custom_loss_backward");
-  at::Tensor out = broadcast_output(pred, target);
-  check_backward_grad(grad, out, "opforge::custom_loss_backward");
+  at::Tensor out = backward_output(grad, pred, target, "opforge::custom_loss_backward");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), "opforge::custom_loss_backward", [&] {
     using acc_t = opmath_t<scalar_t>;
     spanned_kernel<scalar_t>(
@@ -61,13 +60,9 @@ at::Tensor custom_loss_backward(const at::Tensor& grad, const at::Tensor& pred, 
 std::tuple<at::Tensor, at::Tensor> custom_loss_grads(const at::Tensor& grad, const at::Tensor& pred,
                                                      const at::Tensor& target) {
   constexpr const char* op = "opforge::custom_loss_grads";
-  check_pair(pred, target, op);
-  at::Tensor grad_pred = broadcast_output(pred, target);
-  check_backward_grad(grad, grad_pred, op);
-  at::Tensor grad_target = at::empty_like(grad_pred);
-  const at::Tensor g = with_layout_of(grad, grad_pred);
-  const at::Tensor p = with_layout_of(pred, grad_pred);
-  const at::Tensor t = with_layout_of(target, grad_pred);
+  const custom_loss::GradOperands operands = grads_operands(grad, pred, target, op);
+  const at::Tensor &grad_pred = operands.grad_pred, &grad_target = operands.grad_target;
+  const at::Tensor &g = operands.grad, &p = operands.pred, &t = operands.target;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), op, [&] {
     using acc_t = opmath_t<scalar_t>;
     elementwise_kernel2<scalar_t>(
@@ -121,15 +116,13 @@ void repeated_rows(const scalar_t* grad, const scalar_t* pred, const scalar_t* t
 std::tuple<at::Tensor, at::Tensor> custom_loss_grads_repeated(const at::Tensor& grad, const at::Tensor& pred,
                                                               const at::Tensor& target) {
   constexpr const char* op = "opforge::custom_loss_grads_repeated";
-  check_pair(pred, target, op);
-  check_repeated(grad, pred, target, op);
-  at::Tensor grad_pred = at::empty(pred.sizes(), pred.options());
-  at::Tensor grad_target = at::empty(target.sizes(), target.options());
+  const custom_loss::GradOperands operands = repeated_operands(grad, pred, target, op);
+  const at::Tensor &grad_pred = operands.grad_pred, &grad_target = operands.grad_target;
+  const at::Tensor &g = operands.grad, &p = operands.pred, &t = operands.target;
   const int64_t span = target.numel();
   if (pred.numel() == 0) {
     return {grad_pred, grad_target.zero_()};  // a sum over no rows
   }
-  const at::Tensor g = grad.contiguous(), p = pred.contiguous(), t = target.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), op, [&] {
     const scalar_t* gd = g.const_data_ptr<scalar_t>();
     const scalar_t* pd = p.const_data_ptr<scalar_t>();

@@ -44,4 +44,41 @@ inline void check_repeated(const at::Tensor& grad, const at::Tensor& pred, const
               ". Use custom_loss_grads for other broadcasts.");
 }
 
+// custom_loss_backward's output, once its arguments are checked: dL/dd in the broadcast shape.
+inline at::Tensor backward_output(const at::Tensor& grad, const at::Tensor& pred, const at::Tensor& target,
+                                  const char* op) {
+  check_pair(pred, target, op);
+  at::Tensor out = broadcast_output(pred, target);
+  check_backward_grad(grad, out, op);
+  return out;
+}
+
+// What a two-gradient kernel reads and writes, the same on CPU and CUDA: both outputs allocated, and the three inputs
+// in the layout the kernel walks. Callers name its members rather than bind them (`auto [a, b] = ...`): a C++17
+// lambda, AT_DISPATCH's under torch 2.11, cannot capture a structured binding.
+struct GradOperands {
+  at::Tensor grad_pred, grad_target;
+  at::Tensor grad, pred, target;
+};
+
+// custom_loss_grads': both gradients in the broadcast shape, grad, pred and target laid out like them (a broadcast
+// input expanded, not copied), so the kernel reads all five element for element.
+inline GradOperands grads_operands(const at::Tensor& grad, const at::Tensor& pred, const at::Tensor& target,
+                                   const char* op) {
+  at::Tensor grad_pred = backward_output(grad, pred, target, op);
+  at::Tensor grad_target = at::empty_like(grad_pred);
+  return {grad_pred, grad_target, with_layout_of(grad, grad_pred), with_layout_of(pred, grad_pred),
+          with_layout_of(target, grad_pred)};
+}
+
+// custom_loss_grads_repeated's: dL/dpred in pred's shape, dL/dtarget in target's, the inputs contiguous (rows of
+// grad and pred against target's one row).
+inline GradOperands repeated_operands(const at::Tensor& grad, const at::Tensor& pred, const at::Tensor& target,
+                                      const char* op) {
+  check_pair(pred, target, op);
+  check_repeated(grad, pred, target, op);
+  return {at::empty(pred.sizes(), pred.options()), at::empty(target.sizes(), target.options()), grad.contiguous(),
+          pred.contiguous(), target.contiguous()};
+}
+
 }  // namespace opforge::custom_loss

@@ -12,10 +12,11 @@
 namespace opforge::cuda {
 namespace {
 
+using custom_loss::backward_output;
 using custom_loss::broadcast_output;
-using custom_loss::check_backward_grad;
 using custom_loss::check_pair;
-using custom_loss::check_repeated;
+using custom_loss::grads_operands;
+using custom_loss::repeated_operands;
 
 template <typename acc_t>
 struct Forward {
@@ -56,9 +57,7 @@ at::Tensor custom_loss(const at::Tensor& pred, const at::Tensor& target) {
 }
 
 at::Tensor custom_loss_backward(const at::Tensor& grad, const at::Tensor& pred, const at::Tensor& target) {
-  check_pair(pred, target, "opforge::custom_loss_backward");
-  at::Tensor out = broadcast_output(pred, target);
-  check_backward_grad(grad, out, "opforge::custom_loss_backward");
+  at::Tensor out = backward_output(grad, pred, target, "opforge::custom_loss_backward");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), "opforge::custom_loss_backward", [&] {
     using acc_t = opmath_t<scalar_t>;
     launch_elementwise_spanned<scalar_t>(pred.device(), out.data_ptr<scalar_t>(), out.numel(), Backward<acc_t>{},
@@ -71,13 +70,9 @@ at::Tensor custom_loss_backward(const at::Tensor& grad, const at::Tensor& pred, 
 std::tuple<at::Tensor, at::Tensor> custom_loss_grads(const at::Tensor& grad, const at::Tensor& pred,
                                                      const at::Tensor& target) {
   constexpr const char* op = "opforge::custom_loss_grads";
-  check_pair(pred, target, op);
-  at::Tensor grad_pred = broadcast_output(pred, target);
-  check_backward_grad(grad, grad_pred, op);
-  at::Tensor grad_target = at::empty_like(grad_pred);
-  const at::Tensor g = with_layout_of(grad, grad_pred);
-  const at::Tensor p = with_layout_of(pred, grad_pred);
-  const at::Tensor t = with_layout_of(target, grad_pred);
+  const custom_loss::GradOperands operands = grads_operands(grad, pred, target, op);
+  const at::Tensor &grad_pred = operands.grad_pred, &grad_target = operands.grad_target;
+  const at::Tensor &g = operands.grad, &p = operands.pred, &t = operands.target;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), op, [&] {
     using acc_t = opmath_t<scalar_t>;
     launch_elementwise2<scalar_t>(pred.device(), grad_pred.data_ptr<scalar_t>(), grad_target.data_ptr<scalar_t>(),
@@ -139,16 +134,14 @@ struct RepeatedTargetRows {
 std::tuple<at::Tensor, at::Tensor> custom_loss_grads_repeated(const at::Tensor& grad, const at::Tensor& pred,
                                                               const at::Tensor& target) {
   constexpr const char* op = "opforge::custom_loss_grads_repeated";
-  check_pair(pred, target, op);
-  check_repeated(grad, pred, target, op);
-  at::Tensor grad_pred = at::empty(pred.sizes(), pred.options());
-  at::Tensor grad_target = at::empty(target.sizes(), target.options());
+  const custom_loss::GradOperands operands = repeated_operands(grad, pred, target, op);
+  const at::Tensor &grad_pred = operands.grad_pred, &grad_target = operands.grad_target;
+  const at::Tensor &g = operands.grad, &p = operands.pred, &t = operands.target;
   if (pred.numel() == 0) {
     return {grad_pred, grad_target.zero_()};  // a sum over no rows
   }
   const c10::cuda::CUDAGuard guard(pred.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(pred.device().index());
-  const at::Tensor g = grad.contiguous(), p = pred.contiguous(), t = target.contiguous();
   const int64_t span = target.numel();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pred.scalar_type(), op, [&] {
     constexpr int kVec = kVectorBytes / sizeof(scalar_t);
