@@ -29,11 +29,8 @@ GRAPH_MAX_CALLS = 1000
 # Between the flush and the start event the GPU spins for this many times the call's host-side launch cost (and at
 # least LAUNCH_COVER_MIN_S), so the whole call is queued before the timed region opens. Without it a call whose
 # launch costs more than the flush's GPU time (an autograd backward: Python, autograd engine, dispatcher) is timed
-# by its CPU overhead: H200, leaky_swish bwd 2^24, three runs gave 0.064-0.116 ms (bfloat16) where the kernel
-# takes 0.03 ms, while the forward and 2^26+ cases agreed within 1%. With 2x (2026-12-03) that case gave 0.0414,
-# 0.0292, 0.0293 ms: the host-time probe read 71-195 us across runs, and the run whose spin came out at 162 us had
-# its samples split between 0.03 and 0.056 ms, while spins of 283 and 390 us gave clean runs. 4x puts the
-# lowest probe seen above those; a longer spin only costs wall time outside the timed region.
+# by its CPU overhead. 4x: at 2x a spin of 162 us left split samples where spins of 283 and 390 us gave clean runs,
+# and a longer spin only costs wall time outside the timed region (docs/measurements/kernel-notes.md, "LAUNCH_COVER").
 LAUNCH_COVER = 4.0
 LAUNCH_COVER_MIN_S = 20e-6
 # Calls whose host-side time is measured (median) to size that spin.
@@ -41,8 +38,8 @@ LAUNCH_PROBES = 5
 # Reps in the first batch: few, so an op slower than budget / min_reps still stops near the budget.
 FIRST_BATCH = 4
 # CPU: calls per sample grow tenfold until one block lasts this long. Timer.timeit's fixed cost inside the timed
-# region measured 0.73 us (2-core VM, torch 2.13.0, median of 50 empty blocks): < 0.1% of a 1 ms block; and the
-# default 0.1 s of measured time still gives ~100 samples, well above the default 25 --min-reps.
+# region, 0.73 us, is < 0.1% of a 1 ms block; the default 0.1 s of measured time still gives ~100 samples, well above
+# the default 25 --min-reps (docs/measurements/kernel-notes.md, "CPU_BLOCK_S").
 CPU_BLOCK_S = 1e-3
 CPU_MAX_BLOCK_CALLS = 10**6
 

@@ -52,7 +52,7 @@ inline void widened_step(acc_t* result, int64_t len, const Fn& fn, acc_t (&wide)
 // `fn` is a branch-free scalar function of opmath_t values. Written that way GCC vectorizes the float loop for
 // whatever ISA -march=native finds. The same math through at::vec::Vectorized was slower: an extension gets no
 // CPU_CAPABILITY define, so Vectorized falls back to its generic array code, whose shifts and blends do not
-// vectorize (measured at 2^24 float32, 2 threads, 2-core AMD EPYC: 80.7 ms vs 48.0 ms, a plain copy 45.5 ms).
+// vectorize (docs/measurements/kernel-notes.md, "CPU elementwise loop").
 // at::vec::convert widens and narrows Half/BFloat16. Every element goes through the same formula, so results do
 // not depend on how the range is split across threads.
 template <typename scalar_t, typename Fn, typename... In>
@@ -127,12 +127,8 @@ inline int64_t row_grain(int64_t row_len) {
 // the order of the additions. 128 chunks keep 2-64 threads busy.
 constexpr int64_t kMaxChunks = 128;
 // A chunk's partial row (8 bytes per column) is zeroed, read and written for each of its rows, and read once more at
-// the end: over few rows it costs more than the rows themselves. Few long rows used to make chunks of 1-2 rows (256 x
-// 65536: 128 chunks, 64 MiB of partials). 2-core VM, torch 2.13.0+cpu, 2026-12-03, median of 9 calls, minimum rows per
-// chunk 1 / 8 / 16 / 32: custom_loss_grads_repeated 256x65536 bfloat16 31.9 / 13.2 / 11.8 / 11.0 ms, float32 38.7 /
-// 21.2 / 20.5 / 19.9 ms; 64x262144 bfloat16 51.0 / 14.0 / 13.3 / 12.3 ms; 4096x4096 (32 rows per chunk already)
-// unchanged. rms_norm_backward, 1 against 16: 256x65536 bfloat16 36.9 / 16.9 ms, 64x262144 62.6 / 24.1 ms. 16 keeps
-// twice 32's chunks (threads) for few rows at a few percent.
+// the end: over few rows it costs more than the rows themselves. 16 rows: custom_loss_grads_repeated 256x65536
+// bfloat16 11.8 ms against 31.9 ms at 1, with twice 32's chunks (docs/measurements/kernel-notes.md, "kMinChunkRows").
 #ifndef OPFORGE_MIN_CHUNK_ROWS
 #define OPFORGE_MIN_CHUNK_ROWS 16
 #endif
@@ -222,8 +218,7 @@ void elementwise_kernel2(scalar_t* out0, scalar_t* out1, int64_t n, const Fn& fn
 // sigmoid(x) = 1 / (1 + exp(-x)) for float, with exp by Cody-Waite range reduction and the Cephes degree-6
 // polynomial (about 2 ulp). Branch-free (ternaries become blends), so the loop around it vectorizes; std::exp
 // would be a libm call per element. Always inlined: a call in the loop stops it vectorizing, and GCC's heuristics
-// stopped inlining it once leaky_swish's forward served three ops (2^24 float32 on 2 cores: 38.5 ms against
-// 30.0 ms inlined; at 2^20, 1.39 ms against 0.26 ms).
+// stopped inlining it once leaky_swish's forward served three ops (docs/measurements/kernel-notes.md, "CPU sigmoid").
 C10_ALWAYS_INLINE float sigmoid(float x) {
   // exp(t) for t in [kMinArg, kMaxArg] keeps 2^n a normal float; beyond them sigmoid is 0 or 1 to within a float.
   constexpr float kMaxArg = 88.3f, kMinArg = -87.3f;

@@ -34,7 +34,7 @@ static_assert(kThreads == kRowThreads, "NCHW blocks are shaped by column_sums.cu
 // NCHW backward: each thread visits at most this many batch entries and this many vectors along a plane. Untuned:
 // enough loads per thread to amortize the block's reduction and its partial-sum writes (1/16 of grad_x's bytes at
 // most, in float), few enough that a 56 x 56 x 256 x 32 tensor still makes hundreds of blocks; measured at 62-91%
-// of the copy on an H200 (docs/performance.md).
+// of the copy on an H200 (docs/performance.md, "CUDA: H200, the seed's other ops").
 constexpr int64_t kRowsPerThread = 16;
 constexpr int64_t kVectorsPerThread = 8;
 

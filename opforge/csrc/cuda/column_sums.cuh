@@ -19,10 +19,8 @@
 #include "elementwise.cuh"
 
 // rows_with_column_sums: each block's rows are at least this many row steps of its threads, so that a partial row
-// (cols sums, written once and read once more) is spread over at least this many rows of the inputs. H200,
-// custom_loss_grads_repeated alone (benchmarks/column_sums.py's method, 2026-12-03): 2, 8 and 32 within 1.5% at
-// 4096x4096, 32768x1024, 1024x16384 and 65536x256 in bfloat16 and float32; at 256x65536 bfloat16 32 took 69.5 us
-// against 77.2 us for 8 and 2. affine_leaky_swish's NHWC backward (rows in the 100,000s) did not move.
+// (cols sums, written once and read once more) is spread over at least this many rows of the inputs.
+// 256x65536 bfloat16: 69.5 us at 32 against 77.2 us at 8 and 2 (docs/measurements/kernel-notes.md, "min row steps").
 #ifndef OPFORGE_MIN_ROW_STEPS_PER_PARTIAL
 #define OPFORGE_MIN_ROW_STEPS_PER_PARTIAL 32
 #endif
@@ -35,10 +33,8 @@ inline int64_t ceil_div(int64_t a, int64_t b) {
 
 // The sums of a reduction over rows: float for float16/bfloat16, double for float32 and float64. A float32 sum of one
 // term per row over all rows, in float, grows each term's rounding (of the product, about 1e-7 relative) with the
-// square root of the rows: 1.8e-5 absolute at 32768 rows, outside float32's tolerance (tests/ops/test_rms_norm.py's
-// many-rows test failed that way on an H200 with float sums, 2026-12-03, as did 7 of the CUDA shape tests). In double
-// the cost is registers, not arithmetic: a few conversions and double adds per element are far below an H200 SM's
-// rate at full bandwidth.
+// square root of the rows: 1.8e-5 absolute at 32768 rows, outside float32's tolerance. In double the cost is
+// registers, not arithmetic (docs/measurements/kernel-notes.md, "sum_t in double").
 template <typename T>
 using sum_t = std::conditional_t<std::is_same_v<T, float>, double, opmath_t<T>>;
 
@@ -50,9 +46,8 @@ struct SumOutputs {
 
 // The partial rows' columns are added by tiles of columns, the blocks taking turns at the tiles; a tile is as
 // narrow as covers the row in one pass of the blocks (so that all of a thread's loads go out together), but at
-// least kMinSumCols wide (64-byte runs of float partials): at hidden 8192 on 132 blocks a fixed 16-column tile took
-// four passes, each an L2 round trip, and rms_norm's fused sum cost 6.8 us against 3.3 us for a kernel of its own
-// (H200, 2026-12-03).
+// least kMinSumCols wide (64-byte runs of float partials): with fixed 16-column tiles rms_norm's fused sum at hidden
+// 8192 cost 6.8 us against 3.3 us for a kernel of its own (docs/measurements/kernel-notes.md, "kMinSumCols").
 constexpr int kMinSumCols = 16;
 
 // A column's sum, added in double, as the output's type, through the math type (float for float16/bfloat16):
@@ -68,10 +63,8 @@ template <typename part_t>
 constexpr int kSumPack = kVectorBytes / static_cast<int>(sizeof(part_t));
 
 // Partial-row loads a thread issues at once per column sum, all before the first is added: as many as fit 32
-// registers. With `#pragma unroll 16` over the rows instead, a slice of a 264-row sum (rms_norm's 4096 x 4096
-// bfloat16 backward on an H200: 132 SMs x 2 blocks, 16 slices of scalar loads) took 17 loads, i.e. two L2 round
-// trips. With 64 registers of 16-byte loads, rms_norm's backward kernels for the scalar fallback (odd hidden
-// sizes, unaligned pointers) took 147-180 registers against 70-110 (ptxas, sm_90), half the blocks per SM.
+// registers. 16 loads cost a 17-row slice two L2 round trips; 64 registers' worth halved the scalar fallback's blocks
+// per SM (docs/measurements/kernel-notes.md, "sum_loads").
 template <int kSums, int kPack, typename part_t>
 constexpr int sum_loads() {
   return 32 * 4 / (kSums * kPack * static_cast<int>(sizeof(part_t)));
@@ -159,14 +152,8 @@ __device__ __forceinline__ void sum_partial_columns(const part_t* __restrict__ p
   const int group = static_cast<int>(threadIdx.x) >> span_bits;
   // The slice's partial rows (slice, slice + slices, ...; parts is a grid's size, so it fits an int), reached by
   // stepping a pointer rather than by 64-bit index arithmetic per load. Every thread of every resident block runs
-  // this at once after rms_norm's grid barrier, so its instructions may set the time more than its bytes do (the sum
-  // took ~2 us on an H200 whether it read 4 or 2 MiB): in the bfloat16 4096 x 4096 backward (sm_90, 264 partial
-  // rows, 16 slices) a thread's batch took ~500 instructions for 32 loads, 15 of them predicated off, then 64 adds;
-  // now ~7 per row it has (17) and 4 per add, some 400 fewer per warp. Measured (H200, medians of 100, 2026-12-04):
-  // that backward 36.6-37.0 -> 35.6-36.3 us (78.6-79.1% -> 80.2-80.8% of a copy; nine runs over three calls, five
-  // over two), the timeline's sum after the barrier 2.05 -> 1.73 us (median block); rms_norm's float32 and larger
-  // shapes the same or faster. custom_loss's own kernel: 4096 x 4096 bfloat16 0.6-1.2 us faster, 256 x 65536
-  // bfloat16 0.4-0.7 us slower (docs/performance.md).
+  // this at once after rms_norm's grid barrier, so its instructions may set the time more than its bytes do
+  // (docs/measurements/kernel-notes.md, "sum_partial_columns instructions").
   const int slice_rows = parts > slice ? static_cast<int>(((parts - 1 - slice) >> slice_bits) + 1) : 0;
   const int64_t row_step = slices * cols;
   const int64_t sum_step = parts * cols;
@@ -257,9 +244,8 @@ __global__ void __launch_bounds__(kSumThreads)
 }
 
 // The standalone sum's grid: tiles as wide as leave each thread one batch of loads (slices >= parts / kLoads), then
-// narrower while the grid would not give every SM two blocks (a floor not tuned on its own: the whole change was
-// timed, docs/performance.md, custom_loss 256 x 65536 bfloat16 62.6 -> 43.3 us on an H200). Before, the grid was
-// always cols / 16 blocks: at 256 x 65536 (8 partial rows) 4096 blocks in which 3 of 4 threads had no row to add.
+// narrower while the grid would not give every SM two blocks (a floor not tuned on its own: the whole change took
+// custom_loss 256 x 65536 bfloat16 62.6 -> 43.3 us; docs/measurements/kernel-notes.md, "sum_partials grid").
 template <int kPack, int kSums, typename part_t>
 int64_t sum_partials_grid(int64_t parts, int64_t cols) {
   constexpr int kLoads = sum_loads<kSums, kPack, part_t>();
@@ -304,9 +290,7 @@ void sum_partials(const part_t* partial, int64_t parts, int64_t cols, SumOutputs
 constexpr int kRowThreads = 256;
 // Row steps whose loads a thread issues together. 4 steps of two 16-byte loads hold 8 loads in flight per thread,
 // as many as the elementwise kernels' fastest shape keeps per SM; with it affine_leaky_swish's NHWC backward went
-// from 17-35% to 70-96% of the copy on an H200 (docs/performance.md). Issuing the next 4 steps' loads before
-// computing the current ones (twice the registers) lost: NHWC bfloat16 backward 67.0 against 59.0 us at
-// 32x256x56x56 and 408.7 against 333.5 us at 256x64x112x112 (H200, 2026-12-03), custom_loss within noise.
+// from 17-35% to 70-96% of the copy (docs/measurements/kernel-notes.md, "kRowSteps").
 constexpr int kRowSteps = 4;
 constexpr int kMinRowStepsPerPartial = OPFORGE_MIN_ROW_STEPS_PER_PARTIAL;
 // gridDim.y's hardware limit.

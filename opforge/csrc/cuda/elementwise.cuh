@@ -25,14 +25,9 @@ namespace opforge::cuda {
 
 // The tuned constants. benchmarks/cuda_bandwidth.py --sweep rebuilds with -D overrides of the macros below and
 // measures each variant; docs/performance.md has the H200 tables that chose the defaults.
-// Shape: at 2^28 elements (leaky_swish, % of a device copy, fwd/bwd float32, fwd/bwd bfloat16) one 16-byte vector
-// per thread and one tile per block (GRID_STRIDE=0, UNROLL=1) gave 96.6/96.3/95.5/95.6; a grid-stride loop over
-// 8 blocks per SM with 4 vectors per thread 84.0/85.4/85.0/86.6; one tile per block with UNROLL=2
-// 90.3/93.5/89.6/93.5; 512 threads 89.7/88.6/89.5/90.7. For the 2- and 3-input float32 kernels (leaky_swish bwd,
-// custom_loss fwd/bwd) 128 or 512 threads, or 2 vectors per thread, changed nothing or lost up to 10%.
-// Caching: streaming (evict-first) loads left those 2- and 3-input float32 kernels 1-5% behind torch.compile's
-// Triton kernels at 2^24..2^28 (0.95-0.99x); plain loads with streaming stores put them 2-6% ahead (1.02-1.06x,
-// 102-105% of the copy) and the 1-input forward at 99.4% of the copy (was 96-97%).
+// Shape: one 16-byte vector per thread, one tile per block, the sweep's best: 95.5-96.6% of a copy at 2^28.
+// Caching: plain loads, streaming stores (multi-input float32: 1.02-1.06x torch.compile, streaming loads 0.95-0.99x)
+// (docs/measurements/kernel-notes.md, "elementwise shape and caching").
 #ifndef OPFORGE_CUDA_THREADS
 #define OPFORGE_CUDA_THREADS 256
 #endif
@@ -62,13 +57,8 @@ namespace opforge::cuda {
 #ifndef OPFORGE_CUDA_STREAMING_LOADS
 #define OPFORGE_CUDA_STREAMING_LOADS 0
 #endif
-// Streaming loads for tensors too small to fill the GPU. H200, 2^20 elements, CUDA-graph throughput against
-// torch.compile (benchmarks/cuda_bandwidth.py --sweep --sizes 20, 2026-12-03): with plain loads 11 of the 12
-// leaky_swish/custom_loss fwd/bwd float32/bfloat16/float16 cases were behind (0.955-1.025x); streaming loads, in
-// the same run, put all 12 ahead (1.019-1.089x). Plain stores (0.957-1.012x), or 128 or 512 threads, or 128
-// threads x 2 vectors for small tensors (0.959-1.188x, 0.971-1.199x, 0.875-1.137x; 6, 6 and 9 cases behind) did
-// not. With this default, measured again: 1.021-1.259x, none behind. At 2^24..2^28 streaming loads lose (see
-// above), so large tensors keep plain loads.
+// Streaming loads for tensors too small to fill the GPU: at 2^20 1.019-1.089x torch.compile against 0.955-1.025x
+// with plain loads; at 2^24..2^28 they lose (docs/measurements/kernel-notes.md, "elementwise small-tensor loads").
 #ifndef OPFORGE_CUDA_STREAMING_LOADS_SMALL
 #define OPFORGE_CUDA_STREAMING_LOADS_SMALL 1
 #endif

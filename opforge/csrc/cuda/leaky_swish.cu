@@ -21,7 +21,8 @@ using leaky_swish::check_out;
 // float (and float16/bfloat16, computed in float): the hardware exp2 and reciprocal (__expf: 2 + 1.16|x| ulp;
 // __fdividef: 2 ulp), well inside float32's rtol of 1.3e-6 for the values that matter, since where exp(-x) is
 // large sigmoid is small and the output is dominated by alpha * x. expf and a IEEE division made the forward
-// kernel arithmetic-bound on an H200 (docs/performance.md). Infinities and NaN propagate as in the reference.
+// kernel arithmetic-bound on an H200 (docs/performance.md, "What each variant gave"). Infinities and NaN propagate
+// as in the reference.
 __device__ __forceinline__ float sigmoid(float x) {
 #if OPFORGE_CUDA_FAST_EXP
   return __fdividef(1.0f, 1.0f + __expf(-x));

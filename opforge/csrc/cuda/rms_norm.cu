@@ -33,9 +33,8 @@
 #include "rms_norm.h"
 
 // Streaming (evict-first) loads of x and grad, each read exactly once. Off by default, as for the elementwise
-// kernels, where plain loads were faster past 2^24 elements on an H200 (elementwise.cuh), and so they were for the
-// pipelined backward (H200, 2026-12-03: 32768 x 4096 float32 453.8 us streaming against 428.7 us plain); the weight
-// always uses the default caching, since every row reads it.
+// kernels: the 32768 x 4096 float32 backward took 453.8 us streaming against 428.7 us plain
+// (docs/measurements/kernel-notes.md, "rms_norm streaming loads").
 #ifndef OPFORGE_RMS_STREAMING_LOADS
 #define OPFORGE_RMS_STREAMING_LOADS 0
 #endif
@@ -354,9 +353,7 @@ __device__ __forceinline__ void load_row(const T* __restrict__ g, const T* __res
 // and add the partial rows into it.
 // The loop over row steps is software-pipelined: a thread issues its loads of the next step's row before it reduces
 // and writes the current one, so a block always has a row of grad and x in flight. Without it each step waited a
-// full DRAM round trip, and between steps nothing of the block's was in flight: on an H200 (2026-12-03) the
-// bfloat16 backward went from 61.3 / 77.3 / 67.5% of the copy (4096 x 4096, 32768 x 4096, 8192 x 8192) to 70.5 /
-// 91.3 / 82.4% (with_backward_shape's choices).
+// full DRAM round trip (docs/measurements/kernel-notes.md, "rms_norm pipelined backward").
 template <typename T, class S>
 __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     backward_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ gx,
@@ -382,10 +379,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   const int64_t step = static_cast<int64_t>(gridDim.x) * S::kGroups;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * S::kGroups;
   // The weight's loads go out first, then the first row's, and only then is the weight stored to shared memory: the
-  // barrier below waits for the weight alone, so the loop's first prefetch of the next row goes out sooner. With the
-  // first row's loads issued before the weight's, the weight came back behind them (H200, 2026-12-04, median of 100,
-  // two runs: 4096 x 4096 bfloat16 37.4-37.5 us against 36.4-36.5 us weight first, 8192 x 8192 113.7-113.8 against
-  // 111.8-111.9 us; float32 4096 x 4096 63.3-63.6 against 62.2-63.0 us).
+  // barrier below waits for the weight alone, so the loop's first prefetch of the next row goes out sooner. Row loads
+  // first, the weight came back behind them (docs/measurements/kernel-notes.md, "rms_norm weight loads first").
   Raw gv[S::kN], xv[S::kN];
   constexpr int kWeightUnits = (S::kUnits + S::kThreads - 1) / S::kThreads;
   Raw weight_units[kWeightUnits];
@@ -466,8 +461,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   // The groups' sums are added in group order: group k adds its own to those of groups 0..k-1 in shared memory, and
   // the last group writes the block's partial row from registers, 16 bytes at a time. Shared memory is element-major
   // (element j of unit u at j * kUnits + u), so a warp's accesses fall in distinct banks: unit-major, a bfloat16
-  // block's 8 sums per unit conflicted 8 ways, and its partial row took 2.0 us or more after its last row step;
-  // element-major 0.13-0.83 us, median 0.19 (4096 x 4096, H200, benchmarks/rms_norm_timeline.py, 2026-12-04).
+  // block's 8 sums per unit conflicted 8 ways (docs/measurements/kernel-notes.md, "rms_norm element-major sums").
   wide_t* combined = reinterpret_cast<wide_t*>(shared);
   if constexpr (S::kGroups > 1) {
     __syncthreads();  // every group is done with the weight
@@ -505,9 +499,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   }
   if (grad_weight != nullptr) {
     // The barrier also makes every block's partial row visible to every other block. The sum takes scalar loads
-    // (kScalarSums): with 16-byte ones (sum_partials' kernel's choice) this backward was slower (H200, medians of
-    // 100): 4096 x 4096 bfloat16 36.8-37.2 us against 36.5-36.7 (2026-12-04), and again once sum_partial_columns
-    // took fewer instructions, 36.7-36.8 against 36.0-36.3 (three runs each, 2026-12-04, fourth session).
+    // (kScalarSums): 16-byte ones (sum_partials' kernel's choice) made this backward slower, 4096 x 4096 bfloat16
+    // 36.7-36.8 us against 36.0-36.3 (docs/measurements/kernel-notes.md, "rms_norm scalar sum loads").
     cooperative_groups::this_grid().sync();
     sum_partial_columns<S::kThreads, kScalarSums>(partial, gridDim.x, hidden, SumOutputs<T, 1>{{grad_weight}},
                                                   blockIdx.x, gridDim.x, reinterpret_cast<double*>(shared));
@@ -609,18 +602,7 @@ bool with_forward_shape(int64_t units, Fn&& fn) {
 // element: at 4 units per thread 126-128 registers (ptxas, sm_90, bfloat16 and float32's doubles), so a block of
 // 256 threads asks for 2 per SM and one of 512 for 1 (more would spill), and past 2048 units (16384 bfloat16) it
 // takes the loop kernel.
-// Chosen on an H200 (2026-12-03, backward medians, % of the copy of the same bytes; docs/performance.md):
-//   - 512 units (bfloat16 4096): two rows of 4 warps per 256-thread block, 70.5% at 4096 rows and 91.3% at 32768;
-//     one row of 8 warps at 2 units each 59.6% / 88.5%, four rows per 512-thread block (half the partial rows)
-//     70.0% / 91.3%.
-//   - 1024 units (bfloat16 8192, float32 4096): with float sums one row of 16 warps at 2 units, 82.4% (bfloat16
-//     8192 x 8192) against 79.4% for 8 warps at 4 units (capped to 64 registers for 2 blocks per SM, with 8 bytes of
-//     spills, 79.8%); with float32's double sums the other way round, 8 warps at 4 units 91.7% (32768 x 4096)
-//     against 87.7-88.9%, and 75.5% against 76.4% at 4096 x 4096. Two such rows per 512-thread block (one block per
-//     SM, half the partial rows) against one per 256-thread block (2026-12-04, three runs each): float32 4096 x 4096
-//     61.8-62.0 against 62.2-62.4 us, 32768 x 4096 402.4-402.9 against 406.8-407.4 us, 2048 x 4096 37.3-37.6 against
-//     38.3-38.4 us. The same for bfloat16's 512 units (four rows of 4 warps per block) lost at 4096 x 4096: 36.7-36.9
-//     against 36.0-36.2 us.
+// Chosen by an H200 sweep of the backward (docs/measurements/kernel-notes.md, "rms_norm backward shapes").
 template <typename T, int kVec, typename Fn>
 bool with_backward_shape(int64_t units, Fn&& fn) {
   constexpr bool kDoubleSums = !std::is_same_v<sum_t<T>, opmath_t<T>>;
@@ -694,7 +676,7 @@ void launch_forward(const T* x, const T* w, T* y, Rows shape, double eps, cudaSt
 
 // Launches kKernel with a grid-wide barrier allowed; false where the launch is refused because the grid would not be
 // resident at once (another process's kernels under MPS, or a device without cooperative launches). A cooperative
-// launch is captured by CUDA graphs too: opforge's stream check captures and replays the backward (H200, 2026-12-03).
+// launch is captured by CUDA graphs too (docs/measurements/kernel-notes.md, "rms_norm cooperative launch").
 template <auto kKernel, typename... Args>
 bool launch_cooperative(int64_t grid, int threads, cudaStream_t stream, Args... args) {
   cudaLaunchAttribute cooperative{};
