@@ -8,6 +8,8 @@ reference or the inputs broke, not the op: ERROR), CheckSkipped (the case cannot
 
 from __future__ import annotations
 
+import re
+
 from opforge.results import Mismatch
 
 # Lines of an exception message kept in a result; the rest is noise (C++ stack frames, dispatcher dumps).
@@ -60,4 +62,26 @@ def missing_fake_hint(exc: BaseException) -> str:
         " The op has no fake (meta) kernel, which fake tensors need to know its outputs' shapes without running it: "
         'register one with @torch.library.register_fake("ns::op") in Python (or a Meta kernel in C++), returning '
         "empty tensors of the outputs' shapes, dtypes and strides."
+    )
+
+
+# How a compiled graph's run-time check of a data-dependent size (an unbacked SymInt, u0, u1, ...) against the lower
+# bound its fake kernel declared reads when the real size falls below it: inductor raises the bare expression.
+UNBACKED_LOWER_BOUND = re.compile(r"^(u\d+) >= (\d+)$", re.MULTILINE)
+
+
+def unbacked_size_hint(exc: BaseException) -> str:
+    """What a failed run-time check like `u0 >= 2` means: torch.compile trusted the lower bound a fake kernel gave a
+    data-dependent output size, and the real output was smaller. Empty for any other error."""
+    guard = UNBACKED_LOWER_BOUND.search(str(exc))
+    if guard is None:
+        return ""
+    size, minimum = guard.groups()
+    return (
+        f": the op's fake kernel gives an output a data-dependent size ({size}, an unbacked SymInt) with a lower bound "
+        f"of {minimum}, and the real output was smaller, so the compiled graph's check of it failed. "
+        "ctx.create_unbacked_symint() (deprecated) has a minimum of 2: make the size with "
+        "torch.library.get_ctx().new_dynamic_size() (minimum 0), passing min= and max= only for bounds the kernel "
+        "guarantees for every input. For a fake kernel that is not yours (torchvision's nms), xfail the compile row "
+        f"for the cases whose output has fewer than {minimum} elements."
     )

@@ -11,7 +11,7 @@ from opforge.checks.base import Check, CheckContext, Outcomes, aligned, first_va
 from opforge.checks.calls import inputs_for, mutated_values, outputs_of, paired
 from opforge.compare import as_tuple, check_result, tolerance_for
 from opforge.loading import LoadedOp, Target
-from opforge.outcomes import CheckFailure, missing_fake_hint, short
+from opforge.outcomes import CheckFailure, missing_fake_hint, short, unbacked_size_hint
 
 
 def compile_check(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
@@ -37,6 +37,7 @@ def compile_check(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
                 raise CheckFailure(
                     f"torch.compile(fullgraph=True) of {target.name} failed on {shaped.id}: {short(exc)}"
                     + missing_fake_hint(exc)
+                    + unbacked_size_hint(exc)
                 ) from exc
             got = as_tuple(returned) if loaded.overload._schema.returns else ()
             compared = paired(
