@@ -268,7 +268,13 @@ def _gencode(arch: str) -> str:
     return f"-gencode=arch=compute_{digits},code=sm_{digits}"
 
 
-def _build_key(sources, source_dirs, cflags, cuda_cflags, toolchain: Toolchain) -> str:
+def _build_key(
+    sources: tuple[Path, ...],
+    source_dirs: tuple[Path, ...],
+    cflags: tuple[str, ...],
+    cuda_cflags: tuple[str, ...],
+    toolchain: Toolchain,
+) -> str:
     h = hashlib.sha256()
     headers = {p for d in source_dirs for p in d.iterdir() if p.suffix in HEADER_SUFFIXES}
     files = list(sources) + sorted(headers)

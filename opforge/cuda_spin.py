@@ -17,7 +17,8 @@ def cycles_per_second() -> float:
     torch.cuda._sleep(CALIBRATION_CYCLES)
     end.record()
     end.synchronize()
-    return CALIBRATION_CYCLES / (start.elapsed_time(end) / 1e3)
+    elapsed_ms: float = start.elapsed_time(end)  # torch leaves Event.elapsed_time unannotated
+    return CALIBRATION_CYCLES / (elapsed_ms / 1e3)
 
 
 def spin(seconds: float) -> None:

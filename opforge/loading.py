@@ -222,7 +222,7 @@ def _import_failure(spec: OpSpec, key: str, module: str, exc: Exception) -> Spec
 def resolve_callable(spec: OpSpec, key: str, ref: str) -> Callable[..., Any]:
     module_name, attr = ref.split(":", 1)
     module = _import(spec, key, module_name)
-    fn = getattr(module, attr, None)
+    fn: object = getattr(module, attr, None)
     if not callable(fn):
         got = "nothing by that name" if fn is None else f"a {type(fn).__name__}"
         raise spec.error(
@@ -377,7 +377,9 @@ def _draw_samples(spec: OpSpec, make: Callable[..., Any]) -> list[dict[str, Any]
     return drawn
 
 
-def _check_sample_keys(spec: OpSpec, index: int, sample: dict[str, Any], arguments: list[Any], crossed: set[str]):
+def _check_sample_keys(
+    spec: OpSpec, index: int, sample: dict[str, Any], arguments: list[Any], crossed: set[str]
+) -> None:
     """A sample names schema arguments only, each argument without a default (unless `inputs.<arg>.values` gives
     it), and none whose `values:` the spec crosses with the samples."""
     names = [a.name for a in arguments]

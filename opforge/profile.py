@@ -10,10 +10,10 @@ it). Each contender is warmed up, then CALLS calls run under the profiler with C
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opforge.bench.runner import (
     BenchFilters,
@@ -29,6 +29,12 @@ from opforge.bench.runner import (
 )
 from opforge.errors import UsageError
 from opforge.spec.model import OpSpec
+
+if TYPE_CHECKING:
+    from torch.autograd.profiler_util import FunctionEventAvg
+
+    from opforge.cases import CaseInputs
+    from opforge.loading import LoadedOp
 
 # Calls profiled per contender: enough that per-call figures are averages, few enough for a large point.
 CALLS = 10
@@ -123,7 +129,16 @@ def _trace_path(trace: Path, point: BenchPoint, contender: str, index: int) -> P
     return trace.with_name(f"{trace.stem}-{index:02d}-{contender}-{point.device}-{label}{trace.suffix or '.json'}")
 
 
-def _profile(loaded, point: BenchPoint, name: str, fn, inputs, calls: int, seed: int, trace: Path | None) -> Profiled:
+def _profile(
+    loaded: LoadedOp,
+    point: BenchPoint,
+    name: str,
+    fn: Callable[..., Any],
+    inputs: CaseInputs,
+    calls: int,
+    seed: int,
+    trace: Path | None,
+) -> Profiled:
     import torch
 
     base = Profiled(point.label, point.dtype, point.device, point.mode, name)
@@ -158,7 +173,15 @@ def _profile(loaded, point: BenchPoint, name: str, fn, inputs, calls: int, seed:
     return _summarize(base, prof.key_averages(), calls, wall, nbytes, point.device, trace)
 
 
-def _summarize(base: Profiled, events, calls: int, wall: float, nbytes: int | None, device: str, trace) -> Profiled:
+def _summarize(
+    base: Profiled,
+    events: Sequence[FunctionEventAvg],
+    calls: int,
+    wall: float,
+    nbytes: int | None,
+    device: str,
+    trace: Path | None,
+) -> Profiled:
     on_device = device == "cuda"
     work = [e for e in events if _is_work(e, on_device)]
     total = sum(_self_seconds(e, on_device) for e in work) / calls
@@ -172,7 +195,7 @@ def _summarize(base: Profiled, events, calls: int, wall: float, nbytes: int | No
     kernels = sorted(
         (
             Kernel(
-                e.key,
+                str(e.key),  # an average of key_averages() always has its key
                 e.count / calls,
                 _self_seconds(e, on_device) / calls,
                 _self_seconds(e, on_device) / calls / total if total else 0.0,
@@ -194,11 +217,11 @@ def _summarize(base: Profiled, events, calls: int, wall: float, nbytes: int | No
     )
 
 
-def _is_device_event(event) -> bool:
+def _is_device_event(event: FunctionEventAvg) -> bool:
     return str(getattr(event, "device_type", "")).endswith("CUDA")
 
 
-def _is_work(event, on_device: bool) -> bool:
+def _is_work(event: FunctionEventAvg, on_device: bool) -> bool:
     """CUDA: every kernel and copy the device ran. CPU: every operator's own time (the leaf work)."""
     if event.key in _NOT_WORK:
         return False
@@ -207,7 +230,7 @@ def _is_work(event, on_device: bool) -> bool:
     return not _is_device_event(event) and event.self_cpu_time_total > 0
 
 
-def _self_seconds(event, on_device: bool) -> float:
+def _self_seconds(event: FunctionEventAvg, on_device: bool) -> float:
     if on_device:
         # self_cuda_time_total: torch before the device-neutral names.
         micros: float = getattr(event, "self_device_time_total", 0) or getattr(event, "self_cuda_time_total", 0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -23,6 +23,13 @@ from opforge.checks.catalog import CATALOG
 from opforge.errors import OpforgeError
 from opforge.results import CaseResult, Status, failure_text
 from opforge.spec.model import SPEC_SUFFIXES
+
+if TYPE_CHECKING:
+    from _pytest._code.code import TerminalRepr, TracebackStyle
+
+    from opforge.engine.plan import Filters, PlannedRow
+    from opforge.loading import LoadedOp
+    from opforge.session import RunOptions
 
 # The loaded ops and the results of the rows run so far, for this process.
 _SESSION = pytest.StashKey["_Session"]()
@@ -77,22 +84,22 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
 class _Session:
     """The run session's row-at-a-time side (opforge.session), with what this process loaded and ran so far."""
 
-    options: Any
-    loaded: dict[Path, Any] = field(default_factory=dict)
+    options: RunOptions
+    loaded: dict[Path, LoadedOp] = field(default_factory=dict)
     results: dict[tuple[Path, int], dict[str, CaseResult]] = field(default_factory=dict)
 
     @property
-    def filters(self):
+    def filters(self) -> Filters:
         return self.options.filters
 
-    def load(self, path: Path):
+    def load(self, path: Path) -> LoadedOp:
         from opforge import session
 
         if path not in self.loaded:
             self.loaded[path] = session.load(path, self.options)
         return self.loaded[path]
 
-    def result(self, path: Path, index: int, row, name: str) -> CaseResult:
+    def result(self, path: Path, index: int, row: PlannedRow, name: str) -> CaseResult:
         """Runs a planned row once per process; its other result rows (opcheck's sub-tests) come from the cache."""
         from opforge import session
 
@@ -169,7 +176,9 @@ class OpforgeItem(pytest.Item):
         if result.status.failed:
             raise OpforgeCheckFailed(result)
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> Any:
+    def repr_failure(
+        self, excinfo: pytest.ExceptionInfo[BaseException], style: TracebackStyle | None = None
+    ) -> str | TerminalRepr:
         if isinstance(excinfo.value, OpforgeCheckFailed):
             result = excinfo.value.result
             return f"{result.status.value.upper()}: {result.full_id}\n{failure_text(result)}"

@@ -79,7 +79,7 @@ def gpu_fingerprint() -> dict:
     return env
 
 
-def gpu_smi_id(props) -> str | None:
+def gpu_smi_id(props: object) -> str | None:
     """The GPU's id for nvidia-smi: its UUID, since torch's device index counts only CUDA_VISIBLE_DEVICES while
     nvidia-smi's counts every GPU. None where torch does not expose the UUID (nvidia-smi is then not asked)."""
     uuid = getattr(props, "uuid", None)

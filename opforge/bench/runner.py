@@ -14,10 +14,10 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opforge.bench.model import (
     BASELINE,
@@ -46,6 +46,9 @@ from opforge.shard import Shard, owns, shard_text
 from opforge.spec import bytes_expr as expr
 from opforge.spec.bench import POWER_OF_TWO
 from opforge.spec.model import BENCH_LAYOUTS, FLOATING_DTYPES, BenchSpec, OpSpec, ScalarInput
+
+if TYPE_CHECKING:
+    import torch
 
 EAGER, COMPILE = "eager", "compile"
 
@@ -308,7 +311,7 @@ def run_point(
     """Every contender on one point, each on the same input values (the same seed)."""
     results = []
 
-    def emit(contender: Contender, status: str, **fields) -> None:
+    def emit(contender: Contender, status: str, **fields: Any) -> None:
         result = BenchResult(
             loaded.spec.name,
             contender.name,
@@ -504,7 +507,7 @@ def mode_callable(
     only the backward runs. fwd+bwd: the call, then autograd.grad."""
     import torch
 
-    def call():
+    def call() -> Any:
         return fn(*inputs.args, **inputs.kwargs)
 
     if mode == "fwd":
@@ -544,7 +547,7 @@ def _differentiable(returned: Any) -> list[Any]:
     return [o for o in as_tuple(returned) if isinstance(o, torch.Tensor) and o.requires_grad]
 
 
-def _random_like(t, seed: int):
+def _random_like(t: torch.Tensor, seed: int) -> torch.Tensor:
     """Random values in t's own layout: a channels_last output gets a channels_last gradient, as the next layer's
     backward hands it in a channels_last network. A contiguous gradient made every contender time a layout
     conversion too (an H200's NHWC backward of affine_leaky_swish: 3-4x its NCHW time, for eager and compile too)."""
@@ -580,7 +583,7 @@ def bytes_moved(loaded: LoadedOp, mode: str, inputs: CaseInputs) -> int | None:
 
 
 def _default_bytes(loaded: LoadedOp, mode: str, sizes: dict[str, Any]) -> int:
-    def tensors(names) -> list[expr.TensorSize]:
+    def tensors(names: Iterable[str]) -> list[expr.TensorSize]:
         return [sizes[n] for n in names if isinstance(sizes.get(n), expr.TensorSize)]
 
     read = tensors(_input_names(loaded))

@@ -8,6 +8,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 # Bootstrap resamples for the ratio's confidence interval. Measured on the 2-core VM, 50-sample sets with 2% noise:
 # the interval's ends moved by < 0.1% across 10 seeds, 9 ms per case (2,000-sample sets: 0.33 s).
@@ -83,9 +88,10 @@ def ratio_of_medians(
     return RatioInterval(float(np.median(a) / np.median(b)), float(low), float(high), confidence)
 
 
-def _thin(samples):
+def _thin(samples: NDArray[np.float64]) -> NDArray[np.float64]:
     import numpy as np
 
     if len(samples) <= MAX_BOOTSTRAP_SAMPLES:
         return samples
-    return samples[np.linspace(0, len(samples) - 1, MAX_BOOTSTRAP_SAMPLES).round().astype(int)]
+    thinned: NDArray[np.float64] = samples[np.linspace(0, len(samples) - 1, MAX_BOOTSTRAP_SAMPLES).round().astype(int)]
+    return thinned

@@ -12,9 +12,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from opforge.bench.stats import relative_iqr
 from opforge.cuda_spin import spin
+
+if TYPE_CHECKING:
+    from torch.types import Device
 
 # Triton's do_bench flushes with a 256 MB write; never flushing less keeps our medians comparable with its. Above
 # that, twice the device's L2 (H200: 2 x 60 MiB) so no line of the op's inputs can survive.
@@ -79,10 +83,11 @@ def flush_bytes_for(l2_bytes: int) -> int:
     return max(2 * l2_bytes, MIN_FLUSH_BYTES)
 
 
-def l2_bytes(device) -> int:
+def l2_bytes(device: Device) -> int:
     import torch
 
-    return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+    size: int = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+    return size
 
 
 def graph_input_copies(bytes_per_call: int | None, l2: int) -> int:
@@ -144,7 +149,7 @@ class L2Flush:
     aten::zero_ called with Python-level function overrides disabled, so nothing the op under test registers
     (a TorchFunctionMode, a tensor subclass, an override of its own op) takes part in it."""
 
-    def __init__(self, device) -> None:
+    def __init__(self, device: Device) -> None:
         import torch
 
         self.nbytes = flush_bytes_for(l2_bytes(device))
@@ -174,7 +179,7 @@ def host_launch_seconds(
 
 
 def time_cuda(
-    fn: Callable[[], object], options: TimingOptions, device="cuda", reset: Callable[[], None] | None = None
+    fn: Callable[[], object], options: TimingOptions, device: Device = "cuda", reset: Callable[[], None] | None = None
 ) -> Timing:
     """CUDA-event samples of `fn`. `reset`, when given, runs before every rep outside the timed region (and before
     the L2 flush, so what it writes is not left in L2): it restores the arguments a mutating op changes."""
@@ -190,7 +195,7 @@ def time_cuda(
     flush = L2Flush(device)
     restore = reset or _nothing
 
-    def flushed_call():
+    def flushed_call() -> None:
         restore()
         flush()
         fn()
@@ -289,7 +294,7 @@ def time_cpu(fn: Callable[[], object], options: TimingOptions, reset: Callable[[
 def _time_cpu_restored(
     fn: Callable[[], object], reset: Callable[[], None], options: TimingOptions, threads: int
 ) -> Timing:
-    def restored_call():
+    def restored_call() -> None:
         reset()
         fn()
 

@@ -8,7 +8,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from types import FrameType
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -172,7 +173,7 @@ def _sigterm_interrupts() -> Iterator[None]:
         yield  # Python installs signal handlers on the main thread only (a test runner's worker thread)
         return
 
-    def interrupt(signum, frame):
+    def interrupt(signum: int, frame: FrameType | None) -> NoReturn:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)

@@ -51,7 +51,8 @@ class ReportFormat:
 
     def make(self, path: Path) -> Reporter:
         module, name = self.reporter.split(":")
-        return getattr(importlib.import_module(f"opforge.reporters.{module}"), name)(path)
+        reporter: Callable[[Path], Reporter] = getattr(importlib.import_module(f"opforge.reporters.{module}"), name)
+        return reporter(path)
 
 
 def fan_out(reporters: list[Reporter]) -> Events:

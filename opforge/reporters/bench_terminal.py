@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -13,14 +14,18 @@ from rich.text import Text
 from opforge.reporters.console import Heartbeat, console, error, warning
 from opforge.results import describe_mismatch
 
+if TYPE_CHECKING:
+    from opforge.bench.baseline import Comparison
+    from opforge.bench.model import BenchResult, BenchRun
+
 
 @contextmanager
-def bench_progress(total: int) -> Iterator[Callable[[object], None]]:
+def bench_progress(total: int) -> Iterator[Callable[[BenchResult], None]]:
     """A progress bar over (point, contender) pairs on a terminal; in a log, a heartbeat line every few seconds."""
     if not console.is_terminal:
         done: list[str] = []
         with Heartbeat(lambda: f"bench: {len(done)}/{total} rows done" + (f", last {done[-1]}" if done else "")):
-            yield lambda result: done.append(result.id)  # type: ignore[attr-defined]
+            yield lambda result: done.append(result.id)
         return
     columns = (
         TextColumn("[bold]bench"),
@@ -32,7 +37,7 @@ def bench_progress(total: int) -> Iterator[Callable[[object], None]]:
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("bench", total=total, last="")
 
-        def advance(result) -> None:
+        def advance(result: BenchResult) -> None:
             bar.update(task, advance=1, last=result.id)
 
         yield advance
@@ -113,7 +118,7 @@ def _broken_at_commas(label: str, width: int) -> str:
     return "\n".join(lines)
 
 
-def render_bench(run) -> None:
+def render_bench(run: BenchRun) -> None:
     """One table per op: a row per (point, contender), speedups over each baseline timed on the same point."""
     from opforge.bench.model import BASELINE
 
@@ -159,7 +164,7 @@ def render_bench(run) -> None:
         console.print(f"[dim]skip {device}: {reason}[/dim]")
 
 
-def _bench_cells(r, rows: list, baselines: list[str]) -> list[Text]:
+def _bench_cells(r: BenchResult, rows: list[BenchResult], baselines: list[str]) -> list[Text]:
     """One table row: the point, the timing (or the status where there is none), the speedups and the notes."""
     from opforge.bench.baseline import format_seconds
     from opforge.bench.model import ERROR, SKIP, WRONG, speedups
@@ -186,7 +191,7 @@ def _bench_cells(r, rows: list, baselines: list[str]) -> list[Text]:
     return [Text(r.case), Text(r.dtype), Text(r.mode), Text(r.device), Text(r.impl), *timing, notes]
 
 
-def _noise(r) -> str:
+def _noise(r: BenchResult) -> str:
     from opforge.bench.model import ERROR, SKIP, WRONG
 
     return "" if r.status in (WRONG, ERROR, SKIP) else noise_note(r.median_s, r.iqr_s)
@@ -201,7 +206,7 @@ def _significant(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}" if value < 100 else f"{value:.0f}"
 
 
-def render_comparison(comparison, markdown: str) -> None:
+def render_comparison(comparison: Comparison, markdown: str) -> None:
     for difference in comparison.environment_differences:
         warning(f"environment differs from the baseline: {difference}")
     for ident, differences in comparison.incomparable:
@@ -211,7 +216,7 @@ def render_comparison(comparison, markdown: str) -> None:
     console.print(markdown, markup=False, highlight=False, soft_wrap=True)
 
 
-def render_bench_totals(run, comparison=None) -> None:
+def render_bench_totals(run: BenchRun, comparison: Comparison | None = None) -> None:
     from opforge.bench.model import ERROR, OK, SKIP, WRONG
 
     counts = {s: sum(r.status == s for r in run.results) for s in (OK, WRONG, ERROR, SKIP)}

@@ -57,7 +57,7 @@ def write_csv(run: BenchRun, path: Path) -> None:
     write_atomically(path, out.getvalue())
 
 
-def _cell(value) -> str:
+def _cell(value: object) -> str:
     if value is None:
         return ""
     if isinstance(value, float):

@@ -171,7 +171,7 @@ def render_run(report: RunReport, verbose: bool = False) -> None:
 
 
 def render_op(op: OpReport, verbose: bool = False) -> None:
-    cells: dict[tuple[str, str], dict[tuple[str, str], list[CaseResult]]] = defaultdict(lambda: defaultdict(list))
+    cells: _Cells = defaultdict(lambda: defaultdict(list))
     for r in op.results:
         cells[(r.target, r.check)][(r.device, r.dtype)].append(r)
     _fold_unclaimed_dtypes(cells)
@@ -192,7 +192,12 @@ def render_op(op: OpReport, verbose: bool = False) -> None:
     _render_op_notes(op, verbose)
 
 
-def _fitting_parts(rows, columns: list[tuple[str, str]], width: int) -> list[list[tuple[str, str]]]:
+# A table's rows: (target, check) -> (device, dtype) column -> the results in that cell.
+_Cells = dict[tuple[str, str], dict[tuple[str, str], list[CaseResult]]]
+_Row = tuple[tuple[str, str], dict[tuple[str, str], list[CaseResult]]]
+
+
+def _fitting_parts(rows: list[_Row], columns: list[tuple[str, str]], width: int) -> list[list[tuple[str, str]]]:
     """`columns` in order, split into runs whose table fits `width` (at least one column each: a run that cannot
     fit one column still shows it, wrapped)."""
     parts: list[list[tuple[str, str]]] = [[]]
@@ -211,7 +216,7 @@ def _narrowest(table: Table) -> int:
     return sum((c.min_width or 0) + _COLUMN_FRAME for c in table.columns) + 1
 
 
-def _result_table(rows, columns: list[tuple[str, str]]) -> Table:
+def _result_table(rows: list[_Row], columns: list[tuple[str, str]]) -> Table:
     """Names keep their width; cells wrap at their space ("pass\n40") rather than being cut to "…": an
     80-column terminal still reads every word."""
     table = Table(show_lines=False)
@@ -262,7 +267,7 @@ def _visits_unclaimed_dtypes(row: str) -> bool:
     return row in CATALOG.rows and CATALOG.of_row(row).visits_unclaimed_dtypes
 
 
-def _fold_unclaimed_dtypes(cells) -> None:
+def _fold_unclaimed_dtypes(cells: _Cells) -> None:
     """A check that also visits dtypes the spec does not claim (dtypes) would crowd the table with a column each:
     they share one column per device ("other"), which shows the most severe of them."""
     claimed = {c for (_, check), by_column in cells.items() if not _visits_unclaimed_dtypes(check) for c in by_column}
@@ -274,7 +279,7 @@ def _fold_unclaimed_dtypes(cells) -> None:
                 by_column[(device, UNCLAIMED_COLUMN)] += by_column.pop((device, dtype))
 
 
-def _fold_skipped_devices(cells) -> None:
+def _fold_skipped_devices(cells: _Cells) -> None:
     """A device on which every row was skipped gets one column, not one per dtype: its skip lines say why."""
     devices = {device for by_column in cells.values() for device, _ in by_column}
     for device in devices:

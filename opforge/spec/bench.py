@@ -62,7 +62,7 @@ def read_bench_section(
 
 def _bench_claimed(b: Reader, key: str, known: tuple[str, ...], claimed: tuple[str, ...]) -> tuple[str, ...]:
     """bench.dtypes / bench.devices: each must be one the spec claims, since the op is only checked on those."""
-    values = b.get(key, list_of(one_of(known)), ())
+    values: tuple[str, ...] = b.get(key, list_of(one_of(known)), ())
     for index, value in enumerate(values):
         if value not in claimed:
             raise b.fail(

@@ -169,4 +169,5 @@ def _number(node: ast.AST, values: dict[str, Any]) -> int | float:
 def _attribute(value: Any, name: str) -> int:
     if not isinstance(value, TensorSize):
         raise ExpressionError(f".{name} of a non-tensor ({value!r})")
-    return getattr(value, name)
+    size: int = getattr(value, name)  # one of TENSOR_ATTRIBUTES: all ints
+    return size

@@ -10,7 +10,7 @@ _ERROR_INPUT_KEYS = ("description", "inputs", "error", "match")
 
 
 def read_error_inputs(r: Reader, inputs: tuple[Input, ...]) -> tuple[ErrorInput, ...]:
-    entries = r.get("error_inputs", list_of(lambda rr, k, n: _error_input(rr, k, n, inputs)))
+    entries: tuple[ErrorInput, ...] = r.get("error_inputs", list_of(lambda rr, k, n: _error_input(rr, k, n, inputs)))
     seen: dict[str, int] = {}
     for i, entry in enumerate(entries):
         if entry.label in seen:

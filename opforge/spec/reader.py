@@ -11,12 +11,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from opforge.errors import SpecError
 from opforge.spec.model import KNOWN_DTYPES, Tolerance
+
+T = TypeVar("T")
 
 _CALLABLE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -52,7 +54,7 @@ def _too_deep(path: Path) -> SpecError:
 
 
 def _error_line(exc: yaml.YAMLError, text: str) -> int:
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    mark: yaml.Mark | None = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     if mark is not None:
         return mark.line + 1
     # A reader error (a control character) carries only its offset in the text.
@@ -145,7 +147,8 @@ class Reader:
         return key in self.node.value
 
     def child(self, key: str) -> Node:
-        return self.node.value[key]
+        child: Node = self.node.value[key]
+        return child
 
     def line(self, key: str) -> int:
         return self.node.value[key].line if key in self.node.value else self.node.line
@@ -206,8 +209,10 @@ def read_seconds(r: Reader, key: str, node: Node) -> float:
     return value
 
 
-def list_of(item: Callable[[Reader, str, Node], Any], *, allow_empty: bool = False):
-    def read(r: Reader, key: str, node: Node) -> tuple[Any, ...]:
+def list_of(
+    item: Callable[[Reader, str, Node], T], *, allow_empty: bool = False
+) -> Callable[[Reader, str, Node], tuple[T, ...]]:
+    def read(r: Reader, key: str, node: Node) -> tuple[T, ...]:
         if not isinstance(node.value, list):
             raise r.fail(node, key, "a list", describe(node.value), "Write a YAML list: [a, b] or one `- a` per line.")
         if not node.value and not allow_empty:
@@ -217,13 +222,14 @@ def list_of(item: Callable[[Reader, str, Node], Any], *, allow_empty: bool = Fal
     return read
 
 
-def one_of(choices: tuple[str, ...]):
+def one_of(choices: tuple[str, ...]) -> Callable[[Reader, str, Node], str]:
     def read(r: Reader, key: str, node: Node) -> str:
         if node.value not in choices:
             raise r.fail(
                 node, key, f"one of {', '.join(choices)}", describe(node.value), suggest(str(node.value), choices)
             )
-        return node.value
+        choice: str = node.value
+        return choice
 
     return read
 

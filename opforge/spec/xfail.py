@@ -9,7 +9,7 @@ from opforge.spec.reader import Node, Reader, list_of, one_of, read_bool, read_s
 
 
 def read_xfails(r: Reader, implementations: tuple[tuple[str, str], ...]) -> tuple[XFail, ...]:
-    xfails = r.get("xfail", list_of(_read_xfail, allow_empty=True), ())
+    xfails: tuple[XFail, ...] = r.get("xfail", list_of(_read_xfail, allow_empty=True), ())
     known = ("native",) + tuple(name for name, _ in implementations)
     for i, x in enumerate(xfails):
         if x.implementation is not None and x.implementation not in known:
