@@ -4,6 +4,7 @@ extension module a package expects its sources to be built as."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -14,6 +15,8 @@ LOAD_KEYS = ("python", "sources", "include_dirs", "libraries", "extra_cflags", "
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 # What a library entry may be: a name for -l<name> (z, ssl, stdc++fs) or a path to a library file.
 _LIBRARY_NAME = re.compile(r"^[A-Za-z0-9_+.-]+$")
+# The environment-variable references os.path.expandvars replaces: $NAME and ${NAME} (its own pattern).
+_VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})", re.ASCII)
 
 
 def read_load_section(r: Reader, spec_path: Path) -> Load:
@@ -66,30 +69,49 @@ def _items(load: Reader, key: str) -> list[tuple[int, Node]]:
     return list(enumerate(node.value))
 
 
+def _path_text(load: Reader, key: str, item: Node) -> str:
+    """A path as the spec writes it, its environment variables expanded. os.path.expandvars leaves an unset one as it
+    is, which would become a path that names `${VAR}` literally: that is an error at the spec's line instead."""
+    text = read_str(load, key, item)
+    for reference in _VARIABLE.finditer(text):
+        name = reference.group(1).removeprefix("{").removesuffix("}")
+        if name not in os.environ:
+            raise load.fail(
+                item,
+                key,
+                f"the environment variable {name} to be set ({text!r} uses it)",
+                f"{name} unset",
+                f"Set {name} before running opforge, or write the path without it (relative to the spec, or absolute).",
+            )
+    return os.path.expandvars(text)
+
+
 def _directory(load: Reader, spec_path: Path, key: str, index: int, item: Node) -> Path:
-    rel = read_str(load, f"load.{key}[{index}]", item)
+    rel = _path_text(load, f"load.{key}[{index}]", item)
     directory = (spec_path.parent / rel).resolve()
     if not directory.is_dir():
         raise load.fail(
             item,
             f"load.{key}[{index}]",
-            "an existing directory (relative to the spec)",
+            "an existing directory (relative to the spec, or absolute)",
             f"{directory} is missing",
-            "Fix the path; it is resolved against the spec's directory.",
+            "Fix the path; a relative one is resolved against the spec's directory.",
         )
     return directory
 
 
 def _library(load: Reader, spec_path: Path, index: int, item: Node) -> str:
-    """A library name (linked as -l<name>, found on the linker's path) or a library file relative to the spec."""
-    text = read_str(load, f"load.libraries[{index}]", item)
+    """A library name (linked as -l<name>, found on the linker's path) or a library file (relative to the spec, or
+    absolute)."""
+    text = _path_text(load, f"load.libraries[{index}]", item)
     if "/" in text or text.endswith((".so", ".a")) or ".so." in text:
         library = (spec_path.parent / text).resolve()
         if not library.is_file():
             raise load.fail(
                 item,
                 f"load.libraries[{index}]",
-                "a library name such as `z` (linked as -lz) or an existing library file (relative to the spec)",
+                "a library name such as `z` (linked as -lz) or an existing library file (relative to the spec, or "
+                "absolute)",
                 f"{library} is missing",
                 "Fix the path, or give the library's name for the linker to find.",
             )
@@ -113,13 +135,13 @@ def _sources(load: Reader, spec_path: Path) -> tuple[Path, ...]:
             "load.sources",
             "a list of C++/CUDA files",
             describe(node.value),
-            "List the files relative to the spec.",
+            "List the files, relative to the spec or absolute.",
         )
     return tuple(_source_path(load, spec_path, i, item) for i, item in enumerate(node.value))
 
 
 def _source_path(load: Reader, spec_path: Path, index: int, item: Node) -> Path:
-    rel = read_str(load, f"load.sources[{index}]", item)
+    rel = _path_text(load, f"load.sources[{index}]", item)
     source = (spec_path.parent / rel).resolve()
     if source.suffix not in (".cpp", ".cc", ".cu"):
         raise load.fail(
@@ -133,8 +155,8 @@ def _source_path(load: Reader, spec_path: Path, index: int, item: Node) -> Path:
         raise load.fail(
             item,
             f"load.sources[{index}]",
-            "an existing file (relative to the spec)",
+            "an existing file (relative to the spec, or absolute)",
             f"{source} is missing",
-            "Fix the path; it is resolved against the spec's directory.",
+            "Fix the path; a relative one is resolved against the spec's directory.",
         )
     return source
