@@ -608,3 +608,13 @@ def test_large_index_child_that_hangs_or_dies_early_is_reported():
     assert "did not finish within 600 s" in hung.message
     with pytest.raises(ReferenceFailure, match="before it ran the op"):
         verdict([], 1, "ImportError: no module named x", 600)
+
+
+@requires_cuda
+def test_special_values_reach_every_row_of_a_cuda_input(tmp_path):
+    """The rows' positions are an index tensor: on a CUDA input they must go to its device (index_put_ refuses a
+    CPU index into a CUDA tensor, which made every CUDA special_values row an ERROR once)."""
+    path = spec_variant(tmp_path, "good", "devices: [cpu, cuda]\n")
+    report = run_spec(path, checks=("special_values",), devices=("cuda",))
+    cuda = [r for r in report.results if r.device == "cuda"]
+    assert cuda and all(r.status == Status.PASS for r in cuda), describe(cuda)

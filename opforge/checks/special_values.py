@@ -52,6 +52,8 @@ def special_value_passes(chosen: tuple[str, ...]) -> list[tuple[str, ...]]:
 
 
 def _one_pass(ctx: CheckContext, target: Target, case: Case, names: tuple[str, ...]) -> None:
+    import torch
+
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed)
     takes = {
@@ -63,8 +65,11 @@ def _one_pass(ctx: CheckContext, target: Target, case: Case, names: tuple[str, .
         value, ref = argument(inputs, loaded, name), argument(inputs, loaded, name, reference=True)
         if takes.get(name) and value.is_floating_point():
             for where, values in placements(tuple(value.shape), takes[name], value.dtype):
-                value.view(-1)[where] = values.to(value.dtype)
-                ref.view(-1)[where] = values.to(value.dtype).to(ref.dtype)
+                rounded = values.to(value.dtype)
+                # A CUDA input takes its rows' positions and values on its own device (index_put_ mixes none).
+                on_device = where.to(value.device) if isinstance(where, torch.Tensor) else where
+                value.view(-1)[on_device] = rounded.to(value.device)
+                ref.view(-1)[where] = rounded.to(ref.dtype)
     baseline = output_baseline(loaded, inputs, case.dtype)
     got = outputs_of(loaded, target, inputs)
     compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))
