@@ -16,13 +16,16 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opforge.build import BuildPlan, BuildResult, Toolchain, build, detect_toolchain, plan_build
 from opforge.errors import BuildError, SpecError
 from opforge.outcomes import short
 from opforge.schema import canonical, is_tensor_type
 from opforge.spec.model import OpSpec, ScalarInput, TensorInput
+
+if TYPE_CHECKING:
+    from torch._ops import OpOverload
 
 NATIVE = "native"
 
@@ -34,13 +37,13 @@ class Target:
     name: str
     fn: Callable[..., Any]
     # The registered operator behind it, for checks that need one (opcheck); None for a plain function.
-    overload: Any | None
+    overload: OpOverload | None
 
 
 @dataclass(frozen=True)
 class LoadedOp:
     spec: OpSpec
-    overload: Any  # torch._ops.OpOverload
+    overload: OpOverload
     targets: tuple[Target, ...]
     reference: Callable[..., Any]
     build: BuildResult | None
@@ -243,13 +246,14 @@ def _target(spec: OpSpec, name: str, ref: str) -> Target:
     return Target(name, fn, overload)
 
 
-def _resolve_op(spec: OpSpec) -> Any:
+def _resolve_op(spec: OpSpec) -> OpOverload:
     import torch
 
     namespace, qualified = spec.op.split("::")
     name = qualified.split(".", 1)[0]
     try:
-        return getattr(getattr(getattr(torch.ops, namespace), name), spec.overload)
+        overload: OpOverload = getattr(getattr(getattr(torch.ops, namespace), name), spec.overload)
+        return overload
     except (AttributeError, RuntimeError):
         raise spec.error(
             "op",
@@ -273,7 +277,7 @@ def _parse_schema(spec: OpSpec) -> Any:
         ) from None
 
 
-def _check_schema(spec: OpSpec, overload: Any) -> None:
+def _check_schema(spec: OpSpec, overload: OpOverload) -> None:
     expected = _parse_schema(spec)
     actual = overload._schema
     if canonical(expected) != canonical(actual):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, CaseInputs, make_inputs
 from opforge.compare import Baseline, as_tuple, check_result, rule_for
@@ -11,6 +11,9 @@ from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, ReferenceFailure, short
 from opforge.schema import return_names
 from opforge.spec.model import FLOATING_DTYPES
+
+if TYPE_CHECKING:
+    import torch
 
 # How a mutated argument is named among the compared values.
 MUTATED = " (mutated)"
@@ -320,17 +323,18 @@ def output_names(loaded: LoadedOp) -> list[str]:
     return list(return_names(str(loaded.overload._schema)))
 
 
-def compared_dtype(case_dtype: str, name: str, got: Any, expected: Any):
+def compared_dtype(case_dtype: str, name: str, got: torch.Tensor, expected: torch.Tensor) -> torch.dtype:
     """The dtype `got` must have: an output the case's (expected_dtype); a mutated argument keeps its own."""
     return got.dtype if name.endswith(MUTATED) else expected_dtype(case_dtype, expected)
 
 
-def expected_dtype(case_dtype: str, reference_value: Any):
+def expected_dtype(case_dtype: str, reference_value: torch.Tensor) -> torch.dtype:
     """The reference computes in float64; the op is expected to return the case's dtype for floating outputs."""
     import torch
 
     if reference_value.dtype == torch.float64:
-        return getattr(torch, case_dtype) if getattr(torch, case_dtype).is_floating_point else torch.float64
+        dtype: torch.dtype = getattr(torch, case_dtype)
+        return dtype if dtype.is_floating_point else torch.float64
     if reference_value.dtype == torch.complex128:
         return {"complex64": torch.complex64}.get(case_dtype, torch.complex128)
     return reference_value.dtype

@@ -8,7 +8,7 @@ below.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from opforge.checks import (
     compile,
@@ -53,7 +53,7 @@ class Catalog:
         """The rows that are not a check's own name: what `--check` and `xfail` accept besides the names."""
         return tuple(row for row in self._by_row if row not in self._checks)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Check]:
         return iter(self._checks.values())
 
     def __contains__(self, name: object) -> bool:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from opforge.cases import Case
+from typing import TYPE_CHECKING, Any
+
+from opforge.cases import Case, CaseInputs
 from opforge.checks.base import Check, CheckContext, Outcomes, aligned
 from opforge.checks.calls import (
     argument,
@@ -17,6 +19,9 @@ from opforge.checks.calls import (
 from opforge.compare import EXACT, check_result
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure
+
+if TYPE_CHECKING:
+    import torch
 
 
 def determinism(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
@@ -37,7 +42,7 @@ def determinism(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     return {"determinism": None}
 
 
-def _one_run(loaded: LoadedOp, target: Target, case: Case, base_seed: int) -> list:
+def _one_run(loaded: LoadedOp, target: Target, case: Case, base_seed: int) -> list[tuple[str, Any]]:
     """(name, value) of each output, mutated argument and, for an op the spec differentiates, each input's gradient
     for one grad_output seeded by the case: one forward call serves the outputs and the backward."""
     import torch
@@ -50,7 +55,9 @@ def _one_run(loaded: LoadedOp, target: Target, case: Case, base_seed: int) -> li
     return named + (_gradients(loaded, target, case, base_seed, inputs, outputs) if with_gradients else [])
 
 
-def _gradients(loaded: LoadedOp, target: Target, case: Case, base_seed: int, inputs, outputs) -> list:
+def _gradients(
+    loaded: LoadedOp, target: Target, case: Case, base_seed: int, inputs: CaseInputs, outputs: tuple[Any, ...]
+) -> list[tuple[str, Any]]:
     """(grad[name], gradient) of each input that requires grad, through the differentiable outputs."""
     names = [n for n in inputs.tensor_names if argument(inputs, loaded, n).requires_grad]
     differentiable = differentiable_outputs(outputs)
@@ -61,7 +68,7 @@ def _gradients(loaded: LoadedOp, target: Target, case: Case, base_seed: int, inp
     return [(f"grad[{n}]", g) for n, g in zip(names, grads) if g is not None]
 
 
-def _bitwise_equal(a, b) -> bool:
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     import torch
 
     if a.shape != b.shape or a.dtype != b.dtype:

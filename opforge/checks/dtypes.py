@@ -5,7 +5,7 @@ return silently wrong values."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, CaseInputs, build_matrix
 from opforge.checks.base import Check, CheckContext, Outcomes, representative_cases
@@ -22,6 +22,9 @@ from opforge.compare import Rule, check_result, rule_for, tolerance_for
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, PassNote, ReferenceFailure
 from opforge.spec.model import Tolerance
+
+if TYPE_CHECKING:
+    import torch
 
 # Every dtype an unclaimed call is tried in. Complex is left out: a real op's reference says nothing about it.
 TRIED_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool")
@@ -156,7 +159,7 @@ def _real_valued_reference(loaded: LoadedOp, inputs: CaseInputs) -> CaseInputs:
     )
 
 
-def _as_the_op_would(expected, dtype):
+def _as_the_op_would(expected: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     import torch
 
     if dtype == torch.bool:
@@ -164,7 +167,7 @@ def _as_the_op_would(expected, dtype):
     return expected if dtype.is_floating_point or dtype.is_complex else expected.trunc()
 
 
-def _rule(loaded: LoadedOp, dtype) -> Rule:
+def _rule(loaded: LoadedOp, dtype: torch.dtype) -> Rule:
     import torch
 
     if dtype == torch.bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, SpecSection, SpecSoFar
@@ -33,6 +34,9 @@ from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, CheckSkipped
 from opforge.spec.model import OpSpec, TensorInput
 from opforge.spec.reader import Reader, read_shape
+
+if TYPE_CHECKING:
+    import torch
 
 # 2^25 + 4099: past 65,535 blocks x 512 threads (33,553,920), and no multiple of a vector width. A float16 input is
 # 64 MiB on the GPU and its float64 reference copy 256 MiB on the host.
@@ -75,7 +79,7 @@ def read_grid_size(r: Reader, so_far: SpecSoFar) -> GridSize:
 
 def grid_shapes(spec: OpSpec) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
     """The spec's grid_size shapes, else one 1-D shape for every tensor input of an elementwise op, else None."""
-    given = spec.section("grid_size")
+    given: GridSize | None = spec.section("grid_size")
     if given is not None:
         return given.shapes
     tensors = spec.tensor_inputs()
@@ -120,7 +124,7 @@ def grid_size(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     return {"grid_size": None}
 
 
-def _poison_free_memory(elements: int, dtype, device: str) -> None:
+def _poison_free_memory(elements: int, dtype: torch.dtype, device: str) -> None:
     """Hand the allocator a NaN-filled block of the output's likely size, so that what the op's output does not
     write reads NaN: a block that last held a right result (another implementation's, same inputs) would hide it."""
     import torch

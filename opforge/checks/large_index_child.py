@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 from opforge.checks.large_index import Job, required_bytes
 from opforge.loading import LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, short
-from opforge.spec.model import ScalarInput
+from opforge.spec.model import ScalarInput, Tolerance
 
 
 def child_main(job_path: str) -> int:
@@ -64,7 +65,7 @@ def _summary(exc: Exception) -> str:
     return short(exc) + where
 
 
-def _child_run(job: Job, write) -> dict[str, Any]:
+def _child_run(job: Job, write: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     import torch
 
     from opforge.loading import load_op
@@ -156,7 +157,13 @@ def _windows(job: Job, kwargs: dict[str, Any]) -> dict[tuple[int, int], dict[str
     return {(lo, hi): {k: v.reshape(-1)[lo:hi].cpu() for k, v in tensors.items()} for lo, hi in _window_bounds(job, n)}
 
 
-def _compare_windows(loaded: LoadedOp, job: Job, returned: Any, kwargs: dict[str, Any], before) -> None:
+def _compare_windows(
+    loaded: LoadedOp,
+    job: Job,
+    returned: Any,
+    kwargs: dict[str, Any],
+    before: dict[tuple[int, int], dict[str, Any]],
+) -> None:
     import torch
 
     from opforge.checks.calls import against_reference, compared_dtype
@@ -195,7 +202,9 @@ def _require_large(name: str, value: Any, shape: tuple[int, ...], dtype: Any) ->
         )
 
 
-def _compare_window(name: str, part: Any, expected: Any, job: Job, lo: int, shape: tuple[int, ...], tol) -> None:
+def _compare_window(
+    name: str, part: Any, expected: Any, job: Job, lo: int, shape: tuple[int, ...], tol: Tolerance
+) -> None:
     import torch
 
     from opforge.compare import worst_mismatch

@@ -8,6 +8,8 @@ device; this check checks the values too.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, all_cases
 from opforge.checks.calls import (
@@ -23,6 +25,9 @@ from opforge.checks.calls import (
 )
 from opforge.loading import Target
 from opforge.outcomes import CheckFailure, CheckSkipped
+
+if TYPE_CHECKING:
+    import torch
 
 # The current device while the op runs: the inputs live elsewhere.
 HOME_DEVICE = 0
@@ -52,7 +57,7 @@ def multi_gpu(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     return {"multi_gpu": None}
 
 
-def far_device(count: int):
+def far_device(count: int) -> torch.device:
     """The last visible GPU, or a skip when there is no second one."""
     import torch
 
@@ -63,7 +68,7 @@ def far_device(count: int):
     return torch.device("cuda", count - 1)
 
 
-def require_device(name: str, value, device) -> None:
+def require_device(name: str, value: Any, device: torch.device) -> None:
     import torch
 
     if isinstance(value, torch.Tensor) and value.device != device:
@@ -74,7 +79,7 @@ def require_device(name: str, value, device) -> None:
         )
 
 
-def _synchronize(target: Target, device) -> None:
+def _synchronize(target: Target, device: torch.device) -> None:
     import torch
 
     try:

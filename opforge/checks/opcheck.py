@@ -14,6 +14,8 @@ SUBTESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "tes
 def opcheck(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     import torch
 
+    # registered_op_first_values gives this check no case of a target without a registered operator.
+    assert target.overload is not None
     inputs = inputs_for(ctx.loaded, case, ctx.base_seed, requires_grad=ctx.loaded.spec.differentiable)
     verdicts = torch.library.opcheck(
         target.overload, inputs.args, inputs.kwargs, test_utils=SUBTESTS, raise_exception=False
@@ -21,7 +23,7 @@ def opcheck(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     return {f"opcheck:{name}": _outcome(verdicts.get(name, "SUCCESS")) for name in SUBTESTS}
 
 
-def _outcome(verdict) -> CheckFailure | None:
+def _outcome(verdict: object) -> CheckFailure | None:
     if verdict == "SUCCESS":
         return None
     if isinstance(verdict, BaseException):

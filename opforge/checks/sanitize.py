@@ -24,11 +24,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from opforge.cases import Case
-from opforge.checks.base import Check, CheckContext, CheckOption, OptIns, Outcomes
+from opforge.checks.base import Check, CheckContext, CheckOption, OptIns, Outcomes, Runner
 from opforge.errors import UsageError
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
@@ -115,7 +116,7 @@ def sanitize_case_set(loaded: LoadedOp) -> list[Case]:
     return [c for c in matrix if c.values_index == 0 and c.layout in ("contiguous", "offset")]
 
 
-def _run_tool(tool: str):
+def _run_tool(tool: str) -> Runner:
     def run(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
         return {tool: sanitize(ctx, target, tool)}
 
@@ -279,7 +280,7 @@ def _case_json(case: Case) -> dict:
     return data
 
 
-def _asked(tool: str):
+def _asked(tool: str) -> Callable[[OptIns], bool]:
     def asked(opt_ins: OptIns) -> bool:
         return tool in opt_ins.get(SANITIZE.name, ())
 

@@ -4,7 +4,7 @@ reference."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, first_values
@@ -20,6 +20,9 @@ from opforge.checks.calls import (
 )
 from opforge.loading import LoadedOp, Target
 from opforge.spec.model import FLOATING_DTYPES
+
+if TYPE_CHECKING:
+    import torch
 
 
 def special_values(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
@@ -83,7 +86,9 @@ def _one_pass(ctx: CheckContext, target: Target, case: Case, names: tuple[str, .
 ROW_STEP = 7
 
 
-def placements(shape: tuple[int, ...], names: tuple[str, ...], dtype: Any) -> list[tuple[Any, Any]]:
+def placements(
+    shape: tuple[int, ...], names: tuple[str, ...], dtype: torch.dtype
+) -> list[tuple[slice | torch.Tensor, torch.Tensor]]:
     """(flat positions, float64 values) of the special values `names` in a tensor of `shape`: the first positions
     in order, when both fit apart the last ones reversed (NaN last), and in a tensor of several rows one value in
     each row, the extremes left out (row r takes value r - 1 mod count, at column r * ROW_STEP mod width)."""
@@ -92,7 +97,7 @@ def placements(shape: tuple[int, ...], names: tuple[str, ...], dtype: Any) -> li
     specials = special_value_tensor(dtype, names)
     numel = math.prod(shape)
     count = len(specials)
-    placed = [(slice(0, min(count, numel)), specials[:numel])]
+    placed: list[tuple[slice | torch.Tensor, torch.Tensor]] = [(slice(0, min(count, numel)), specials[:numel])]
     if numel >= 2 * count:
         placed.append((slice(numel - count, numel), specials.flip(0)))
     in_rows = special_value_tensor(dtype, tuple(n for n in names if n not in EXTREMES))
@@ -106,7 +111,7 @@ def placements(shape: tuple[int, ...], names: tuple[str, ...], dtype: Any) -> li
     return placed
 
 
-def special_value_tensor(dtype, names: tuple[str, ...]):
+def special_value_tensor(dtype: torch.dtype, names: tuple[str, ...]) -> torch.Tensor:
     """The special values of `dtype` that `names` pick (opforge.spec.model.SPECIAL_VALUES), in that order, as
     float64."""
     import torch

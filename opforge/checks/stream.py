@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, CaseInputs
 from opforge.checks.base import Check, CheckContext, Outcomes, first_values
@@ -50,6 +50,9 @@ from opforge.compare import Baseline, check_result, tolerance_for
 from opforge.cuda_spin import spin
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, PassNote
+
+if TYPE_CHECKING:
+    import torch
 
 # How long the producer stream sleeps before it writes the inputs: long enough that a kernel which does not wait
 # for it has certainly run first (a kernel launch is ~10 us; the ops under test run in well under a millisecond at
@@ -189,7 +192,13 @@ def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
     )
 
 
-def _captured(graph, call: Callable[[], Any], what: str, advice: str, stream=None) -> Any:
+def _captured(
+    graph: torch.cuda.CUDAGraph,
+    call: Callable[[], Any],
+    what: str,
+    advice: str,
+    stream: torch.cuda.Stream | None = None,
+) -> Any:
     """call()'s result, captured into `graph` on `stream` (None: a side stream of torch's); a capture that fails is
     the op's failure, with `advice`."""
     import torch
@@ -285,7 +294,7 @@ def _mismatch(
     return None
 
 
-def _sentinel_like(t):
+def _sentinel_like(t: torch.Tensor) -> torch.Tensor:
     """A tensor with t's layout holding a value the op would never turn into the reference's: NaN, or the dtype's
     largest value for integers."""
     import torch
@@ -298,7 +307,7 @@ def _sentinel_like(t):
     return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).fill_(fill)
 
 
-def _replaced(inputs, args, kwargs):
+def _replaced(inputs: CaseInputs, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CaseInputs:
     from dataclasses import replace
 
     return replace(inputs, args=args, kwargs=kwargs)

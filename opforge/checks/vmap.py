@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from opforge.cases import Case, in_layout, input_layout
+from typing import TYPE_CHECKING, Any
+
+from opforge.cases import Case, CaseInputs, in_layout, input_layout
 from opforge.checks.base import Check, CheckContext, Outcomes, first_values
 from opforge.checks.calls import argument, inputs_for, outputs_of, paired, with_arguments
 from opforge.compare import as_tuple, check_result, tolerance_for
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, short
+
+if TYPE_CHECKING:
+    import torch
 
 # Batch size: more than one slice so a rule that mixes or reorders slices shows, and odd so no pairing hides it.
 BATCH = 3
@@ -31,7 +36,7 @@ def vmap(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     looped = [outputs_of(loaded, target, inputs) for inputs in slices]
     batched_inputs = [_batched(loaded, slices, name, case) for name in names]
 
-    def call(*tensors):
+    def call(*tensors: torch.Tensor) -> Any:
         args, kwargs = with_arguments(loaded, slices[0], dict(zip(names, tensors)))
         return target.fn(*args, **kwargs)
 
@@ -57,7 +62,7 @@ def vmap(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     return {"vmap": None}
 
 
-def _batched(loaded: LoadedOp, slices, name: str, case: Case):
+def _batched(loaded: LoadedOp, slices: list[CaseInputs], name: str, case: Case) -> torch.Tensor:
     """The slices of one input stacked along a new dim 0, in the layout the input has in the case (a transposed
     case stays transposed in its last two dims)."""
     import torch

@@ -8,6 +8,9 @@ and return the input's layout. Here: their fake implementations, the autograd fo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor
 from torch._prims_common import suggest_memory_format
@@ -16,8 +19,11 @@ from opforge.ops import load_native
 
 load_native("affine_leaky_swish")
 
-_forward = torch.ops.opforge.affine_leaky_swish.default
-_backward = torch.ops.opforge.affine_leaky_swish_backward.default
+# The native ops, typed by their schemas.
+_forward: Callable[[Tensor, Tensor, Tensor, float], Tensor] = torch.ops.opforge.affine_leaky_swish.default
+_backward: Callable[[Tensor, Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor, Tensor]] = (
+    torch.ops.opforge.affine_leaky_swish_backward.default
+)
 
 
 def affine_leaky_swish(x: Tensor, scale: Tensor, shift: Tensor, alpha: float = 0.1) -> Tensor:
@@ -27,10 +33,13 @@ def affine_leaky_swish(x: Tensor, scale: Tensor, shift: Tensor, alpha: float = 0
 
 def fold_batch_norm(bn: torch.nn.BatchNorm2d) -> tuple[Tensor, Tensor]:
     """The scale and shift that make x * scale[c] + shift[c] equal an eval-mode `bn(x)`."""
-    weight = bn.weight if bn.weight is not None else torch.ones_like(bn.running_mean)
-    bias = bn.bias if bn.bias is not None else torch.zeros_like(bn.running_mean)
-    scale = weight / torch.sqrt(bn.running_var + bn.eps)
-    return scale, bias - bn.running_mean * scale
+    mean, var = bn.running_mean, bn.running_var
+    if mean is None or var is None:
+        raise ValueError("fold_batch_norm needs running statistics: a BatchNorm2d with track_running_stats=True")
+    weight = bn.weight if bn.weight is not None else torch.ones_like(mean)
+    bias = bn.bias if bn.bias is not None else torch.zeros_like(mean)
+    scale = weight / torch.sqrt(var + bn.eps)
+    return scale, bias - mean * scale
 
 
 def _per_channel(p: Tensor) -> Tensor:
@@ -81,13 +90,13 @@ def _(grad: Tensor, x: Tensor, scale: Tensor, shift: Tensor, alpha: float) -> tu
     )
 
 
-def _save_inputs(ctx, inputs, output) -> None:
+def _save_inputs(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
     x, scale, shift = inputs[:3]
     ctx.save_for_backward(x, scale, shift)
     ctx.alpha = inputs[3] if len(inputs) > 3 else 0.1
 
 
-def _affine_leaky_swish_grad(ctx, grad: Tensor):
+def _affine_leaky_swish_grad(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
     x, scale, shift = ctx.saved_tensors
     grad_x, grad_scale, grad_shift = _backward(grad, x, scale, shift, ctx.alpha)
     needs = ctx.needs_input_grad

@@ -9,6 +9,9 @@ gradient to its input's shape, only where that input was broadcast.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -16,10 +19,13 @@ from opforge.ops import load_native
 
 load_native("custom_loss")
 
-_forward = torch.ops.opforge.custom_loss.default
-_backward = torch.ops.opforge.custom_loss_backward.default
-_grads = torch.ops.opforge.custom_loss_grads.default
-_grads_repeated = torch.ops.opforge.custom_loss_grads_repeated.default
+# The native ops, typed by their schemas.
+_forward: Callable[[Tensor, Tensor], Tensor] = torch.ops.opforge.custom_loss.default
+_backward: Callable[[Tensor, Tensor, Tensor], Tensor] = torch.ops.opforge.custom_loss_backward.default
+_grads: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]] = torch.ops.opforge.custom_loss_grads.default
+_grads_repeated: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]] = (
+    torch.ops.opforge.custom_loss_grads_repeated.default
+)
 
 
 def custom_loss(pred: Tensor, target: Tensor) -> Tensor:
@@ -62,7 +68,7 @@ def _(grad: Tensor, pred: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     return torch.empty_like(pred, memory_format=torch.contiguous_format), target.new_empty(target.shape)
 
 
-def _repeats_over_rows(target: Tensor, shape) -> bool:
+def _repeats_over_rows(target: Tensor, shape: Sequence[int]) -> bool:
     """Whether target's sizes, past any leading 1s, are the trailing sizes of `shape`: a target repeated over the
     rows of the output (a per-feature target)."""
     sizes = list(target.shape)
@@ -71,11 +77,11 @@ def _repeats_over_rows(target: Tensor, shape) -> bool:
     return len(sizes) <= len(shape) and sizes == list(shape)[len(shape) - len(sizes) :]
 
 
-def _save_inputs(ctx, inputs, output) -> None:
+def _save_inputs(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
     ctx.save_for_backward(*inputs)
 
 
-def _custom_loss_grad(ctx, grad: Tensor):
+def _custom_loss_grad(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
     pred, target = ctx.saved_tensors
     want_pred, want_target = ctx.needs_input_grad[:2]
     if (
@@ -99,8 +105,8 @@ def _custom_loss_grad(ctx, grad: Tensor):
     # A broadcast target's gradient is -sum(dL/dd) over its broadcast dimensions: negate the reduced sum rather than
     # write -dL/dd in the full shape only to sum it (the same values: negation is exact).
     grad_d = _backward(*args)
-    grad_target = -_reduced(grad_d, target) if want_target else None
-    return _reduced(grad_d, pred) if want_pred else None, grad_target
+    grad_target_sum = -_reduced(grad_d, target) if want_target else None
+    return _reduced(grad_d, pred) if want_pred else None, grad_target_sum
 
 
 def _reduced(grad: Tensor, like: Tensor) -> Tensor:

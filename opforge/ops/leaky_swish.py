@@ -34,18 +34,25 @@ an error under fullgraph=True).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 import torch
 from torch import Tensor, nn
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 
 from opforge.ops import load_native
 
+if TYPE_CHECKING:
+    from torch._functorch.autograd_function import VmapInfo
+
 load_native("leaky_swish")
 
-_forward = torch.ops.opforge.leaky_swish.default
-_backward = torch.ops.opforge.leaky_swish_backward.default
-_inplace = torch.ops.opforge.leaky_swish_.default
-_out = torch.ops.opforge.leaky_swish.out
+# The native ops, typed by their schemas.
+_forward: Callable[[Tensor, float], Tensor] = torch.ops.opforge.leaky_swish.default
+_backward: Callable[[Tensor, Tensor, float], Tensor] = torch.ops.opforge.leaky_swish_backward.default
+_inplace: Callable[[Tensor, float], Tensor] = torch.ops.opforge.leaky_swish_.default
+_out: Callable[..., Tensor] = torch.ops.opforge.leaky_swish.out
 
 
 def leaky_swish(x: Tensor, alpha: float = 0.1) -> Tensor:
@@ -168,24 +175,24 @@ def _(grad: Tensor, x: Tensor, alpha: float) -> Tensor:
     return torch.empty_like(x)
 
 
-def _save_x_alpha(ctx, inputs, output) -> None:
+def _save_x_alpha(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
     x, alpha = inputs[0], inputs[1] if len(inputs) > 1 else 0.1
     ctx.save_for_backward(x)
     ctx.alpha = alpha
 
 
-def _leaky_swish_grad(ctx, grad: Tensor):
+def _leaky_swish_grad(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
     (x,) = ctx.saved_tensors
     return _backward(grad, x, ctx.alpha), None
 
 
-def _save_backward_inputs(ctx, inputs, output) -> None:
+def _save_backward_inputs(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
     grad, x, alpha = inputs
     ctx.save_for_backward(grad, x)
     ctx.alpha = alpha
 
 
-def _leaky_swish_backward_grad(ctx, gg: Tensor):
+def _leaky_swish_backward_grad(ctx: Any, gg: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
     grad, x = ctx.saved_tensors
     grad_grad = _backward(gg, x, ctx.alpha) if ctx.needs_input_grad[0] else None
     grad_x = gg * grad * _second_derivative(x) if ctx.needs_input_grad[1] else None
@@ -210,7 +217,7 @@ class _LeakySwishInPlace(torch.autograd.Function):
     a double backward reaches self's history through `before`."""
 
     @staticmethod
-    def forward(ctx, self: Tensor, before: Tensor, alpha: float) -> Tensor:
+    def forward(ctx: Any, self: Tensor, before: Tensor, alpha: float) -> Tensor:
         _inplace(self, alpha)  # grad mode is off in here: the kernel's no-grad path below
         ctx.mark_dirty(self)
         ctx.save_for_backward(before)
@@ -218,14 +225,15 @@ class _LeakySwishInPlace(torch.autograd.Function):
         return self
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         (before,) = ctx.saved_tensors
         return _backward(grad, before, ctx.alpha), None, None
 
 
 def _leaky_swish_inplace_autograd(self: Tensor, alpha: float = 0.1) -> Tensor:
     if torch.is_grad_enabled() and self.requires_grad:
-        return _LeakySwishInPlace.apply(self, self.clone(), alpha)
+        result: Tensor = _LeakySwishInPlace.apply(self, self.clone(), alpha)
+        return result
     with torch._C._AutoDispatchBelowADInplaceOrView():
         _inplace(self, alpha)
     torch.autograd.graph.increment_version(self)
@@ -264,28 +272,40 @@ _lib.impl("leaky_swish.out", _leaky_swish_out_autograd, "Autograd")
 
 
 @torch.library.register_torch_dispatch("opforge::leaky_swish_", FunctionalTensorMode)
-def _(mode, func, types, args, kwargs):
+def _(
+    mode: FunctionalTensorMode,
+    func: torch._ops.OpOverload,
+    types: tuple[type, ...],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Tensor:
     self, alpha = _with_alpha(args, kwargs)
     with mode:
         return self.copy_(_forward(self, alpha))
 
 
 @torch.library.register_torch_dispatch("opforge::leaky_swish.out", FunctionalTensorMode)
-def _(mode, func, types, args, kwargs):
+def _(
+    mode: FunctionalTensorMode,
+    func: torch._ops.OpOverload,
+    types: tuple[type, ...],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Tensor:
     x, alpha = _with_alpha(args, kwargs)
-    out = kwargs["out"]
+    out: Tensor = kwargs["out"]
     _check_out(x, out)
     with mode:
         return out.copy_(_forward(x, alpha))
 
 
-def _with_alpha(args: tuple, kwargs: dict) -> tuple[Tensor, float]:
+def _with_alpha(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, float]:
     # The dispatcher drops an argument equal to its default.
     return args[0], args[1] if len(args) > 1 else kwargs.get("alpha", 0.1)
 
 
 @torch.library.register_vmap("opforge::leaky_swish")
-def _(info, in_dims, x: Tensor, alpha: float = 0.1):
+def _(info: VmapInfo, in_dims: tuple[int | None, ...], x: Tensor, alpha: float = 0.1) -> tuple[Tensor, int | None]:
     # Elementwise: the batch dimension passes straight through.
     return _forward(x, alpha), in_dims[0]
 
@@ -303,7 +323,7 @@ def _(x: Tensor, alpha: float = 0.1) -> Tensor:
     return torch.empty_like(x)
 
 
-def _prototype_grad(ctx, grad: Tensor):
+def _prototype_grad(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
     (x,) = ctx.saved_tensors
     s = torch.sigmoid(x)
     return grad * (s + x * s * (1 - s) + ctx.alpha), None

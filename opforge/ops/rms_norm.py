@@ -8,6 +8,9 @@ backward for a frozen weight (fine-tuning with the norms frozen): it skips the r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, NoReturn
+
 import torch
 from torch import Tensor, nn
 
@@ -15,9 +18,12 @@ from opforge.ops import load_native
 
 load_native("rms_norm")
 
-_forward = torch.ops.opforge.rms_norm.default
-_backward = torch.ops.opforge.rms_norm_backward.default
-_backward_input = torch.ops.opforge.rms_norm_backward_input.default
+# The native ops, typed by their schemas.
+_forward: Callable[[Tensor, Tensor, float], Tensor] = torch.ops.opforge.rms_norm.default
+_backward: Callable[[Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]] = (
+    torch.ops.opforge.rms_norm_backward.default
+)
+_backward_input: Callable[[Tensor, Tensor, Tensor, float], Tensor] = torch.ops.opforge.rms_norm_backward_input.default
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -34,7 +40,13 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
 class RMSNorm(nn.Module):
     """RMSNorm over the last dimension with a learned per-element scale, initialized to ones."""
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        device: torch.types.Device = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
@@ -95,13 +107,13 @@ def _(grad: Tensor, x: Tensor, weight: Tensor, eps: float) -> Tensor:
 # ------------------------------------------------------------------------------------------------------ autograd
 
 
-def _save_inputs(ctx, inputs, output) -> None:
+def _save_inputs(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
     x, weight = inputs[0], inputs[1]
     ctx.eps = inputs[2] if len(inputs) > 2 else 1e-6
     ctx.save_for_backward(x, weight)
 
 
-def _rms_norm_grad(ctx, grad: Tensor):
+def _rms_norm_grad(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
     x, weight = ctx.saved_tensors
     needs_x, needs_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     if needs_weight:
@@ -112,14 +124,14 @@ def _rms_norm_grad(ctx, grad: Tensor):
     return None, None, None
 
 
-def _no_double_backward(ctx, *grads):
+def _no_double_backward(ctx: Any, *grads: Tensor) -> NoReturn:
     raise NotImplementedError(
         "opforge::rms_norm: double backward is not implemented (the backward ops have no derivative). "
         "Use torch.nn.functional.rms_norm where second derivatives are needed."
     )
 
 
-def _save_nothing(ctx, inputs, output) -> None:
+def _save_nothing(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     pass
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -20,8 +21,9 @@ LIBRARIES = ("z",)
 
 load_native("row_crc32", libraries=LIBRARIES)
 
-_crc32 = torch.ops.opforge.row_crc32.default
-_adler32 = torch.ops.opforge.row_adler32.default
+# The native ops, typed by their schemas.
+_crc32: Callable[[Tensor], Tensor] = torch.ops.opforge.row_crc32.default
+_adler32: Callable[[Tensor], Tensor] = torch.ops.opforge.row_adler32.default
 
 
 def row_crc32(data: Tensor) -> Tensor:
@@ -34,7 +36,7 @@ def row_adler32(data: Tensor) -> Tensor:
     return _adler32(data)
 
 
-def _rows_checksum(data: Tensor, checksum) -> Tensor:
+def _rows_checksum(data: Tensor, checksum: Callable[[bytes], int]) -> Tensor:
     # The bytes are the values: opforge's dtypes check hands the reference byte values held in float64. The row
     # count is spelled out: reshape(-1, 0) of rows of length 0 is ambiguous.
     as_bytes = data.detach().cpu().to(torch.uint8).contiguous()

@@ -218,7 +218,10 @@ def _inputs(r: Reader, samples: Samples | None) -> tuple[Input, ...]:
     """`inputs:` is required unless `samples:` makes the inputs; then its entries hold per-argument settings."""
     if samples is None and not r.has("inputs"):
         raise r.fail(r.node, "inputs", "an 'inputs' entry", "none", "Add `inputs:` (see docs/specs.md).")
-    return r.get("inputs", lambda r, key, node: read_inputs(r, key, node, sampled=samples is not None), ())
+    inputs: tuple[Input, ...] = r.get(
+        "inputs", lambda r, key, node: read_inputs(r, key, node, sampled=samples is not None), ()
+    )
+    return inputs
 
 
 def _dtypes(r: Reader) -> tuple[tuple[str, ...], tuple[tuple[str, tuple[str, ...]], ...]]:
