@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any
 
 from opforge.cases import Case, at_point, case_applies, crossed_values
 from opforge.checks.base import Check, CheckContext, Outcomes, aligned, first_values
@@ -19,7 +20,7 @@ def compile_check(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
 
     torch._dynamo.reset()  # a fresh cache, so earlier cases' graphs neither help nor hit the recompile limit
 
-    def call(*args, **kwargs):
+    def call(*args: Any, **kwargs: Any) -> Any:
         return target.fn(*args, **kwargs)
 
     compiled = torch.compile(call, fullgraph=True, dynamic=True, backend="inductor")

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, CaseInputs
 from opforge.checks.base import Check, CheckContext, Outcomes, aligned
@@ -32,6 +32,9 @@ from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, short
 from opforge.results import Mismatch
 from opforge.spec.model import Tolerance
+
+if TYPE_CHECKING:
+    import torch
 
 # Above this many elements across the differentiated inputs, gradcheck's exact mode builds an n x n Jacobian one
 # perturbation at a time; fast mode checks random projections of it instead (torch's own recommendation).
@@ -150,7 +153,7 @@ def _verdict(check: Callable[..., Any]) -> tuple[Exception | None, list[warnings
 def _op_function(loaded: LoadedOp, target: Target, inputs: CaseInputs, names: list[str]) -> Differentiable:
     """The op as a function of its differentiated inputs, the others held at the case's values."""
 
-    def fn(*tensors):
+    def fn(*tensors: torch.Tensor) -> Any:
         args, kwargs = with_arguments(loaded, inputs, dict(zip(names, tensors)))
         return target.fn(*args, **kwargs)
 
@@ -169,7 +172,7 @@ def _first_derivatives(op: Differentiable, returned: tuple[Any, ...], case: Case
     grad_outputs = seeded_grad_outputs([returned[k] for k in live], case, base_seed)
     count = len(op.inputs)
 
-    def fn(*tensors):
+    def fn(*tensors: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         outputs = differentiable_outputs(as_tuple(op.fn(*tensors[:count])))
         return torch.autograd.grad(outputs, tensors[:count], tensors[count:], create_graph=True, allow_unused=True)
 
@@ -316,7 +319,7 @@ NO_AUTOGRAD_HINT = (
 )
 
 
-def _gradient_mismatch(ctx, target, case, names):
+def _gradient_mismatch(ctx: CheckContext, target: Target, case: Case, names: list[str]) -> Mismatch | None:
     """Where the op's vector-Jacobian product departs most from the reference's, to show next to the verdict."""
     loaded = ctx.loaded
     try:
