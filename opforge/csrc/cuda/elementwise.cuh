@@ -123,14 +123,38 @@ __device__ __forceinline__ void store_pack(void* p, const P& value) {
   }
 }
 
-template <typename scalar_t, int kVec, typename Fn, size_t... I>
-__device__ __forceinline__ void apply_pack(Pack<scalar_t, kVec>& out, const Fn& fn,
-                                           const Pack<scalar_t, kVec> (&in)[sizeof...(I)],
-                                           std::index_sequence<I...>) {
+// Two results of one elementwise function, e.g. the gradients of both inputs of a backward.
+template <typename T>
+struct Two {
+  T first;
+  T second;
+};
+
+// The outputs an elementwise kernel writes: one, or two for a function that returns a Two.
+template <typename scalar_t, int N>
+struct Outputs {
+  scalar_t* ptr[N];
+};
+
+// Result `k` of one call of the function: the value itself, or a Two's first or second.
+template <int k, typename T>
+__device__ __forceinline__ T result(const T& value) {
+  return value;
+}
+template <int k, typename T>
+__device__ __forceinline__ T result(const Two<T>& value) {
+  return k == 0 ? value.first : value.second;
+}
+
+template <typename scalar_t, int kVec, int kOutputs, typename Fn, size_t... I, size_t... O>
+__device__ __forceinline__ void apply_pack(Pack<scalar_t, kVec> (&out)[kOutputs], const Fn& fn,
+                                           const Pack<scalar_t, kVec> (&in)[sizeof...(I)], std::index_sequence<I...>,
+                                           std::index_sequence<O...>) {
   using acc_t = opmath_t<scalar_t>;
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
-    out.v[j] = static_cast<scalar_t>(fn(static_cast<acc_t>(in[I].v[j])...));
+    const auto r = fn(static_cast<acc_t>(in[I].v[j])...);
+    ((out[O].v[j] = static_cast<scalar_t>(result<O>(r))), ...);
   }
 }
 
@@ -152,20 +176,23 @@ __device__ __forceinline__ int64_t source_index(const Repeats<N>& repeats, int k
   }
 }
 
-// fn of the inputs' elements for output element i, in scalar_t.
-template <bool kRepeats, typename scalar_t, typename Fn, size_t... I, typename... In>
-__device__ __forceinline__ scalar_t element_at(const Fn& fn, const Repeats<sizeof...(In)>& repeats, int64_t i,
-                                               std::index_sequence<I...>, const In*... in) {
-  return static_cast<scalar_t>(fn(static_cast<opmath_t<scalar_t>>(in[source_index<kRepeats>(repeats, I, i)])...));
+// Output element i of every output: fn of the inputs' elements for it.
+template <bool kRepeats, typename scalar_t, int kOutputs, typename Fn, size_t... I, size_t... O, typename... In>
+__device__ __forceinline__ void write_element(const Outputs<scalar_t, kOutputs>& out, const Fn& fn,
+                                              const Repeats<sizeof...(In)>& repeats, int64_t i,
+                                              std::index_sequence<I...>, std::index_sequence<O...>, const In*... in) {
+  const auto r = fn(static_cast<opmath_t<scalar_t>>(in[source_index<kRepeats>(repeats, I, i)])...);
+  ((out.ptr[O][i] = static_cast<scalar_t>(result<O>(r))), ...);
 }
 
-// out[i] = fn(in...[i]) for i < n (each input indexed through `repeats` when kRepeats). Each thread handles kU
-// packs of kVec elements per grid-stride step; the last, partial tile of the tensor goes element by element.
-// kVec == 1 is the unaligned fallback.
-template <typename scalar_t, int kVec, int kU, int kThreads, bool kStreamLoads, bool kRepeats, typename Fn,
-          typename... In>
+// out[i] = fn(in...[i]) for i < n (each input indexed through `repeats` when kRepeats), into each of kOutputs outputs
+// (a function returning a Two writes both from one load of the inputs). Each thread handles kU packs of kVec
+// elements per grid-stride step; the last, partial tile of the tensor goes element by element. kVec == 1 is the
+// unaligned fallback.
+template <typename scalar_t, int kVec, int kU, int kThreads, bool kStreamLoads, bool kRepeats, int kOutputs,
+          typename Fn, typename... In>
 __global__ void __launch_bounds__(kThreads)
-    elementwise_kernel(int64_t n, Fn fn, Repeats<sizeof...(In)> repeats, scalar_t* __restrict__ out,
+    elementwise_kernel(int64_t n, Fn fn, Repeats<sizeof...(In)> repeats, Outputs<scalar_t, kOutputs> out,
                        const In* __restrict__... in) {
   using P = Pack<scalar_t, kVec>;
   constexpr int kInputs = sizeof...(In);
@@ -183,14 +210,19 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         const int64_t i = block_start + (static_cast<int64_t>(u) * kThreads + threadIdx.x) * kVec;
-        P result;
-        apply_pack<scalar_t, kVec>(result, fn, loaded[u], std::index_sequence_for<In...>{});
-        store_pack(out + i, result);
+        P results[kOutputs];
+        apply_pack<scalar_t, kVec>(results, fn, loaded[u], std::index_sequence_for<In...>{},
+                                   std::make_index_sequence<kOutputs>{});
+#pragma unroll
+        for (int o = 0; o < kOutputs; ++o) {
+          store_pack(out.ptr[o] + i, results[o]);
+        }
       }
     } else {
       // The tensor's last, partial block: element by element, still coalesced across the block.
       for (int64_t i = block_start + threadIdx.x; i < n; i += kThreads) {
-        out[i] = element_at<kRepeats, scalar_t>(fn, repeats, i, std::index_sequence_for<In...>{}, in...);
+        write_element<kRepeats>(out, fn, repeats, i, std::index_sequence_for<In...>{},
+                                std::make_index_sequence<kOutputs>{}, in...);
       }
     }
   }
@@ -234,10 +266,11 @@ void launch_shaped(const c10::Device& device, int64_t n, bool aligned_all, const
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-template <bool kRepeats, typename scalar_t, typename Fn, typename... In>
-void launch_elementwise_kernel(const c10::Device& device, scalar_t* out, int64_t n, const Fn& fn,
-                               const Repeats<sizeof...(In)>& repeats, bool aligned_all, const In*... in) {
-  static_assert((std::is_same_v<In, scalar_t> && ...), "all inputs share the output's dtype");
+template <bool kRepeats, typename scalar_t, int kOutputs, typename Fn, typename... In>
+void launch_elementwise_kernel(const c10::Device& device, const Outputs<scalar_t, kOutputs>& out, int64_t n,
+                               const Fn& fn, const Repeats<sizeof...(In)>& repeats, bool aligned_all,
+                               const In*... in) {
+  static_assert((std::is_same_v<In, scalar_t> && ...), "all inputs share the outputs' dtype");
   if (n == 0) {
     return;
   }
@@ -253,8 +286,8 @@ void launch_elementwise_kernel(const c10::Device& device, scalar_t* out, int64_t
 // Launch `fn` over `n` elements of dense buffers that share one layout, on the current stream of `device`.
 template <typename scalar_t, typename Fn, typename... In>
 void launch_elementwise(const c10::Device& device, scalar_t* out, int64_t n, const Fn& fn, const In*... in) {
-  launch_elementwise_kernel<false>(device, out, n, fn, Repeats<sizeof...(In)>{}, aligned(out) && (aligned(in) && ...),
-                                   in...);
+  launch_elementwise_kernel<false>(device, Outputs<scalar_t, 1>{{out}}, n, fn, Repeats<sizeof...(In)>{},
+                                   aligned(out) && (aligned(in) && ...), in...);
 }
 
 // `t` as launch_elementwise_spanned reads it: in place when repeated over the leading dimensions of `out`
@@ -279,88 +312,21 @@ void launch_elementwise_spanned(const c10::Device& device, scalar_t* out, int64_
    ...);
   const bool aligned_all = aligned(out) && (aligned(in.data) && ...);
   if ((... || (in.span != n))) {
-    launch_elementwise_kernel<true>(device, out, n, fn, repeats, aligned_all, in.data...);
+    launch_elementwise_kernel<true>(device, Outputs<scalar_t, 1>{{out}}, n, fn, repeats, aligned_all, in.data...);
   } else {
-    launch_elementwise_kernel<false>(device, out, n, fn, repeats, aligned_all, in.data...);
+    launch_elementwise_kernel<false>(device, Outputs<scalar_t, 1>{{out}}, n, fn, repeats, aligned_all, in.data...);
   }
 }
 
-// Two results of one elementwise function, e.g. the gradients of both inputs of a backward.
-template <typename T>
-struct Two {
-  T first;
-  T second;
-};
-
-template <typename scalar_t, int kVec, typename Fn, size_t... I>
-__device__ __forceinline__ void apply_pack2(Pack<scalar_t, kVec>& out0, Pack<scalar_t, kVec>& out1, const Fn& fn,
-                                            const Pack<scalar_t, kVec> (&in)[sizeof...(I)],
-                                            std::index_sequence<I...>) {
-  using acc_t = opmath_t<scalar_t>;
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    const Two<acc_t> r = fn(static_cast<acc_t>(in[I].v[j])...);
-    out0.v[j] = static_cast<scalar_t>(r.first);
-    out1.v[j] = static_cast<scalar_t>(r.second);
-  }
-}
-
-// (out0[i], out1[i]) = fn(in...[i]): elementwise_kernel for a function with two results (a Two), both stored from
-// the one load of the inputs.
-template <typename scalar_t, int kVec, int kU, int kThreads, bool kStreamLoads, typename Fn, typename... In>
-__global__ void __launch_bounds__(kThreads) elementwise_kernel2(int64_t n, Fn fn, scalar_t* __restrict__ out0,
-                                                               scalar_t* __restrict__ out1,
-                                                               const In* __restrict__... in) {
-  using acc_t = opmath_t<scalar_t>;
-  using P = Pack<scalar_t, kVec>;
-  constexpr int kInputs = sizeof...(In);
-  const int64_t per_block = static_cast<int64_t>(kThreads) * kVec * kU;
-  const int64_t step = per_block * gridDim.x;
-  for (int64_t block_start = static_cast<int64_t>(blockIdx.x) * per_block; block_start < n; block_start += step) {
-    if (block_start + per_block <= n) {
-      P loaded[kU][kInputs];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int64_t i = block_start + (static_cast<int64_t>(u) * kThreads + threadIdx.x) * kVec;
-        int k = 0;
-        ((loaded[u][k++] = load_pack<P, kStreamLoads>(in + i)), ...);
-      }
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int64_t i = block_start + (static_cast<int64_t>(u) * kThreads + threadIdx.x) * kVec;
-        P result0;
-        P result1;
-        apply_pack2<scalar_t, kVec>(result0, result1, fn, loaded[u], std::index_sequence_for<In...>{});
-        store_pack(out0 + i, result0);
-        store_pack(out1 + i, result1);
-      }
-    } else {
-      for (int64_t i = block_start + threadIdx.x; i < n; i += kThreads) {
-        const Two<acc_t> r = fn(static_cast<acc_t>(in[i])...);
-        out0[i] = static_cast<scalar_t>(r.first);
-        out1[i] = static_cast<scalar_t>(r.second);
-      }
-    }
-  }
-}
-
-// launch_elementwise for a function with two results, written to `out0` and `out1`. The shape follows the inputs'
-// count as for one result (the multi-input shape for custom_loss's 3-input backward); not yet measured separately
-// with two outputs (benchmarks/cuda_bandwidth.py --sweep times the one-output kernels).
+// launch_elementwise for a function with two results (a Two), written to `out0` and `out1` from one load of the
+// inputs. The shape follows the inputs' count as for one result (the multi-input shape for custom_loss's 3-input
+// backward); not yet measured separately with two outputs (benchmarks/cuda_bandwidth.py --sweep times the one-output
+// kernels).
 template <typename scalar_t, typename Fn, typename... In>
 void launch_elementwise2(const c10::Device& device, scalar_t* out0, scalar_t* out1, int64_t n, const Fn& fn,
                          const In*... in) {
-  static_assert((std::is_same_v<In, scalar_t> && ...), "all inputs share the outputs' dtype");
-  if (n == 0) {
-    return;
-  }
-  launch_shaped<scalar_t, sizeof...(In)>(
-      device, n, aligned(out0) && aligned(out1) && (aligned(in) && ...),
-      [&](auto vec, auto unroll, auto threads, auto stream_loads, int grid, cudaStream_t stream) {
-        elementwise_kernel2<scalar_t, decltype(vec)::value, decltype(unroll)::value, decltype(threads)::value,
-                            decltype(stream_loads)::value><<<grid, decltype(threads)::value, 0, stream>>>(
-            n, fn, out0, out1, in...);
-      });
+  launch_elementwise_kernel<false>(device, Outputs<scalar_t, 2>{{out0, out1}}, n, fn, Repeats<sizeof...(In)>{},
+                                   aligned(out0) && aligned(out1) && (aligned(in) && ...), in...);
 }
 
 constexpr int kMaxDevices = 64;
