@@ -191,7 +191,8 @@ def do_bench_medians(
     import torch
     from triton.testing import do_bench
 
-    from opforge.bench.runner import BenchFilters, parse_sizes, run_bench
+    from opforge.bench.plan import BenchFilters, parse_sizes
+    from opforge.bench.runner import run_bench
     from opforge.bench.timing import Timing, TimingOptions, host_launch_seconds
     from opforge.spec.load import find_spec, load_spec
 

@@ -15,18 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opforge.bench.runner import (
-    BenchFilters,
-    BenchPoint,
-    argument_restorer,
-    bytes_moved,
-    compiled_reference,
-    contenders,
-    input_source,
-    mode_callable,
-    plan_points,
-    runnable_devices,
-)
+from opforge.bench.bytes import bytes_moved
+from opforge.bench.plan import BenchFilters, BenchPoint, contenders, plan_points, runnable_devices
+from opforge.bench.runner import argument_restorer, compiled_reference, input_source, mode_callable
 from opforge.errors import UsageError
 from opforge.spec.model import OpSpec
 

@@ -377,7 +377,8 @@ def test_cpu_copy_peak_is_a_real_measurement():
 
 
 def test_bytes_of_a_broadcasting_two_input_op():
-    from opforge.bench.runner import BenchFilters, bytes_moved, plan_points
+    from opforge.bench.bytes import bytes_moved
+    from opforge.bench.plan import BenchFilters, plan_points
     from opforge.cases import make_inputs
     from opforge.loading import load_op
     from opforge.spec.load import load_spec
@@ -468,7 +469,7 @@ def test_a_bytes_expression_failing_on_a_point_is_an_error_row(tmp_path, bytes_l
 
 
 def loaded_point(spec_path, mode: str = "fwd", sizes=(1024,)):
-    from opforge.bench.runner import BenchFilters, plan_points
+    from opforge.bench.plan import BenchFilters, plan_points
     from opforge.loading import load_op
     from opforge.spec.load import load_spec
 
@@ -478,7 +479,8 @@ def loaded_point(spec_path, mode: str = "fwd", sizes=(1024,)):
 
 
 def default_bytes(spec_path, mode: str) -> int:
-    from opforge.bench.runner import bytes_moved, input_source
+    from opforge.bench.bytes import bytes_moved
+    from opforge.bench.runner import input_source
 
     loaded, point = loaded_point(spec_path, mode)
     return bytes_moved(loaded, mode, input_source(loaded, point, 0)())
@@ -505,7 +507,8 @@ def test_default_bytes_of_mutating_out_and_multi_output_ops(fixture, mode, expec
 
 
 def test_only_floating_outputs_have_gradient_names(tmp_path):
-    from opforge.bench.runner import _sizes, input_source
+    from opforge.bench.bytes import _sizes
+    from opforge.bench.runner import input_source
 
     loaded, point = loaded_point(FIXTURES / "bench_sort.yaml", "bwd")
     names = set(_sizes(loaded, input_source(loaded, point, 0)(), with_gradients=True))
@@ -727,7 +730,7 @@ def test_a_run_that_times_nothing_fails_and_says_why(tmp_path):
 
 
 def test_default_modes_are_fwd_only_without_an_input_that_requires_grad(tmp_path):
-    from opforge.bench.runner import BenchFilters, selected
+    from opforge.bench.plan import BenchFilters, selected
     from opforge.errors import UsageError
     from opforge.spec.load import load_spec
 

@@ -1,4 +1,5 @@
-"""Planning and running a spec's benchmarks: cases, verification against the reference, bytes moved, timing.
+"""Running a spec's benchmarks (planned by opforge.bench.plan, bytes counted by opforge.bench.bytes): verification
+against the reference, then timing.
 
 Every implementation (the op itself, the spec's `implementations`) is first checked on the benchmark's own inputs
 with the same checks `opforge check` runs (`correctness` for the forward, `grad_lowp` for the gradients); one
@@ -10,15 +11,15 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from opforge.bench.bytes import bytes_moved
 from opforge.bench.model import (
     BASELINE,
     ERROR,
@@ -28,189 +29,40 @@ from opforge.bench.model import (
     WRONG,
     BenchResult,
     BenchRun,
-    point_key,
+)
+from opforge.bench.plan import (
+    BenchFilters,
+    BenchPoint,
+    Contender,
+    contenders,
+    plan_points,
+    runnable_devices,
+    selected,
 )
 from opforge.bench.timing import Timing, TimingOptions, graph_input_copies, l2_bytes, time_callable
-from opforge.cases import Case, CaseInputs, case_applies, make_inputs
+from opforge.cases import CaseInputs, make_inputs
 from opforge.checks.base import CheckContext
-from opforge.checks.calls import argument, differentiated, output_names
+from opforge.checks.calls import argument, differentiated
 from opforge.checks.catalog import CATALOG
 from opforge.compare import as_tuple
 from opforge.engine.rows import apply_xfail, check_verdicts
-from opforge.environment import device_unavailable
-from opforge.errors import SpecError, UsageError
+from opforge.errors import SpecError
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import short
 from opforge.results import Status
-from opforge.shard import Shard, owns, shard_text
-from opforge.spec import bytes_expr as expr
-from opforge.spec.bench import POWER_OF_TWO
-from opforge.spec.model import BENCH_LAYOUTS, FLOATING_DTYPES, BenchSpec, OpSpec, ScalarInput
+from opforge.shard import shard_text
+from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:
     import torch
 
-EAGER, COMPILE = "eager", "compile"
 
 # timer(call, device, options, reset): `reset` (None for ops that mutate nothing) restores the mutated arguments and
 # must run before each timed call, outside the timed region.
 Timer = Callable[[Callable[[], Any], str, TimingOptions, "Callable[[], None] | None"], Timing]
 
 
-@dataclass(frozen=True)
-class BenchFilters:
-    """Command-line selections; empty means the spec's `bench:` defaults."""
-
-    devices: tuple[str, ...] = ()
-    dtypes: tuple[str, ...] = ()
-    modes: tuple[str, ...] = ()
-    impls: tuple[str, ...] = ()
-    sizes: tuple[int, ...] = ()
-    layouts: tuple[str, ...] = ()
-    seed: int = 0
-    shard: Shard | None = None  # --shard K/N: only the points whose key hashes to this shard
-
-
-@dataclass(frozen=True)
-class BenchPoint:
-    """One (device, dtype, mode, size) point every contender is timed on."""
-
-    mode: str
-    case: Case
-    label: str
-    elements: int
-
-    @property
-    def device(self) -> str:
-        return self.case.device
-
-    @property
-    def dtype(self) -> str:
-        return self.case.dtype
-
-
-@dataclass(frozen=True)
-class Contender:
-    name: str
-    role: str
-    fn: Callable[..., Any] | None  # None for the compile baseline: compiled per point
-    target: Target | None = None
-
-
 # ---------------------------------------------------------------------------------------------------- planning
-
-
-def bench_section(spec: OpSpec, filters: BenchFilters) -> BenchSpec:
-    if spec.bench is None and not filters.sizes:
-        raise UsageError(
-            f"opforge bench {spec.name}",
-            f"a `bench:` section in {spec.path}",
-            "none",
-            "Add one (see docs/specs.md, `bench`) or pass --sizes.",
-        )
-    return spec.bench or BenchSpec()
-
-
-def selected(spec: OpSpec, filters: BenchFilters) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """(devices, dtypes, modes): the command line's choice, checked against what the op claims, else the bench
-    section's, else the spec's."""
-    bench = bench_section(spec, filters)
-    devices = _choose(filters.devices, bench.devices or spec.devices, spec.devices, "--device", spec)
-    default_dtypes = bench.dtypes or tuple(d for d in spec.dtypes if d in FLOATING_DTYPES) or spec.dtypes
-    dtypes = _choose(filters.dtypes, default_dtypes, spec.dtypes, "--dtype", spec)
-    default_modes = bench.modes or tuple(m for m in ("fwd", "bwd") if m in spec.bench_modes)
-    modes = _choose(filters.modes, default_modes, spec.bench_modes, "--mode", spec)
-    return devices, dtypes, modes
-
-
-def _choose(
-    given: tuple[str, ...], default: tuple[str, ...], claimed: tuple[str, ...], option: str, spec: OpSpec
-) -> tuple[str, ...]:
-    for value in given:
-        if value not in claimed:
-            raise UsageError(
-                option,
-                f"one of {', '.join(claimed)} (what {spec.name}'s spec claims)",
-                repr(value),
-                f"Pick one the op supports or add it to {spec.path.name}.",
-            )
-    return given or default
-
-
-def size_points(spec: OpSpec, filters: BenchFilters) -> list[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]]:
-    """(label, shape of each tensor input) per size point: `sizes` give every tensor input the shape (n,)."""
-    bench = bench_section(spec, filters)
-    tensors = [t.name for t in spec.tensor_inputs()]
-    sizes = filters.sizes or bench.sizes
-    points: list[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]] = [
-        (f"n={_size_label(n)}", tuple((name, (n,)) for name in tensors)) for n in sizes
-    ]
-    if not filters.sizes:
-        points += [
-            (",".join(f"{name}={'x'.join(map(str, shape)) or '0d'}" for name, shape in shapes), shapes)
-            for shapes in bench.shapes
-        ]
-    return points
-
-
-def parse_sizes(texts: list[str]) -> tuple[int, ...]:
-    """--sizes values: comma-separated element counts, each an integer or 2**k / 2^k."""
-    sizes = []
-    for text in texts:
-        for item in filter(None, (t.strip() for t in text.split(","))):
-            match = POWER_OF_TWO.match(item)
-            value = 2 ** int(match.group(1)) if match else int(item) if item.isdigit() else 0
-            if value <= 0:
-                raise UsageError(
-                    "--sizes", "element counts > 0 such as 65536 or 2**24", repr(item), "Separate sizes with commas."
-                )
-            sizes.append(value)
-    return tuple(sizes)
-
-
-def _size_label(n: int) -> str:
-    return f"2^{n.bit_length() - 1}" if n & (n - 1) == 0 else str(n)
-
-
-def selected_layouts(spec: OpSpec, filters: BenchFilters) -> tuple[str, ...]:
-    """The memory formats to time: --layout, checked against the spec's claimed ones, else `bench.layouts`, else
-    contiguous."""
-    claimed = tuple(layout for layout in BENCH_LAYOUTS if layout == "contiguous" or layout in spec.layouts)
-    default = spec.bench.layouts if spec.bench and spec.bench.layouts else ("contiguous",)
-    return _choose(filters.layouts, default, claimed, "--layout", spec)
-
-
-def plan_points(spec: OpSpec, filters: BenchFilters, devices: tuple[str, ...]) -> list[BenchPoint]:
-    _, dtypes, modes = selected(spec, filters)
-    layouts = selected_layouts(spec, filters)
-    values = tuple((i.name, i.values[0]) for i in spec.inputs if isinstance(i, ScalarInput))
-    points = []
-    for device, dtype, mode, layout in itertools.product(devices, dtypes, modes, layouts):
-        if dtype not in spec.dtypes_on(device):
-            continue
-        for index, (size, shapes) in enumerate(size_points(spec, filters)):
-            # A point of another layout is named by it; contiguous points keep their names (and old baselines).
-            label = size if layout == "contiguous" else f"{size},{layout}"
-            if not case_applies(spec, layout, shapes) or not owns(
-                filters.shard, point_key(spec.name, mode, dtype, device, label)
-            ):
-                continue
-            case = Case(dtype, device, layout, shapes, values, values_index=0, shape_index=index)
-            elements = max((math.prod(s) for _, s in shapes), default=1)
-            points.append(BenchPoint(mode, case, label, elements))
-    return points
-
-
-def contenders(loaded: LoadedOp, filters: BenchFilters) -> list[Contender]:
-    everyone = [Contender(t.name, IMPLEMENTATION, t.fn, t) for t in loaded.targets] + [
-        Contender(EAGER, BASELINE, loaded.reference),
-        Contender(COMPILE, BASELINE, None),
-    ]
-    known = [c.name for c in everyone]
-    for name in filters.impls:
-        if name not in known:
-            raise UsageError("--impl", f"one of {', '.join(known)}", repr(name), "Pick one of the op's contenders.")
-    return [c for c in everyone if not filters.impls or c.name in filters.impls]
 
 
 # ----------------------------------------------------------------------------------------------------- running
@@ -558,111 +410,3 @@ def _random_like(t: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------- bytes moved
-
-
-def bytes_moved(loaded: LoadedOp, mode: str, inputs: CaseInputs) -> int | None:
-    """Bytes one call moves: the spec's `bench.bytes` expression for the mode, else the default count.
-
-    Default: fwd reads every tensor input once (a mutated argument too) and writes every output that is not an
-    alias of an argument, and every mutated argument, once; bwd reads each floating output's gradient and every
-    tensor input once and writes each differentiated input's gradient once; fwd+bwd is the sum. None when the op's
-    outputs cannot be known (its call raised: its row says why). Raises SpecError for an expression this point
-    cannot evaluate. An op that mutates an argument changes `inputs`: pass a set no contender uses.
-    """
-    sizes = _sizes(loaded, inputs, with_gradients=mode != "fwd")
-    if sizes is None:
-        return None
-    expressions = dict(loaded.spec.bench.bytes) if loaded.spec.bench else {}
-    parts = ("fwd", "bwd") if mode == "fwd+bwd" and mode not in expressions else (mode,)
-    return sum(
-        _evaluate(loaded.spec, part, expressions[part], sizes)
-        if part in expressions
-        else _default_bytes(loaded, part, sizes)
-        for part in parts
-    )
-
-
-def _default_bytes(loaded: LoadedOp, mode: str, sizes: dict[str, Any]) -> int:
-    def tensors(names: Iterable[str]) -> list[expr.TensorSize]:
-        return [sizes[n] for n in names if isinstance(sizes.get(n), expr.TensorSize)]
-
-    read = tensors(_input_names(loaded))
-    if mode == "fwd":
-        return sum(t.nbytes for t in read + tensors(_written_outputs(loaded)) + tensors(loaded.mutated_arguments))
-    gradients = tensors(f"grad_{n}" for n in _output_names(loaded) + _input_names(loaded))
-    return sum(t.nbytes for t in read + gradients)
-
-
-def _sizes(loaded: LoadedOp, inputs: CaseInputs, with_gradients: bool) -> dict[str, Any] | None:
-    """The names an expression can use, bound to TensorSize (tensors) or values (scalars); grad_<output> (floating
-    outputs) and grad_<input> (inputs with requires_grad), the same sizes, for the modes that run a backward."""
-    import torch
-
-    names = _input_names(loaded)
-    values = {n: _size_of(argument(inputs, loaded, n)) for n in names}
-    try:
-        with torch.no_grad():
-            returned = loaded.overload(*inputs.args, **inputs.kwargs)
-    except Exception:
-        return None
-    returned = as_tuple(returned) if loaded.overload._schema.returns else ()
-    for name, value in zip(_output_names(loaded), returned):
-        values[name] = _size_of(value)
-        if with_gradients and isinstance(values[name], expr.TensorSize) and values[name].floating:
-            values[f"grad_{name}"] = values[name]
-    for name in inputs.tensor_names if with_gradients else ():
-        if isinstance(values.get(name), expr.TensorSize) and argument(inputs, loaded, name).requires_grad:
-            values[f"grad_{name}"] = values[name]
-    return values
-
-
-def _size_of(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return expr.TensorSize(
-            tuple(value.shape), value.element_size(), value.is_floating_point() or value.is_complex()
-        )
-    return value
-
-
-def _input_names(loaded: LoadedOp) -> list[str]:
-    return [i.name for i in loaded.spec.inputs]
-
-
-def _output_names(loaded: LoadedOp) -> list[str]:
-    return output_names(loaded)
-
-
-def _written_outputs(loaded: LoadedOp) -> list[str]:
-    """Outputs a call writes: not those the schema declares as an alias of an argument (`-> Tensor(a!)`), which
-    are the mutated argument itself, counted once as that."""
-    returns = loaded.overload._schema.returns
-    return [name for name, r in zip(_output_names(loaded), returns) if r.alias_info is None]
-
-
-def _evaluate(spec: OpSpec, mode: str, text: str, sizes: dict[str, Any]) -> int:
-    bench = spec.bench or BenchSpec()
-    key = dict(bench.keys).get(mode, f"bench.bytes.{mode}")
-    line = dict(bench.lines).get(mode)
-    try:
-        value = expr.evaluate(expr.parse(text, set(sizes)), sizes)
-    except (ValueError, ArithmeticError) as exc:  # ExpressionError is a ValueError; so is math.ceil(nan)
-        raise SpecError(
-            spec.path,
-            line,
-            key,
-            "an expression this point can evaluate",
-            str(exc),
-            "Use the names listed (see docs/specs.md, `bench.bytes`).",
-        ) from None
-    if value < 0:
-        raise SpecError(spec.path, line, key, "a number of bytes >= 0", repr(value), "Fix the expression.")
-    return int(value)
-
-
-def runnable_devices(spec: OpSpec, filters: BenchFilters) -> tuple[tuple[str, ...], dict[str, str]]:
-    """(devices to run, {device: why it is skipped})."""
-    devices, _, _ = selected(spec, filters)
-    reasons = {d: device_unavailable(d) for d in devices}
-    return tuple(d for d in devices if reasons[d] is None), {d: r for d, r in reasons.items() if r}

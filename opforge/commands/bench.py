@@ -164,7 +164,7 @@ def _bench_filters(
     device: list[str], dtype: list[str], mode: list[str], impl: list[str], sizes: list[str], seed: int
 ) -> Any:
     """The points and contenders `bench` and `profile` run, from their shared options."""
-    from opforge.bench.runner import BenchFilters, parse_sizes
+    from opforge.bench.plan import BenchFilters, parse_sizes
 
     return BenchFilters(
         devices=validated(device, KNOWN_DEVICES, "--device"),

@@ -1,0 +1,184 @@
+"""Planning a spec's benchmarks: which points (size or shapes, dtype, device, mode, layout) and which contenders
+(the implementations, the eager reference and torch.compile of it) `opforge bench` and `opforge profile` run."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from opforge.bench.model import BASELINE, IMPLEMENTATION, point_key
+from opforge.cases import Case, case_applies
+from opforge.environment import device_unavailable
+from opforge.errors import UsageError
+from opforge.loading import LoadedOp, Target
+from opforge.shard import Shard, owns
+from opforge.spec.bench import POWER_OF_TWO
+from opforge.spec.model import BENCH_LAYOUTS, FLOATING_DTYPES, BenchSpec, OpSpec, ScalarInput
+
+if TYPE_CHECKING:
+    pass
+
+EAGER, COMPILE = "eager", "compile"
+
+
+@dataclass(frozen=True)
+class BenchFilters:
+    """Command-line selections; empty means the spec's `bench:` defaults."""
+
+    devices: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
+    modes: tuple[str, ...] = ()
+    impls: tuple[str, ...] = ()
+    sizes: tuple[int, ...] = ()
+    layouts: tuple[str, ...] = ()
+    seed: int = 0
+    shard: Shard | None = None  # --shard K/N: only the points whose key hashes to this shard
+
+
+@dataclass(frozen=True)
+class BenchPoint:
+    """One (device, dtype, mode, size) point every contender is timed on."""
+
+    mode: str
+    case: Case
+    label: str
+    elements: int
+
+    @property
+    def device(self) -> str:
+        return self.case.device
+
+    @property
+    def dtype(self) -> str:
+        return self.case.dtype
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    role: str
+    fn: Callable[..., Any] | None  # None for the compile baseline: compiled per point
+    target: Target | None = None
+
+
+def bench_section(spec: OpSpec, filters: BenchFilters) -> BenchSpec:
+    if spec.bench is None and not filters.sizes:
+        raise UsageError(
+            f"opforge bench {spec.name}",
+            f"a `bench:` section in {spec.path}",
+            "none",
+            "Add one (see docs/specs.md, `bench`) or pass --sizes.",
+        )
+    return spec.bench or BenchSpec()
+
+
+def selected(spec: OpSpec, filters: BenchFilters) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(devices, dtypes, modes): the command line's choice, checked against what the op claims, else the bench
+    section's, else the spec's."""
+    bench = bench_section(spec, filters)
+    devices = _choose(filters.devices, bench.devices or spec.devices, spec.devices, "--device", spec)
+    default_dtypes = bench.dtypes or tuple(d for d in spec.dtypes if d in FLOATING_DTYPES) or spec.dtypes
+    dtypes = _choose(filters.dtypes, default_dtypes, spec.dtypes, "--dtype", spec)
+    default_modes = bench.modes or tuple(m for m in ("fwd", "bwd") if m in spec.bench_modes)
+    modes = _choose(filters.modes, default_modes, spec.bench_modes, "--mode", spec)
+    return devices, dtypes, modes
+
+
+def _choose(
+    given: tuple[str, ...], default: tuple[str, ...], claimed: tuple[str, ...], option: str, spec: OpSpec
+) -> tuple[str, ...]:
+    for value in given:
+        if value not in claimed:
+            raise UsageError(
+                option,
+                f"one of {', '.join(claimed)} (what {spec.name}'s spec claims)",
+                repr(value),
+                f"Pick one the op supports or add it to {spec.path.name}.",
+            )
+    return given or default
+
+
+def size_points(spec: OpSpec, filters: BenchFilters) -> list[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]]:
+    """(label, shape of each tensor input) per size point: `sizes` give every tensor input the shape (n,)."""
+    bench = bench_section(spec, filters)
+    tensors = [t.name for t in spec.tensor_inputs()]
+    sizes = filters.sizes or bench.sizes
+    points: list[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]] = [
+        (f"n={_size_label(n)}", tuple((name, (n,)) for name in tensors)) for n in sizes
+    ]
+    if not filters.sizes:
+        points += [
+            (",".join(f"{name}={'x'.join(map(str, shape)) or '0d'}" for name, shape in shapes), shapes)
+            for shapes in bench.shapes
+        ]
+    return points
+
+
+def parse_sizes(texts: list[str]) -> tuple[int, ...]:
+    """--sizes values: comma-separated element counts, each an integer or 2**k / 2^k."""
+    sizes = []
+    for text in texts:
+        for item in filter(None, (t.strip() for t in text.split(","))):
+            match = POWER_OF_TWO.match(item)
+            value = 2 ** int(match.group(1)) if match else int(item) if item.isdigit() else 0
+            if value <= 0:
+                raise UsageError(
+                    "--sizes", "element counts > 0 such as 65536 or 2**24", repr(item), "Separate sizes with commas."
+                )
+            sizes.append(value)
+    return tuple(sizes)
+
+
+def _size_label(n: int) -> str:
+    return f"2^{n.bit_length() - 1}" if n & (n - 1) == 0 else str(n)
+
+
+def selected_layouts(spec: OpSpec, filters: BenchFilters) -> tuple[str, ...]:
+    """The memory formats to time: --layout, checked against the spec's claimed ones, else `bench.layouts`, else
+    contiguous."""
+    claimed = tuple(layout for layout in BENCH_LAYOUTS if layout == "contiguous" or layout in spec.layouts)
+    default = spec.bench.layouts if spec.bench and spec.bench.layouts else ("contiguous",)
+    return _choose(filters.layouts, default, claimed, "--layout", spec)
+
+
+def plan_points(spec: OpSpec, filters: BenchFilters, devices: tuple[str, ...]) -> list[BenchPoint]:
+    _, dtypes, modes = selected(spec, filters)
+    layouts = selected_layouts(spec, filters)
+    values = tuple((i.name, i.values[0]) for i in spec.inputs if isinstance(i, ScalarInput))
+    points = []
+    for device, dtype, mode, layout in itertools.product(devices, dtypes, modes, layouts):
+        if dtype not in spec.dtypes_on(device):
+            continue
+        for index, (size, shapes) in enumerate(size_points(spec, filters)):
+            # A point of another layout is named by it; contiguous points keep their names (and old baselines).
+            label = size if layout == "contiguous" else f"{size},{layout}"
+            if not case_applies(spec, layout, shapes) or not owns(
+                filters.shard, point_key(spec.name, mode, dtype, device, label)
+            ):
+                continue
+            case = Case(dtype, device, layout, shapes, values, values_index=0, shape_index=index)
+            elements = max((math.prod(s) for _, s in shapes), default=1)
+            points.append(BenchPoint(mode, case, label, elements))
+    return points
+
+
+def contenders(loaded: LoadedOp, filters: BenchFilters) -> list[Contender]:
+    everyone = [Contender(t.name, IMPLEMENTATION, t.fn, t) for t in loaded.targets] + [
+        Contender(EAGER, BASELINE, loaded.reference),
+        Contender(COMPILE, BASELINE, None),
+    ]
+    known = [c.name for c in everyone]
+    for name in filters.impls:
+        if name not in known:
+            raise UsageError("--impl", f"one of {', '.join(known)}", repr(name), "Pick one of the op's contenders.")
+    return [c for c in everyone if not filters.impls or c.name in filters.impls]
+
+
+def runnable_devices(spec: OpSpec, filters: BenchFilters) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(devices to run, {device: why it is skipped})."""
+    devices, _, _ = selected(spec, filters)
+    reasons = {d: device_unavailable(d) for d in devices}
+    return tuple(d for d in devices if reasons[d] is None), {d: r for d, r in reasons.items() if r}
