@@ -219,7 +219,7 @@ def test_a_missing_or_unknown_outcome_is_an_error_row_never_a_pass(toy_check, ou
 _TOY_OPTION_MODULE = """
 from dataclasses import dataclass
 
-from opforge.checks.base import Check, CheckOption, SpecSection, all_cases
+from opforge.checks.base import Check, CheckOption, OptIn, SpecSection, all_cases
 from opforge.outcomes import CheckFailure
 from opforge.spec.reader import Reader, read_number
 
@@ -244,9 +244,9 @@ def _run(context, target, case):
     return {"toy_loud": CheckFailure(f"loud: {context.opt_ins.get(LOUD.name)!r} at {level}")}
 
 
-CHECKS = (Check("toy_loud", "a toy check run only when asked", all_cases, _run, asked=lambda o: bool(o.get(LOUD.name)),
-                rerun_flags=(LOUD.flag,), options=(LOUD,), claim="toy_loud",
-                section=SpecSection("toy_loud", read_loudness)),)
+CHECKS = (Check("toy_loud", "a toy check run only when asked", all_cases, _run,
+                opt_in=OptIn(lambda o: bool(o.get(LOUD.name))), rerun_flags=(LOUD.flag,), options=(LOUD,),
+                claim="toy_loud", section=SpecSection("toy_loud", read_loudness)),)
 """
 _TOY_BOOTSTRAP = (
     "import sys\n"

@@ -82,8 +82,28 @@ class CheckContext:
 Outcomes = dict[str, Outcome]
 Selector = Callable[["LoadedOp", "Target", list["Case"]], list["Case"]]
 Runner = Callable[[CheckContext, "Target", "Case"], Outcomes]
-# Why a costly check does not run for this op unless asked (None: it runs); given the op and the run's opt-ins.
-OptIn = Callable[["LoadedOp", OptIns], "str | None"]
+
+
+@dataclass(frozen=True)
+class OptIn:
+    """A check that runs only when the run asks for it, through one of its options. Not asked, it is either left out
+    of the run unseen (the sanitizer tools), or, when `unless_asked` gives a reason for the op, one skip row per case
+    saying why (large_index's memory; None from it: this op runs the check anyway, `large_index.enabled: true`)."""
+
+    asked: Callable[[OptIns], bool]
+    unless_asked: Callable[[LoadedOp], str | None] | None = None
+
+    @property
+    def shown_unasked(self) -> bool:
+        return self.unless_asked is not None
+
+    def skip_reason(self, loaded: LoadedOp, opt_ins: OptIns) -> str | None:
+        """Why the check does not run for `loaded` in a run with `opt_ins` (None: it runs)."""
+        if self.asked(opt_ins) or self.unless_asked is None:
+            return None
+        return self.unless_asked(loaded)
+
+
 # Raises SpecError when the loaded op cannot honour what the spec claims for this check.
 Validator = Callable[["LoadedOp"], None]
 
@@ -105,14 +125,12 @@ class Check:
     devices: tuple[str, ...] = ()
     # GPUs one of its cases needs at once (multi_gpu: 2); a run that gives a worker fewer says so.
     gpus: int = 0
-    opted_out: OptIn | None = None
-    # Whether the run asked for it, for a check that runs only when asked and is not shown otherwise (None: it
-    # does not ask).
-    asked: Callable[[OptIns], bool] | None = None
+    # How it runs only when asked (None: it runs whenever its spec and devices allow).
+    opt_in: OptIn | None = None
     validate: Validator | None = None
     # What a rerun command of one of its failures adds (an opt-in flag).
     rerun_flags: tuple[str, ...] = ()
-    # The command-line options it owns (what `asked` and `opted_out` read from the run's OptIns).
+    # The command-line options it owns (what `opt_in` reads from the run's OptIns).
     options: tuple[CheckOption, ...] = ()
     # The spec section it owns (what its selection and run read from the spec), if any.
     section: SpecSection | None = None

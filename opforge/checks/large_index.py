@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from opforge.cases import Case
-from opforge.checks.base import Check, CheckContext, CheckOption, OptIns, Outcomes, SpecSection, SpecSoFar
+from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, Outcomes, SpecSection, SpecSoFar
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
 from opforge.results import Mismatch
@@ -68,10 +68,11 @@ class Job:
     result_path: str = ""
 
 
-def opted_out(loaded: LoadedOp, opt_ins: OptIns) -> str | None:
+def unless_asked(loaded: LoadedOp) -> str | None:
+    """Why large_index does not run unless asked: the GBs it takes, unless the spec enables it."""
     claim = loaded.spec.section("large_index")
     # Asked only of a spec whose checks include large_index, which the spec loader allows only with the section.
-    if opt_ins.get(LARGE.name) or claim is None or claim.enabled:
+    if claim is None or claim.enabled:
         return None
     gib = required_bytes(loaded, claim.dtype, dict(claim.shapes)) / 2**30
     return (
@@ -251,7 +252,7 @@ CHECKS = (
         large_index,
         claim="large_index",
         devices=("cuda",),
-        opted_out=opted_out,
+        opt_in=OptIn(lambda opt_ins: bool(opt_ins.get(LARGE.name)), unless_asked),
         rerun_flags=(LARGE.flag,),
         options=(LARGE,),
         section=SpecSection("large_index", read_large_index),

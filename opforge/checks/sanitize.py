@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from opforge.cases import Case
-from opforge.checks.base import Check, CheckContext, CheckOption, OptIns, Outcomes, Runner
+from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, OptIns, Outcomes, Runner
 from opforge.errors import UsageError
 from opforge.loading import LoadedOp, Target
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
@@ -312,7 +312,7 @@ CHECKS = tuple(
         sanitized_cases,
         _run_tool(tool),
         devices=("cuda",),
-        asked=_asked(tool),
+        opt_in=OptIn(_asked(tool)),
         rerun_flags=(SANITIZE.flag, tool),
         options=(SANITIZE,),
     )

@@ -141,9 +141,9 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
         for name in checks_to_run(spec, filters.opt_ins):
             check = CATALOG.get(name)
             rows = [r for r in check.row_names() if filters.wants_check(r)]
-            if not rows or (check.asked is not None and not check.asked(filters.opt_ins)):
+            if not rows or _unseen(check, filters.opt_ins):
                 continue
-            opted_out = check.opted_out(loaded, filters.opt_ins) if check.opted_out else None
+            opted_out = check.opt_in.skip_reason(loaded, filters.opt_ins) if check.opt_in else None
             if opted_out:
                 # The cases it would run on every device the spec names, available here or not.
                 wanted = check.cases(loaded, target, build_matrix(spec, dtypes, devices))
@@ -182,10 +182,19 @@ def _kept(filters: Filters, spec: OpSpec, skipped: Iterable[CaseResult]) -> list
     return [r for r in skipped if filters.wants_id(spec.name, r.full_id) and owns(filters.shard, r.full_id)]
 
 
+def _unseen(check: Check, opt_ins: OptIns) -> bool:
+    """A check that runs only when asked, is not shown otherwise, and was not asked for."""
+    return check.opt_in is not None and not check.opt_in.shown_unasked and not check.opt_in.asked(opt_ins)
+
+
+def _asked_unseen(check: Check, opt_ins: OptIns) -> bool:
+    return check.opt_in is not None and not check.opt_in.shown_unasked and check.opt_in.asked(opt_ins)
+
+
 def checks_to_run(spec: OpSpec, opt_ins: OptIns) -> tuple[str, ...]:
-    """The spec's checks, and the opt-in checks the run asked for by name (`--sanitize memcheck` runs memcheck on
-    an op whose `checks:` list predates it: the command line is the more recent wish)."""
-    asked = tuple(c.name for c in CATALOG if c.asked is not None and c.asked(opt_ins) and c.name not in spec.checks)
+    """The spec's checks, and the unseen opt-in checks the run asked for by name (`--sanitize memcheck` runs
+    memcheck on an op whose `checks:` list predates it: the command line is the more recent wish)."""
+    asked = tuple(c.name for c in CATALOG if _asked_unseen(c, opt_ins) and c.name not in spec.checks)
     return spec.checks + asked
 
 
@@ -199,7 +208,7 @@ def unasked_checks(filters: Filters) -> list[Check]:
     """The checks --check names that run only when asked for (memcheck: --sanitize memcheck) and were not: a run
     filtered to them checks nothing, and should say which flag asks."""
     named = [CATALOG.of_row(name) for name in filters.checks if name in CATALOG.rows]
-    return [c for c in named if c.asked is not None and not c.asked(filters.opt_ins)]
+    return [c for c in named if _unseen(c, filters.opt_ins)]
 
 
 def _matches(filters: Filters, spec: OpSpec, target: Target, row: str, case: Case) -> bool:
