@@ -91,8 +91,10 @@ def test_a_spec_without_layouts_reaches_a_fakes_strides():
     """softsign_like_fake's fake is empty_like(x) for a kernel that returns a contiguous tensor: only a transposed
     or channels_last input tells them apart, and a spec that names no layouts gets both."""
     failed = failures_by_check(run_spec(OUTSIDE / "softsign_like_fake.yaml"))
-    assert failed.keys() == {"opcheck:test_faketensor"}
-    assert {r.case_id.split("-")[2] for r in failed["opcheck:test_faketensor"]} == {"transposed", "channels_last"}
+    # torch 2.13's opcheck compares the fake's strides with the real output's; 2.11's does not, and compile's
+    # runtime stride assertion is what fails there (seen on the H200's torch 2.11).
+    assert "compile" in failed and failed.keys() <= {"opcheck:test_faketensor", "compile"}
+    assert {r.case_id.split("-")[2] for r in failed["compile"]} == {"transposed", "channels_last"}
     report = run_spec(OUTSIDE / "softsign.yaml")
     assert not report.failed, describe(report.results)
     layouts = {r.case_id.split("-")[2] for r in report.results}
