@@ -139,6 +139,28 @@ def guarded(command: Callable[[], int]) -> None:
     raise typer.Exit(code)
 
 
+def _with_added_options(
+    command: Callable[..., None],
+    replaced: str,
+    added: list[inspect.Parameter],
+    collect: Callable[[dict[str, Any]], Any],
+) -> Callable[..., None]:
+    """`command` with keyword-only options `added` in place of its parameter `replaced`: each call takes the added
+    options' values out and passes `collect(values by name)` as `replaced`. Typer reads the new signature."""
+    signature = inspect.signature(command, eval_str=True)
+    params = [p for p in signature.parameters.values() if p.name != replaced]
+    names = [p.name for p in added]
+
+    @functools.wraps(command)
+    def with_options(**kwargs: Any) -> None:
+        given = {name: kwargs.pop(name) for name in names}
+        command(**kwargs, **{replaced: collect(given)})
+
+    with_options.__signature__ = signature.replace(parameters=params + added)  # type: ignore[attr-defined]
+    with_options.__annotations__ = {p.name: p.annotation for p in params + added}
+    return with_options
+
+
 def with_report_options(formats: tuple[ReportFormat, ...]) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Give a command one `--option PATH` per report format of `formats`; the command receives them as
     `reports={format: path or None}`."""
@@ -146,27 +168,18 @@ def with_report_options(formats: tuple[ReportFormat, ...]) -> Callable[[Callable
     def param_name(fmt: ReportFormat) -> str:
         return "report_" + fmt.option.lstrip("-").replace("-", "_")
 
+    added = [
+        inspect.Parameter(
+            param_name(fmt),
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[Path | None, typer.Option(fmt.option, help=fmt.help, rich_help_panel=REPORTS)],
+        )
+        for fmt in formats
+    ]
+
     def decorate(command: Callable[..., None]) -> Callable[..., None]:
-        signature = inspect.signature(command, eval_str=True)
-        params = [p for p in signature.parameters.values() if p.name != "reports"]
-        options = [
-            inspect.Parameter(
-                param_name(fmt),
-                inspect.Parameter.KEYWORD_ONLY,
-                default=None,
-                annotation=Annotated[Path | None, typer.Option(fmt.option, help=fmt.help, rich_help_panel=REPORTS)],
-            )
-            for fmt in formats
-        ]
-
-        @functools.wraps(command)
-        def with_reports(**kwargs: Any) -> None:
-            reports = {fmt: kwargs.pop(param_name(fmt)) for fmt in formats}
-            command(**kwargs, reports=reports)
-
-        with_reports.__signature__ = signature.replace(parameters=params + options)  # type: ignore[attr-defined]
-        with_reports.__annotations__ = {p.name: p.annotation for p in params + options}
-        return with_reports
+        return _with_added_options(command, "reports", added, lambda given: {f: given[param_name(f)] for f in formats})
 
     return decorate
 
@@ -183,28 +196,20 @@ def with_check_options(options: tuple[CheckOption, ...]) -> Callable[[Callable[.
         kind = typer.Option(option.flag, help=option.help, metavar=option.metavar, rich_help_panel=EXECUTION)
         return Annotated[bool, kind] if option.metavar is None else Annotated[str | None, kind]
 
+    added = [
+        inspect.Parameter(
+            param_name(o),
+            inspect.Parameter.KEYWORD_ONLY,
+            default=False if o.metavar is None else None,
+            annotation=annotation(o),
+        )
+        for o in options
+    ]
+
     def decorate(command: Callable[..., None]) -> Callable[..., None]:
-        signature = inspect.signature(command, eval_str=True)
-        params = [p for p in signature.parameters.values() if p.name != "opt_ins"]
-        added = [
-            inspect.Parameter(
-                param_name(o),
-                inspect.Parameter.KEYWORD_ONLY,
-                default=False if o.metavar is None else None,
-                annotation=annotation(o),
-            )
-            for o in options
-        ]
-
-        @functools.wraps(command)
-        def with_options(**kwargs: Any) -> None:
-            given = {o: kwargs.pop(param_name(o)) for o in options}
-            kwargs["opt_ins"] = GivenOptions(given)
-            command(**kwargs)
-
-        with_options.__signature__ = signature.replace(parameters=params + added)  # type: ignore[attr-defined]
-        with_options.__annotations__ = {p.name: p.annotation for p in params + added}
-        return with_options
+        return _with_added_options(
+            command, "opt_ins", added, lambda given: GivenOptions({o: given[param_name(o)] for o in options})
+        )
 
     return decorate
 
