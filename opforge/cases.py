@@ -160,9 +160,9 @@ def make_inputs(
     shapes = dict(case.shapes)
     values64 = sampled_tensors(spec, samples, case, generator) if case.sample and samples else {}
     for t in spec.tensor_inputs():
-        make = (generators or {}).get(t.name)
         if t.name in values64:
-            continue
+            continue  # made by the sample function
+        make = (generators or {}).get(t.name)
         values64[t.name] = (
             generated(t, make, shapes, case, generator) if make else sample(t, shapes[t.name], case.dtype, generator)
         )
