@@ -55,7 +55,6 @@ OLD_CLAIMS = {
     "nondeterministic": ("deterministic", True),
     "cuda_graphs": ("cuda_graphs", False),
 }
-OLD_CLAIM_KEYS = tuple(OLD_CLAIMS)
 
 _TOP_KEYS = (
     "op",
@@ -73,7 +72,7 @@ _TOP_KEYS = (
     "checks",
     "xfail",
     "claims",
-    *OLD_CLAIM_KEYS,
+    *OLD_CLAIMS,
     "error_inputs",
     "special_values",
     "cuda_graphs",
