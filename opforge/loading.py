@@ -31,7 +31,7 @@ NATIVE = "native"
 
 
 @dataclass(frozen=True)
-class Target:
+class Implementation:
     """One implementation under test: the spec's op itself ("native") or an extra implementation."""
 
     name: str
@@ -44,7 +44,7 @@ class Target:
 class LoadedOp:
     spec: OpSpec
     overload: OpOverload
-    targets: tuple[Target, ...]
+    implementations: tuple[Implementation, ...]
     reference: Callable[..., Any]
     build: BuildResult | None
     # Input name -> the function that makes its values (a spec's `generator:`).
@@ -71,8 +71,8 @@ def load_op(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[str],
         _import(spec, "load", module)
     overload = _resolve_op(spec)
     _check_schema(spec, overload)
-    targets = (Target(NATIVE, overload, overload),) + tuple(
-        _target(spec, name, ref) for name, ref in spec.implementations
+    implementations = (Implementation(NATIVE, overload, overload),) + tuple(
+        _implementation(spec, name, ref) for name, ref in spec.implementations
     )
     reference = resolve_callable(spec, "reference", spec.reference)
     generators = {
@@ -83,7 +83,7 @@ def load_op(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[str],
     samples = resolve_callable(spec, "samples", spec.samples.ref) if spec.samples else None
     if samples is not None:
         spec = resolve_samples(spec, list(overload._schema.arguments), samples)
-    return LoadedOp(spec, overload, targets, reference, build, generators, samples)
+    return LoadedOp(spec, overload, implementations, reference, build, generators, samples)
 
 
 def _build(spec: OpSpec, cuda_arch: str | None, on_step: Callable[[str], None] | None) -> BuildResult:
@@ -237,13 +237,13 @@ def resolve_callable(spec: OpSpec, key: str, ref: str) -> Callable[..., Any]:
     return fn
 
 
-def _target(spec: OpSpec, name: str, ref: str) -> Target:
+def _implementation(spec: OpSpec, name: str, ref: str) -> Implementation:
     fn = resolve_callable(spec, "implementations", ref)
     # A torch.library.custom_op wraps an OpOverload; opcheck needs that.
     overload = getattr(fn, "_opoverload", None)
     if overload is None and type(fn).__name__ == "OpOverload":
         overload = fn
-    return Target(name, fn, overload)
+    return Implementation(name, fn, overload)
 
 
 def _resolve_op(spec: OpSpec) -> OpOverload:

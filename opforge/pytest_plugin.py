@@ -125,21 +125,21 @@ class SpecFile(pytest.File):
         plan = run_session.plan(loaded, session.options)
         # One collector per implementation, so that an item's node id is its opforge id after the file
         # (`good.yaml::good/native::correctness[...]`) and selects it: a `::` inside an item's name would not.
-        by_target: dict[str, list[dict[str, Any]]] = {}
+        by_implementation: dict[str, list[dict[str, Any]]] = {}
         for result in plan.skipped:
-            by_target.setdefault(result.target, []).append(
+            by_implementation.setdefault(result.implementation, []).append(
                 {"name": f"{result.check}[{result.case_id}]", "fixed": result}
             )
         for index, row in enumerate(plan.rows):
             for name in reported_rows(session.filters, spec, row):
-                by_target.setdefault(row.target.name, []).append(
+                by_implementation.setdefault(row.implementation.name, []).append(
                     {"name": f"{name}[{row.case.id}]", "index": index, "row": row, "row_name": name}
                 )
-        for target, items in by_target.items():
-            yield TargetCollector.from_parent(self, name=f"{spec.name}/{target}", items=items)
+        for implementation, items in by_implementation.items():
+            yield ImplementationCollector.from_parent(self, name=f"{spec.name}/{implementation}", items=items)
 
 
-class TargetCollector(pytest.Collector):
+class ImplementationCollector(pytest.Collector):
     """The items of one implementation of a spec's op."""
 
     def __init__(self, *, items: list[dict[str, Any]], **kwargs: Any):

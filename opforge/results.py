@@ -14,7 +14,7 @@ from typing import Any
 
 from opforge.shard import Shard, shard_of_text, shard_text
 
-JSON_SCHEMA_VERSION = 1
+JSON_SCHEMA_VERSION = 2
 
 
 class Status(str, enum.Enum):
@@ -62,7 +62,7 @@ class Mismatch:
 @dataclass(frozen=True)
 class CaseResult:
     op: str
-    target: str
+    implementation: str
     check: str
     case_id: str
     dtype: str
@@ -78,7 +78,7 @@ class CaseResult:
 
     @property
     def full_id(self) -> str:
-        return result_id(self.op, self.target, self.check, self.case_id)
+        return result_id(self.op, self.implementation, self.check, self.case_id)
 
 
 def result_from_json(data: dict[str, Any]) -> CaseResult:
@@ -128,9 +128,9 @@ def dumps_json(data: Any, indent: int = 2) -> str:
     return json.dumps(strict_json(data), indent=indent, allow_nan=False, default=str) + "\n"
 
 
-def result_id(op: str, target: str, check: str, case_id: str) -> str:
+def result_id(op: str, implementation: str, check: str, case_id: str) -> str:
     """`op/implementation::check[case]`: what -k matches and what the repro command selects."""
-    return f"{op}/{target}::{check}[{case_id}]"
+    return f"{op}/{implementation}::{check}[{case_id}]"
 
 
 @dataclass

@@ -65,11 +65,11 @@ def run_spec_isolated(path: Path, **filters) -> OpReport:
     return report
 
 
-def failures_by_check(report: OpReport, target: str = "native") -> dict[str, list]:
-    """The FAIL rows of one target by check: an ERROR (the reference or the inputs broke) flags nothing."""
+def failures_by_check(report: OpReport, implementation: str = "native") -> dict[str, list]:
+    """The FAIL rows of one implementation by check: an ERROR (the reference or the inputs broke) flags nothing."""
     failed = defaultdict(list)
     for r in report.results:
-        if r.target == target and r.status == Status.FAIL:
+        if r.implementation == implementation and r.status == Status.FAIL:
             failed[r.check].append(r)
     return dict(failed)
 

@@ -15,6 +15,7 @@ from test_bench_stats import noisy
 from typer.testing import CliRunner
 
 from opforge.bench import peak as peak_module
+from opforge.bench.model import BENCH_SCHEMA_VERSION
 from opforge.bench.timing import Timing, TimingOptions
 from opforge.cli import app
 
@@ -141,7 +142,7 @@ def test_json_csv_and_plot(tmp_path):
     )
     assert result.exit_code == 0, result.output
     data = json.loads(paths["run.json"].read_text())
-    assert data["kind"] == "bench" and data["schema_version"] == 1
+    assert data["kind"] == "bench" and data["schema_version"] == BENCH_SCHEMA_VERSION
     assert {"cpu_model", "torch_threads", "torch", "torch_cuda", "git_revision"} <= data["environment"].keys()
     assert data["peaks"]["cpu"]["gbps"] == 10.0 and data["options"]["budget_s"] == 0.05
     native = results_by_id(paths["run.json"])["good/native[fwd-float32-cpu-n=2^12]"]
@@ -176,7 +177,7 @@ def test_plot_without_matplotlib_is_refused_before_timing(tmp_path, monkeypatch)
         (["bench", str(FIXTURES / "good.yaml")], "a `bench:` section"),
         (
             ["bench", BENCH_GOOD, "--impl", "nope"],
-            "--impl: expected one of native, scaled, wrong_gradient, eager, compile",
+            "--contender: expected one of native, scaled, wrong_gradient, eager, compile",
         ),
         (["bench", BENCH_GOOD, "--sizes", "2**x"], "--sizes: expected element counts"),
         (["bench", BENCH_GOOD, "--dtype", "bfloat16"], "--dtype: expected one of float32, float64 (what good's spec"),
@@ -311,7 +312,7 @@ def test_gate_does_not_compare_cases_timed_differently(tmp_path, fake_timer):
     baseline = record_baseline(tmp_path, fake_timer)
     data = json.loads(Path(baseline).read_text())
     for row in data["results"]:
-        if row["impl"] == "native":
+        if row["contender"] == "native":
             row["timing"]["threads"] = 64
             row["timing"]["samples"] = [s * 2 for s in row["timing"]["samples"]]  # would be a regression
     Path(baseline).write_text(json.dumps(data))
@@ -613,12 +614,12 @@ def test_a_contender_raising_while_verified_or_timed_costs_its_row(tmp_path, mon
 
     real_check, real_timer = CATALOG.get("correctness").run, bench_runner.time_callable
 
-    def correctness(context, target, case):  # what a check can raise besides a mismatch
-        if target.name == "scaled":
+    def correctness(context, implementation, case):  # what a check can raise besides a mismatch
+        if implementation.name == "scaled":
             raise MemoryError("out of memory cloning the inputs (simulated)")
-        if target.name == "wrong_gradient":
+        if implementation.name == "wrong_gradient":
             raise CheckSkipped("not enough memory for this case (simulated)")
-        return real_check(context, target, case)
+        return real_check(context, implementation, case)
 
     def timer(call, device, options, reset=None):  # the second contender timed, the eager baseline, runs out of memory
         timer.calls += 1

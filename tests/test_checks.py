@@ -288,7 +288,7 @@ def test_error_input_on_a_missing_device_is_skipped_with_the_reason(tmp_path):
     cuda_rows = [r for r in report.results if r.device == "cuda"]
     assert cuda_rows and all(r.status == Status.SKIP and "CUDA is not available" in r.message for r in cuda_rows)
     ran = [r for r in report.results if r.device == "cpu" and r.status != Status.SKIP]
-    assert len(ran) == 2, "the shape entry ran on the CPU, for both targets"
+    assert len(ran) == 2, "the shape entry ran on the CPU, for both implementations"
 
 
 def test_error_input_pinned_to_a_device_the_spec_lacks_is_skipped_with_the_reason(tmp_path):
@@ -337,7 +337,7 @@ def _planned(path, check, devices=("cpu", "cuda")):
 
     loaded = load_op(load_spec(path))
     matrix = build_matrix(loaded.spec, loaded.spec.dtypes, devices)
-    return CATALOG.get(check).cases(loaded, loaded.targets[0], matrix)
+    return CATALOG.get(check).cases(loaded, loaded.implementations[0], matrix)
 
 
 def test_stream_runs_on_cuda_contiguous_nonempty_cases_only():
@@ -519,12 +519,12 @@ def _small_index_limit() -> int:
     return importlib.import_module("broken_ops").SMALL_INDEX_LIMIT
 
 
-def _small_index_job(target, shape=(10_000,)):
+def _small_index_job(implementation, shape=(10_000,)):
     from opforge.checks.large_index import Job
 
     return Job(
         spec=str(FIXTURES / "wrong_past_limit.yaml"),
-        target=target,
+        implementation=implementation,
         seed=0,
         dtype="float32",
         device="cpu",
@@ -579,7 +579,7 @@ def test_large_index_child_that_breaks_outside_the_op_is_an_error_with_where():
     from opforge.outcomes import ReferenceFailure
 
     with pytest.raises(ReferenceFailure, match=r"child process failed: StopIteration.*\(at large_index_child.py:\d+"):
-        run_in_child(replace(_small_index_job("good"), target="no_such_implementation"))
+        run_in_child(replace(_small_index_job("good"), implementation="no_such_implementation"))
 
 
 def test_large_index_child_time_limit_fits_in_the_rows():

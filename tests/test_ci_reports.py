@@ -49,7 +49,7 @@ def test_last_failed_reruns_exactly_what_failed_then_forgets_what_passed(tmp_pat
     ]
     assert failed and set(recorded(tmp_path)) == set(failed)
 
-    # No target: the specs come from the record.
+    # No implementation: the specs come from the record.
     again = invoke("check", "--last-failed", "--json", "again.json")
     assert again.exit_code == 1, again.output
     assert sorted(ids_in(tmp_path / "again.json")) == sorted(failed)
@@ -123,12 +123,21 @@ def test_last_failed_skips_and_forgets_a_spec_that_no_longer_exists(tmp_path):
 
 def _result(check: str, case: str, status: Status, **extra) -> CaseResult:
     return CaseResult(
-        op="op", target="native", check=check, case_id=case, dtype="float32", device="cpu", status=status, **extra
+        op="op",
+        implementation="native",
+        check=check,
+        case_id=case,
+        dtype="float32",
+        device="cpu",
+        status=status,
+        **extra,
     )
 
 
 def test_record_keeps_failures_that_did_not_rerun_and_drops_a_load_failure_once_the_op_loads(tmp_path):
-    crash = CaseResult(op="op", target="native", check="load", case_id="-", dtype="-", device="-", status=Status.CRASH)
+    crash = CaseResult(
+        op="op", implementation="native", check="load", case_id="-", dtype="-", device="-", status=Status.CRASH
+    )
     (tmp_path / "op.yaml").write_text("")
     record(tmp_path, RunReport({}, ops=[OpReport("op", "op.yaml", [crash])]))
     assert list(recorded(tmp_path)) == ["op/native::load[-]"]

@@ -13,6 +13,7 @@ from conftest import FIXTURES, REPO, in_process
 from typer.testing import CliRunner
 
 from opforge.cli import app
+from opforge.results import JSON_SCHEMA_VERSION
 
 runner = CliRunner()
 
@@ -72,7 +73,7 @@ def test_json_and_junit_reports(tmp_path):
     )
     assert result.exit_code == 1
     data = json.loads(json_path.read_text())
-    assert data["schema_version"] == 1 and data["environment"]["torch"]
+    assert data["schema_version"] == JSON_SCHEMA_VERSION and data["environment"]["torch"]
     rows = data["ops"][0]["results"]
     assert {r["check"] for r in rows} == {"gradcheck", "correctness"}
     assert all({"id", "status", "seconds", "seed", "dtype", "device", "case_id"} <= r.keys() for r in rows)

@@ -300,7 +300,7 @@ def test_a_fresh_worker_that_plans_other_rows_crashes_the_rest_of_the_op_not_the
     spec = load_spec(FIXTURES / "good.yaml")
     run = RunReport({})
     supervisor = Supervisor([], Filters(), Isolation(), run, Events(), environ={})
-    row = RowHeader(target="native", case_id="c", dtype="float32", device="cuda", seed=1, rows=("correctness",))
+    row = RowHeader(implementation="native", case_id="c", dtype="float32", device="cuda", seed=1, rows=("correctness",))
     op = _OpRun(spec, OpReport("good", str(spec.path)), 10.0, 0, rows=(row, row, row), next_index=1, spawned=Closed())
     supervisor.active[0] = op
     supervisor._loaded(op, Loaded(count=2))

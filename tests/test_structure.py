@@ -130,7 +130,7 @@ def test_an_isolated_run_keeps_the_parent_torch_free():
 # ------------------------------------------------------------------------------------ a check through the catalog
 
 
-def _toy_run(context, target, case):
+def _toy_run(context, implementation, case):
     """Row toy:small passes with a note; row toy:even fails on every 2-D case."""
     two_d = any(len(shape) == 2 for _, shape in case.shapes)
     return {"toy:small": PassNote("toy note"), "toy:even": CheckFailure("toy failure") if two_d else None}
@@ -204,12 +204,12 @@ def test_a_missing_or_unknown_outcome_is_an_error_row_never_a_pass(toy_check, ou
     from opforge.engine.plan import load_checked as load
     from opforge.spec.load import load_spec
 
-    broken = replace(toy_check, run=lambda context, target, case: outcomes)
+    broken = replace(toy_check, run=lambda context, implementation, case: outcomes)
     CATALOG._checks["toy"] = broken
     CATALOG._by_row.update({"toy:small": broken, "toy:even": broken})
     spec = load_spec(_spec_listing(tmp_path, "toy"))
     report = run_op(load(spec), Filters(checks=("toy",), dtypes=("float64",)))
-    even = [r for r in report.results if r.check == "toy:even" and r.target == "native"]
+    even = [r for r in report.results if r.check == "toy:even" and r.implementation == "native"]
     assert even and {r.status for r in even} == {Status.ERROR}
     assert all(expected in r.message for r in even), even[0].message
 
@@ -239,7 +239,7 @@ def read_loudness(r, so_far):
     return Loudness(level)
 
 
-def _run(context, target, case):
+def _run(context, implementation, case):
     level = context.loaded.spec.section("toy_loud").level
     return {"toy_loud": CheckFailure(f"loud: {context.opt_ins.get(LOUD.name)!r} at {level}")}
 

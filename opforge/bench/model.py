@@ -12,7 +12,7 @@ from opforge.bench.stats import iqr, median
 from opforge.bench.timing import Timing
 from opforge.results import Mismatch
 
-BENCH_SCHEMA_VERSION = 1
+BENCH_SCHEMA_VERSION = 2
 IMPLEMENTATION, BASELINE = "implementation", "baseline"
 # Statuses: timed; wrong (output differs from the reference: not timed); error (could not run); skip (its check
 # could not apply here, e.g. not enough memory for the case: not timed, not a failure).
@@ -28,7 +28,7 @@ def point_key(op: str, mode: str, dtype: str, device: str, case: str) -> str:
 @dataclass
 class BenchResult:
     op: str
-    impl: str
+    contender: str
     role: str  # IMPLEMENTATION (the op, the spec's implementations) or BASELINE (eager, compile)
     device: str
     dtype: str
@@ -44,7 +44,7 @@ class BenchResult:
 
     @property
     def id(self) -> str:
-        return f"{self.op}/{self.impl}[{self.mode}-{self.dtype}-{self.device}-{self.case}]"
+        return f"{self.op}/{self.contender}[{self.mode}-{self.dtype}-{self.device}-{self.case}]"
 
     @property
     def case_key(self) -> tuple[str, str, str, str, str]:
@@ -100,7 +100,7 @@ def speedups(result: BenchResult, results: list[BenchResult]) -> dict[str, float
     for b in results:
         theirs = b.median_s
         if b.role == BASELINE and b.case_key == result.case_key and theirs is not None and b is not result:
-            ratios[b.impl] = theirs / mine
+            ratios[b.contender] = theirs / mine
     return ratios
 
 

@@ -13,7 +13,7 @@ from opforge.bench.model import BASELINE, IMPLEMENTATION, point_key
 from opforge.cases import Case, case_applies
 from opforge.environment import device_unavailable
 from opforge.errors import UsageError
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.shard import Shard, owns
 from opforge.spec.bench import POWER_OF_TWO
 from opforge.spec.model import BENCH_LAYOUTS, FLOATING_DTYPES, BenchSpec, OpSpec, ScalarInput
@@ -31,7 +31,7 @@ class BenchFilters:
     devices: tuple[str, ...] = ()
     dtypes: tuple[str, ...] = ()
     modes: tuple[str, ...] = ()
-    impls: tuple[str, ...] = ()
+    contenders: tuple[str, ...] = ()
     sizes: tuple[int, ...] = ()
     layouts: tuple[str, ...] = ()
     seed: int = 0
@@ -61,7 +61,7 @@ class Contender:
     name: str
     role: str
     fn: Callable[..., Any] | None  # None for the compile baseline: compiled per point
-    target: Target | None = None
+    implementation: Implementation | None = None
 
 
 def bench_section(spec: OpSpec, filters: BenchFilters) -> BenchSpec:
@@ -166,15 +166,17 @@ def plan_points(spec: OpSpec, filters: BenchFilters, devices: tuple[str, ...]) -
 
 
 def contenders(loaded: LoadedOp, filters: BenchFilters) -> list[Contender]:
-    everyone = [Contender(t.name, IMPLEMENTATION, t.fn, t) for t in loaded.targets] + [
+    everyone = [Contender(t.name, IMPLEMENTATION, t.fn, t) for t in loaded.implementations] + [
         Contender(EAGER, BASELINE, loaded.reference),
         Contender(COMPILE, BASELINE, None),
     ]
     known = [c.name for c in everyone]
-    for name in filters.impls:
+    for name in filters.contenders:
         if name not in known:
-            raise UsageError("--impl", f"one of {', '.join(known)}", repr(name), "Pick one of the op's contenders.")
-    return [c for c in everyone if not filters.impls or c.name in filters.impls]
+            raise UsageError(
+                "--contender", f"one of {', '.join(known)}", repr(name), "Pick one of the op's contenders."
+            )
+    return [c for c in everyone if not filters.contenders or c.name in filters.contenders]
 
 
 def runnable_devices(spec: OpSpec, filters: BenchFilters) -> tuple[tuple[str, ...], dict[str, str]]:

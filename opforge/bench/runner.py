@@ -47,7 +47,7 @@ from opforge.checks.catalog import CATALOG
 from opforge.compare import as_tuple
 from opforge.engine.rows import apply_xfail, check_verdicts
 from opforge.errors import SpecError
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import short
 from opforge.results import Status
 from opforge.shard import shard_text
@@ -278,9 +278,9 @@ def _run_contender(
 ) -> tuple[str, dict]:
     """(status, the row's fields). Whatever a contender raises costs its row, never the benchmark."""
     fields: dict = {}
-    if contender.role == IMPLEMENTATION and contender.target is not None:
+    if contender.role == IMPLEMENTATION and contender.implementation is not None:
         try:
-            status, fields = verify(loaded, contender.target, point, seed)
+            status, fields = verify(loaded, contender.implementation, point, seed)
         except Exception as exc:
             return ERROR, {"message": f"{contender.name} raised {short(exc)} while being verified"}
         if status is not None:
@@ -316,7 +316,7 @@ def graph_rotation(first: Callable[[], Any], others: list[Callable[[], Any]]) ->
     return lambda: next(turns)()
 
 
-def verify(loaded: LoadedOp, target: Target, point: BenchPoint, seed: int) -> tuple[str | None, dict]:
+def verify(loaded: LoadedOp, implementation: Implementation, point: BenchPoint, seed: int) -> tuple[str | None, dict]:
     """(None, fields) when the implementation may be timed, else (WRONG, ERROR or SKIP, the row's fields): the
     point's checks (correctness for a forward, grad_lowp for a backward) through the engine's own outcome and xfail
     mapping. A mismatch the spec declares as xfail (for this implementation, check, dtype, device) is timed, with a
@@ -326,8 +326,8 @@ def verify(loaded: LoadedOp, target: Target, point: BenchPoint, seed: int) -> tu
     notes = []
     for name in names:
         check = CATALOG.get(name)
-        verdict = check_verdicts(check, functools.partial(check.run, context, target, point.case))[name]
-        verdict = apply_xfail(loaded.spec, target.name, name, point.case, verdict)
+        verdict = check_verdicts(check, functools.partial(check.run, context, implementation, point.case))[name]
+        verdict = apply_xfail(loaded.spec, implementation.name, name, point.case, verdict)
         if verdict.status == Status.FAIL:
             return WRONG, {"message": f"{name}: {verdict.message}", "mismatch": verdict.mismatch}
         if verdict.status == Status.ERROR:
@@ -336,7 +336,7 @@ def verify(loaded: LoadedOp, target: Target, point: BenchPoint, seed: int) -> tu
             return SKIP, {"message": f"{name} skipped: {verdict.message}"}
         if verdict.status == Status.XFAIL:
             xfail = loaded.spec.xfail_for(
-                target.name, name, point.dtype, point.device, point.case.layout, point.case.id
+                implementation.name, name, point.dtype, point.device, point.case.layout, point.case.id
             )
             notes.append(f"{name} xfail: {xfail.reason if xfail else verdict.message}")
     return None, {"message": "; ".join(notes)} if notes else {}

@@ -17,7 +17,7 @@ from opforge.spec.reader import Reader
 
 if TYPE_CHECKING:
     from opforge.cases import Case
-    from opforge.loading import LoadedOp, Target
+    from opforge.loading import Implementation, LoadedOp
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,8 @@ class CheckContext:
 
 
 Outcomes = dict[str, Outcome]
-Selector = Callable[["LoadedOp", "Target", list["Case"]], list["Case"]]
-Runner = Callable[[CheckContext, "Target", "Case"], Outcomes]
+Selector = Callable[["LoadedOp", "Implementation", list["Case"]], list["Case"]]
+Runner = Callable[[CheckContext, "Implementation", "Case"], Outcomes]
 
 
 @dataclass(frozen=True)
@@ -143,16 +143,16 @@ class Check:
     def runs_by_default(self, claims: dict[str, bool]) -> bool:
         return all(claims[c] for c in self.default_when) and (self.claim is None or claims[self.claim])
 
-    def cases(self, loaded: LoadedOp, target: Target, matrix: list[Case]) -> list[Case]:
+    def cases(self, loaded: LoadedOp, implementation: Implementation, matrix: list[Case]) -> list[Case]:
         """The cases it runs of `matrix`: its selection of those on its devices."""
         on_its_devices = [c for c in matrix if not self.devices or c.device in self.devices]
-        return self.select(loaded, target, on_its_devices)
+        return self.select(loaded, implementation, on_its_devices)
 
 
 # ------------------------------------------------------------------------------------------ shared selections
 
 
-def all_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+def all_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     return cases
 
 
@@ -163,7 +163,7 @@ def aligned(cases: list[Case]) -> list[Case]:
     return [c for c in cases if c.layout != "offset"]
 
 
-def first_values(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+def first_values(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     """Registration and compilation do not depend on argument values: the first combination is enough."""
     return [c for c in cases if c.values_index == 0]
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, CaseInputs, make_inputs
 from opforge.compare import Baseline, as_tuple, check_result, rule_for
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, ReferenceFailure, short
 from opforge.schema import return_names
 from opforge.spec.model import FLOATING_DTYPES
@@ -28,17 +28,17 @@ def inputs_for(loaded: LoadedOp, case: Case, base_seed: int, requires_grad: bool
         raise ReferenceFailure(f"could not make the inputs: {short(exc)}") from exc
 
 
-def call_target(target: Target, inputs: CaseInputs) -> Any:
+def call_implementation(implementation: Implementation, inputs: CaseInputs) -> Any:
     try:
-        returned = target.fn(*inputs.args, **inputs.kwargs)
+        returned = implementation.fn(*inputs.args, **inputs.kwargs)
         wait_for_cuda_kernels(inputs)
     except Exception as exc:
-        raise CheckFailure(f"{target.name} raised {short(exc)}") from exc
+        raise CheckFailure(f"{implementation.name} raised {short(exc)}") from exc
     pending = pending_launch_error(inputs)
     if pending:
         raise CheckFailure(
-            f"{target.name} returned with a CUDA error pending ({pending}): one of its kernel launches failed and "
-            "nothing checked it, so the next CUDA call anywhere would raise it. Check every launch with "
+            f"{implementation.name} returned with a CUDA error pending ({pending}): one of its kernel launches failed "
+            "and nothing checked it, so the next CUDA call anywhere would raise it. Check every launch with "
             "C10_CUDA_KERNEL_LAUNCH_CHECK(), and launch nothing for empty tensors (a grid of 0 blocks is an invalid "
             "configuration)."
         )
@@ -81,9 +81,9 @@ def pending_launch_error(inputs: CaseInputs) -> str | None:
     return None
 
 
-def outputs_of(loaded: LoadedOp, target: Target, inputs: CaseInputs) -> tuple[Any, ...]:
+def outputs_of(loaded: LoadedOp, implementation: Implementation, inputs: CaseInputs) -> tuple[Any, ...]:
     """What the op returned, as a tuple: () for an op whose schema returns nothing (it only mutates)."""
-    returned = call_target(target, inputs)
+    returned = call_implementation(implementation, inputs)
     return as_tuple(returned) if loaded.overload._schema.returns else ()
 
 
@@ -96,17 +96,17 @@ def differentiated(loaded: LoadedOp, inputs: CaseInputs) -> list[str]:
 
 
 def vector_jacobian_products(
-    loaded: LoadedOp, target: Target, case: Case, base_seed: int, inputs: CaseInputs, names: list[str]
+    loaded: LoadedOp, implementation: Implementation, case: Case, base_seed: int, inputs: CaseInputs, names: list[str]
 ) -> tuple[tuple[Any, ...], tuple[Any, ...], Baseline]:
     """The op's and the reference's gradients with respect to `names`, for one random grad_output seeded by the
     case (drawn in float64, then rounded to each output's dtype, so both sides see the same values), and the
     gradients through the reference computed in the case's dtype (the low-precision baseline, named grad[x])."""
 
     baseline_args = reference_in_op_dtypes(loaded, inputs)
-    outs = differentiable_outputs(outputs_of(loaded, target, inputs))
+    outs = differentiable_outputs(outputs_of(loaded, implementation, inputs))
     ref_outs, _ = split_reference(loaded, call_reference(loaded, inputs))
     grad_outs = seeded_grad_outputs(outs, case, base_seed)
-    grads = op_gradients(target, outs, [argument(inputs, loaded, n) for n in names], grad_outs)
+    grads = op_gradients(implementation, outs, [argument(inputs, loaded, n) for n in names], grad_outs)
     try:
         ref_grads = gradients(
             list(ref_outs[: len(outs)]),
@@ -135,7 +135,11 @@ def seeded_grad_outputs(outputs: list[Any], case: Case, base_seed: int) -> list[
 
 
 def op_gradients(
-    target: Target, outputs: list[Any], wrt: list[Any], grad_outputs: list[Any], retain_graph: bool = False
+    implementation: Implementation,
+    outputs: list[Any],
+    wrt: list[Any],
+    grad_outputs: list[Any],
+    retain_graph: bool = False,
 ) -> tuple[Any, ...]:
     """The op's gradients with respect to `wrt` (None where nothing reaches one); a backward that raises is the op's
     failure. retain_graph keeps the graph for another backward through it."""
@@ -144,7 +148,7 @@ def op_gradients(
     try:
         return torch.autograd.grad(outputs, wrt, grad_outputs, retain_graph=retain_graph, allow_unused=True)
     except Exception as exc:
-        raise CheckFailure(f"backward of {target.name} raised {short(exc)}") from exc
+        raise CheckFailure(f"backward of {implementation.name} raised {short(exc)}") from exc
 
 
 def differentiates(loaded: LoadedOp, case: Case) -> bool:

@@ -11,17 +11,17 @@ from opforge.cases import Case, at_point, case_applies, crossed_values
 from opforge.checks.base import Check, CheckContext, Outcomes, aligned, first_values
 from opforge.checks.calls import inputs_for, mutated_values, outputs_of, paired
 from opforge.compare import as_tuple, check_result, tolerance_for
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, missing_fake_hint, short, unbacked_size_hint
 
 
-def compile_check(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+def compile_check(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
     import torch
 
     torch._dynamo.reset()  # a fresh cache, so earlier cases' graphs neither help nor hit the recompile limit
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        return target.fn(*args, **kwargs)
+        return implementation.fn(*args, **kwargs)
 
     compiled = torch.compile(call, fullgraph=True, dynamic=True, backend="inductor")
     loaded = ctx.loaded
@@ -31,12 +31,12 @@ def compile_check(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
             # Each side gets inputs of its own (the same values): an op that writes its arguments must be compared
             # on what each call wrote, not on tensors the other call wrote again.
             eager_inputs, compiled_inputs = (inputs_for(loaded, shaped, ctx.base_seed) for _ in range(2))
-            eager = outputs_of(loaded, target, eager_inputs)
+            eager = outputs_of(loaded, implementation, eager_inputs)
             try:
                 returned = compiled(*compiled_inputs.args, **compiled_inputs.kwargs)
             except Exception as exc:
                 raise CheckFailure(
-                    f"torch.compile(fullgraph=True) of {target.name} failed on {shaped.id}: {short(exc)}"
+                    f"torch.compile(fullgraph=True) of {implementation.name} failed on {shaped.id}: {short(exc)}"
                     + missing_fake_hint(exc)
                     + unbacked_size_hint(exc)
                 ) from exc
@@ -69,10 +69,10 @@ def current_code_only() -> Iterator[None]:
         yield
 
 
-def all_shapes_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+def all_shapes_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     """One case per dtype/device/layout that runs every shape through one compiled function (dynamic shapes)."""
     seen: dict[str, Case] = {}
-    for case in first_values(loaded, target, aligned(cases)):
+    for case in first_values(loaded, implementation, aligned(cases)):
         merged = replace(case, shapes=(), shape_index=-1, values=crossed_values(loaded.spec, case))
         seen.setdefault(merged.id, merged)
     return list(seen.values())

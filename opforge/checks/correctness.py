@@ -15,25 +15,25 @@ from opforge.checks.calls import (
     output_baseline,
     outputs_of,
 )
-from opforge.loading import Target
+from opforge.loading import Implementation
 from opforge.outcomes import CheckFailure
 
 
-def correctness(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+def correctness(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
     """Outputs and mutated arguments vs the reference; dtype, shape and device too; unmutated inputs untouched."""
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed)
     mutated = set(loaded.mutated_arguments)
     before = {name: argument(inputs, loaded, name).clone() for name in inputs.tensor_names if name not in mutated}
     baseline = output_baseline(loaded, inputs, case.dtype)
-    got = outputs_of(loaded, target, inputs)
+    got = outputs_of(loaded, implementation, inputs)
     compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))
     compare_with_reference(loaded, case.dtype, case.device, compared, baseline)
     for name, original in before.items():
         value = argument(inputs, loaded, name)
         if not value.equal(original) and not (value.isnan() & original.isnan()).any():
             raise CheckFailure(
-                f"{target.name} modified input {name} in place, but the schema does not declare it "
+                f"{implementation.name} modified input {name} in place, but the schema does not declare it "
                 f"mutable. Declare it as Tensor(a!) {name} or stop writing to it."
             )
     return {"correctness": None}

@@ -17,14 +17,14 @@ from opforge.checks.calls import (
     seeded_grad_outputs,
 )
 from opforge.compare import EXACT, check_result
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure
 
 if TYPE_CHECKING:
     import torch
 
 
-def determinism(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+def determinism(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
     """Two runs on the same inputs under the same settings are bitwise identical: a racy accumulation or an atomicAdd
     shows. A differentiable op's gradients too: a backward is where reductions across rows live (a weight gradient,
     a per-channel sum), and where atomicAdd makes CUDA kernels nondeterministic. Both runs use the same thread count:
@@ -33,8 +33,8 @@ def determinism(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     import torch
 
     loaded = ctx.loaded
-    first = _one_run(loaded, target, case, ctx.base_seed)
-    second = _one_run(loaded, target, case, ctx.base_seed)
+    first = _one_run(loaded, implementation, case, ctx.base_seed)
+    second = _one_run(loaded, implementation, case, ctx.base_seed)
     for (name, a), (_, b) in zip(first, second):
         if isinstance(a, torch.Tensor) and not _bitwise_equal(a, b):
             check_result(f"{name} (second run)", b, a, EXACT, a.dtype, case.device, against="the first run")
@@ -42,21 +42,26 @@ def determinism(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     return {"determinism": None}
 
 
-def _one_run(loaded: LoadedOp, target: Target, case: Case, base_seed: int) -> list[tuple[str, Any]]:
+def _one_run(loaded: LoadedOp, implementation: Implementation, case: Case, base_seed: int) -> list[tuple[str, Any]]:
     """(name, value) of each output, mutated argument and, for an op the spec differentiates, each input's gradient
     for one grad_output seeded by the case: one forward call serves the outputs and the backward."""
     import torch
 
     with_gradients = differentiates(loaded, case)
     inputs = inputs_for(loaded, case, base_seed, requires_grad=with_gradients)
-    outputs = outputs_of(loaded, target, inputs)
+    outputs = outputs_of(loaded, implementation, inputs)
     named = [(n, o.detach() if isinstance(o, torch.Tensor) else o) for n, o in zip(output_names(loaded), outputs)]
     named += [(f"{n} (mutated)", argument(inputs, loaded, n)) for n in loaded.mutated_arguments]
-    return named + (_gradients(loaded, target, case, base_seed, inputs, outputs) if with_gradients else [])
+    return named + (_gradients(loaded, implementation, case, base_seed, inputs, outputs) if with_gradients else [])
 
 
 def _gradients(
-    loaded: LoadedOp, target: Target, case: Case, base_seed: int, inputs: CaseInputs, outputs: tuple[Any, ...]
+    loaded: LoadedOp,
+    implementation: Implementation,
+    case: Case,
+    base_seed: int,
+    inputs: CaseInputs,
+    outputs: tuple[Any, ...],
 ) -> list[tuple[str, Any]]:
     """(grad[name], gradient) of each input that requires grad, through the differentiable outputs."""
     names = [n for n in inputs.tensor_names if argument(inputs, loaded, n).requires_grad]
@@ -64,7 +69,7 @@ def _gradients(
     if not names or not differentiable:
         return []
     wrt = [argument(inputs, loaded, n) for n in names]
-    grads = op_gradients(target, differentiable, wrt, seeded_grad_outputs(differentiable, case, base_seed))
+    grads = op_gradients(implementation, differentiable, wrt, seeded_grad_outputs(differentiable, case, base_seed))
     return [(f"grad[{n}]", g) for n, g in zip(names, grads) if g is not None]
 
 
@@ -82,7 +87,7 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
-def deterministic_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+def deterministic_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     """Every case, unless the spec claims `deterministic: false` (atomics, sampling)."""
     return aligned(cases) if loaded.spec.deterministic else []
 

@@ -20,11 +20,11 @@ from opforge.checks.calls import (
     paired,
 )
 from opforge.compare import Baseline, check_result, tolerance_for
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure
 
 
-def devices_agree(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+def devices_agree(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
     """The CUDA result against the CPU result of the same implementation on the same input values.
 
     Catches a CUDA kernel that computes something else than the CPU one (extension-cpp's add kernel multiplied
@@ -37,7 +37,7 @@ def devices_agree(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     inputs = inputs_for(loaded, case, ctx.base_seed)
     on_cpu = on_device(inputs, "cpu")
     baseline = output_baseline(loaded, inputs, case.dtype)
-    got, want = outputs_of(loaded, target, inputs), outputs_of(loaded, target, on_cpu)
+    got, want = outputs_of(loaded, implementation, inputs), outputs_of(loaded, implementation, on_cpu)
     agreement(
         loaded,
         case.dtype,

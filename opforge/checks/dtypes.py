@@ -19,7 +19,7 @@ from opforge.checks.calls import (
     outputs_of,
 )
 from opforge.compare import Rule, check_result, rule_for, tolerance_for
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, PassNote, ReferenceFailure
 from opforge.spec.model import Tolerance
 
@@ -39,7 +39,7 @@ CLEAR_ERRORS = (RuntimeError, TypeError, ValueError, NotImplementedError)
 INTEGER_ROUNDING = Tolerance(atol=1.0, rtol=0.0)
 
 
-def every_dtype_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+def every_dtype_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     """Per device, the representative contiguous case (first argument values) in each claimed and tried dtype."""
     return [
         replace(base, dtype=dtype)
@@ -48,17 +48,17 @@ def every_dtype_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> li
     ]
 
 
-def dtypes(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+def dtypes(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed)
     if case.dtype in loaded.spec.dtypes_on(case.device):
         try:
-            _compare_with_reference(loaded, case, outputs_of(loaded, target, inputs), inputs, claimed=True)
+            _compare_with_reference(loaded, case, outputs_of(loaded, implementation, inputs), inputs, claimed=True)
         except CheckFailure as failure:
             raise CheckFailure(f"{case.dtype} is claimed, but {failure.message}", failure.mismatch) from failure
         return {"dtypes": None}
     try:
-        returned = outputs_of(loaded, target, inputs)
+        returned = outputs_of(loaded, implementation, inputs)
     except CheckFailure as failure:
         error = failure.__cause__
         if isinstance(error, CLEAR_ERRORS) and str(error).strip():
@@ -75,14 +75,14 @@ def dtypes(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
             failure.mismatch,
         ) from None
     kinds = ", ".join(str(v.dtype).removeprefix("torch.") for v in returned if hasattr(v, "dtype")) or "nothing"
-    return {"dtypes": PassNote(_unclaimed_note(ctx, target, case, kinds))}
+    return {"dtypes": PassNote(_unclaimed_note(ctx, implementation, case, kinds))}
 
 
-def _unclaimed_note(ctx: CheckContext, target: Target, case: Case, kinds: str) -> str:
+def _unclaimed_note(ctx: CheckContext, implementation: Implementation, case: Case, kinds: str) -> str:
     """What an unclaimed dtype that works on the representative case does on every other case of the spec: "works"
     only when it is right on all of them (a claim would then hold); else how close it came."""
     cases = every_case_in(ctx.loaded, case.dtype, case.device)
-    failures = [(c, failure) for c in cases if (failure := _failure_on(ctx, target, c)) is not None]
+    failures = [(c, failure) for c in cases if (failure := _failure_on(ctx, implementation, c)) is not None]
     unclaimed = f"{case.dtype} on {case.device} is not claimed"
     if not failures:
         return (
@@ -105,11 +105,11 @@ def every_case_in(loaded: LoadedOp, dtype: str, device: str) -> list[Case]:
     )
 
 
-def _failure_on(ctx: CheckContext, target: Target, case: Case) -> str | None:
+def _failure_on(ctx: CheckContext, implementation: Implementation, case: Case) -> str | None:
     """Why the op is not right on `case`, in a dtype it does not claim (None: it is)."""
     try:
         inputs = inputs_for(ctx.loaded, case, ctx.base_seed)
-        _compare_with_reference(ctx.loaded, case, outputs_of(ctx.loaded, target, inputs), inputs, claimed=False)
+        _compare_with_reference(ctx.loaded, case, outputs_of(ctx.loaded, implementation, inputs), inputs, claimed=False)
     except CheckFailure as failure:
         return failure.message
     except ReferenceFailure as failure:

@@ -8,12 +8,12 @@ from typing import Any
 from opforge.cases import Case, sample
 from opforge.checks.base import Check, CheckContext, Outcomes
 from opforge.environment import device_unavailable
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, short
 from opforge.spec.model import ErrorInput, OpSpec, ScalarInput
 
 
-def error_input_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+def error_input_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     """Each invalid call the spec lists, once per device of the run, its unpinned tensors on that device. A device
     that every pinned tensor is on already is left out: the pin would change nothing there (`{y: {device: cuda}}` is
     the mixed-device call on the CPU case, and a valid call on the CUDA one). So is an entry that pins a tensor to a
@@ -101,7 +101,7 @@ def _error_scalars(spec: OpSpec, entry: ErrorInput) -> dict[str, Any]:
     return values
 
 
-def error_inputs(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+def error_inputs(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
     spec = ctx.loaded.spec
     entry = next(e for e in spec.error_inputs if e.label == case.label)
     unreachable = _unreachable_pin(spec, entry)
@@ -111,7 +111,7 @@ def error_inputs(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     expected = getattr(builtins, entry.error)
     wanted = f"{entry.error} with {entry.match!r} in its message"
     try:
-        returned = target.fn(**kwargs)
+        returned = implementation.fn(**kwargs)
     except Exception as exc:
         if not isinstance(exc, expected):
             raise CheckFailure(f"{entry.description}: expected {wanted}, got {short(exc)}") from exc

@@ -11,18 +11,18 @@ from opforge.checks.calls import (
     vector_jacobian_products,
 )
 from opforge.compare import check_result, rule_for
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure
 
 
-def grad_lowp(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+def grad_lowp(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
     """Gradients computed in the case's dtype vs autograd through the float64 reference (same grad_output)."""
     import torch
 
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed, requires_grad=True)
     names = differentiated(loaded, inputs)
-    grads, ref_grads, baseline = vector_jacobian_products(loaded, target, case, ctx.base_seed, inputs, names)
+    grads, ref_grads, baseline = vector_jacobian_products(loaded, implementation, case, ctx.base_seed, inputs, names)
     rule = rule_for(loaded.spec, case.dtype, grad=True)
     for name, g, e in zip(names, grads, ref_grads):
         t = argument(inputs, loaded, name)
@@ -33,7 +33,7 @@ def grad_lowp(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     return {"grad_lowp": None}
 
 
-def low_precision_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+def low_precision_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     if not loaded.spec.differentiable:
         return []
     return [c for c in cases if c.dtype != "float64"]

@@ -28,7 +28,7 @@ from opforge.checks.calls import (
     with_arguments,
 )
 from opforge.compare import as_tuple, tolerance_for, worst_mismatch
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, short
 from opforge.results import Mismatch
 from opforge.spec.model import Tolerance
@@ -76,12 +76,12 @@ FINITE_DIFFERENCES = {
 }
 
 
-def gradcheck(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
-    return {"gradcheck": _run(ctx, target, case, second_order=False)}
+def gradcheck(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
+    return {"gradcheck": _run(ctx, implementation, case, second_order=False)}
 
 
-def gradgradcheck(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
-    return {"gradgradcheck": _run(ctx, target, case, second_order=True)}
+def gradgradcheck(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
+    return {"gradgradcheck": _run(ctx, implementation, case, second_order=True)}
 
 
 @dataclass(frozen=True)
@@ -96,15 +96,15 @@ class Differentiable:
     output_names: tuple[str, ...]
 
 
-def _run(ctx: CheckContext, target: Target, case: Case, second_order: bool) -> CheckFailure | None:
+def _run(ctx: CheckContext, implementation: Implementation, case: Case, second_order: bool) -> CheckFailure | None:
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed, requires_grad=True)
     names = differentiated(loaded, inputs)
-    op = _op_function(loaded, target, inputs, names)
+    op = _op_function(loaded, implementation, inputs, names)
     if sum(t.numel() for t in op.inputs) == 0:
         return None  # nothing to differentiate; the empty case is covered by correctness and opcheck
 
-    checker, checked, check = _checker(ctx, target, inputs, op, case, second_order)
+    checker, checked, check = _checker(ctx, implementation, inputs, op, case, second_order)
     steps = FINITE_DIFFERENCES[case.dtype]
     fast = sum(t.numel() for t in op.inputs) > EXACT_JACOBIAN_MAX_ELEMENTS
     failure, caught = _verdict(partial(check, eps=steps.eps, atol=steps.atol, rtol=steps.rtol, fast_mode=fast))
@@ -113,23 +113,30 @@ def _run(ctx: CheckContext, target: Target, case: Case, second_order: bool) -> C
     hint = NO_AUTOGRAD_HINT if any(NO_AUTOGRAD_WARNING in str(w.message) for w in caught) else ""
     summary = JACOBIAN_MISMATCH.search(str(failure))
     if summary is None:
-        return CheckFailure(f"{checker} failed: {short(failure)}{hint}", _gradient_mismatch(ctx, target, case, names))
+        return CheckFailure(
+            f"{checker} failed: {short(failure)}{hint}", _gradient_mismatch(ctx, implementation, case, names)
+        )
     # torch's first line names the pair; the lines after it are both Jacobians whole, more than a terminal shows.
     verdict = f"{checker} failed: {str(failure).splitlines()[0].rstrip(',')}"
     detail, located = _jacobian_detail(checked, summary, steps)
-    pointer = None if located else _gradient_mismatch(ctx, target, case, names)
+    pointer = None if located else _gradient_mismatch(ctx, implementation, case, names)
     return CheckFailure(verdict + detail + hint, pointer)
 
 
 def _checker(
-    ctx: CheckContext, target: Target, inputs: CaseInputs, op: Differentiable, case: Case, second_order: bool
+    ctx: CheckContext,
+    implementation: Implementation,
+    inputs: CaseInputs,
+    op: Differentiable,
+    case: Case,
+    second_order: bool,
 ) -> tuple[str, Differentiable, Callable[..., Any]]:
     """The check's name, the function whose Jacobians it compares, and the torch check to call with the settings."""
     import torch
 
     if not second_order:
         return "gradcheck", op, partial(torch.autograd.gradcheck, op.fn, op.inputs)
-    checked = _first_derivatives(op, outputs_of(ctx.loaded, target, inputs), case, ctx.base_seed)
+    checked = _first_derivatives(op, outputs_of(ctx.loaded, implementation, inputs), case, ctx.base_seed)
     grad_outputs = checked.inputs[len(op.inputs) :]
     return "gradgradcheck", checked, partial(torch.autograd.gradgradcheck, op.fn, op.inputs, grad_outputs)
 
@@ -150,12 +157,14 @@ def _verdict(check: Callable[..., Any]) -> tuple[Exception | None, list[warnings
     return failure, caught
 
 
-def _op_function(loaded: LoadedOp, target: Target, inputs: CaseInputs, names: list[str]) -> Differentiable:
+def _op_function(
+    loaded: LoadedOp, implementation: Implementation, inputs: CaseInputs, names: list[str]
+) -> Differentiable:
     """The op as a function of its differentiated inputs, the others held at the case's values."""
 
     def fn(*tensors: torch.Tensor) -> Any:
         args, kwargs = with_arguments(loaded, inputs, dict(zip(names, tensors)))
-        return target.fn(*args, **kwargs)
+        return implementation.fn(*args, **kwargs)
 
     wrt = tuple(argument(inputs, loaded, n) for n in names)
     return Differentiable(fn, wrt, tuple(names), tuple(output_names(loaded)))
@@ -319,12 +328,14 @@ NO_AUTOGRAD_HINT = (
 )
 
 
-def _gradient_mismatch(ctx: CheckContext, target: Target, case: Case, names: list[str]) -> Mismatch | None:
+def _gradient_mismatch(
+    ctx: CheckContext, implementation: Implementation, case: Case, names: list[str]
+) -> Mismatch | None:
     """Where the op's vector-Jacobian product departs most from the reference's, to show next to the verdict."""
     loaded = ctx.loaded
     try:
         inputs = inputs_for(loaded, case, ctx.base_seed, requires_grad=True)
-        got, expected, _ = vector_jacobian_products(loaded, target, case, ctx.base_seed, inputs, names)
+        got, expected, _ = vector_jacobian_products(loaded, implementation, case, ctx.base_seed, inputs, names)
     except Exception:
         return None  # the verdict stands on its own; this is only a pointer to where
     tol = tolerance_for(loaded.spec, case.dtype, grad=True)
@@ -341,7 +352,7 @@ def finite_difference_dtype(claimed: tuple[str, ...]) -> str | None:
     return next((dtype for dtype in FINITE_DIFFERENCES if dtype in claimed), None)
 
 
-def gradient_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+def gradient_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     """One case per device/layout/shape/values point, in the finite-difference dtype."""
     if not loaded.spec.differentiable:
         return []
@@ -355,8 +366,8 @@ def gradient_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[
     return list(seen.values())
 
 
-def double_backward_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
-    return gradient_cases(loaded, target, cases) if loaded.spec.double_backward else []
+def double_backward_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
+    return gradient_cases(loaded, implementation, cases) if loaded.spec.double_backward else []
 
 
 CHECKS = (

@@ -30,7 +30,7 @@ from opforge.checks.calls import (
     output_baseline,
     outputs_of,
 )
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped
 from opforge.spec.model import OpSpec, TensorInput
 from opforge.spec.reader import Reader, read_shape
@@ -87,7 +87,7 @@ def grid_shapes(spec: OpSpec) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
     return tuple((t.name, (ELEMENTS,)) for t in tensors) if tensors and elementwise else None
 
 
-def grid_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+def grid_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     """One CUDA case, first argument values, in the narrowest claimed floating dtype."""
     base = next((c for c in cases if c.values_index == 0 and c.layout == "contiguous"), None)
     dtype = next((d for d in NARROWEST_FIRST if d in loaded.spec.dtypes_on("cuda")), None)
@@ -97,7 +97,7 @@ def grid_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case
     return [replace(base, dtype=dtype, shapes=shapes, shape_index=-1, label="grid")]
 
 
-def grid_size(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+def grid_size(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
     import torch
 
     loaded = ctx.loaded
@@ -110,7 +110,7 @@ def grid_size(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     largest = max(math.prod(shape) for _, shape in case.shapes)
     _poison_free_memory(largest, getattr(torch, case.dtype), case.device)
     baseline = output_baseline(loaded, inputs, case.dtype)
-    got = outputs_of(loaded, target, inputs)
+    got = outputs_of(loaded, implementation, inputs)
     compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))
     try:
         compare_with_reference(loaded, case.dtype, case.device, compared, baseline, label=f" ({largest} elements)")

@@ -25,7 +25,7 @@ from typing import Any
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, Outcomes, SpecSection, SpecSoFar
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
 from opforge.results import Mismatch
 from opforge.spec.model import KNOWN_DTYPES, TensorInput
@@ -56,7 +56,7 @@ class Job:
     """What the child runs: one implementation of a spec on one large case."""
 
     spec: str
-    target: str
+    implementation: str
     seed: int
     dtype: str
     device: str
@@ -81,7 +81,7 @@ def unless_asked(loaded: LoadedOp) -> str | None:
     )
 
 
-def large_index_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+def large_index_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     """One case on CUDA (where the matrix has CUDA cases) in the large_index dtype, with the first argument values."""
     large = loaded.spec.section("large_index")
     base = next((c for c in cases if c.device == "cuda" and c.values_index == 0), None)
@@ -90,12 +90,12 @@ def large_index_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> li
     return [replace(base, dtype=large.dtype, layout="contiguous", shapes=large.shapes, shape_index=-1)]
 
 
-def large_index(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+def large_index(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
     loaded = ctx.loaded
     build = loaded.build.plan.toolchain.cuda_archs if loaded.build else ()
     job = Job(
         spec=str(loaded.spec.path),
-        target=target.name,
+        implementation=implementation.name,
         seed=case.seed(ctx.base_seed),
         dtype=case.dtype,
         device=case.device,

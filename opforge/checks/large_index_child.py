@@ -75,14 +75,14 @@ def _child_run(job: Job, write: Callable[[dict[str, Any]], None]) -> dict[str, A
         loaded = load_op(load_spec(job.spec), job.cuda_arch)
     except Exception as exc:
         raise ReferenceFailure(f"could not load the spec in the child process: {exc}") from exc
-    target = next(t for t in loaded.targets if t.name == job.target)
+    implementation = next(t for t in loaded.implementations if t.name == job.implementation)
     shapes = dict(job.shapes)
     _check_memory(loaded, job, shapes)
     kwargs = _large_inputs(loaded, job, shapes)
     before = _windows(job, kwargs)
     write({"stage": "running"})
     try:
-        returned = target.fn(**kwargs)
+        returned = implementation.fn(**kwargs)
         if job.device == "cuda":
             torch.cuda.synchronize()
     except torch.OutOfMemoryError as exc:
@@ -92,7 +92,7 @@ def _child_run(job: Job, write: Callable[[dict[str, Any]], None]) -> dict[str, A
         ) from exc
     except Exception as exc:
         raise CheckFailure(
-            f"{target.name} raised {short(exc)} on a tensor past 2^31 elements, where an int32 index "
+            f"{implementation.name} raised {short(exc)} on a tensor past 2^31 elements, where an int32 index "
             "or size overflows (an illegal memory access is the usual sign). Index with int64_t."
         ) from exc
     _compare_windows(loaded, job, returned, kwargs, before)

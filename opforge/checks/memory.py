@@ -15,7 +15,7 @@ import itertools
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, representative_cases
 from opforge.checks.calls import inputs_for, outputs_of
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure
 
 # Calls before measuring, so lazily created state (a kernel cache, an allocator's first block) is not counted.
@@ -24,13 +24,13 @@ WARMUP_CALLS = 2
 CALLS_PER_WINDOW = 8
 
 
-def memory_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+def memory_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     """One case per device: the representative contiguous case in the first dtype. A full scan of the garbage
     collector's objects costs ~0.1 s on CPU, and a leak does not depend on the dtype."""
     return list(representative_cases(loaded, cases).values())
 
 
-def memory(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+def memory(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed)
     measure, unit = (
@@ -40,7 +40,7 @@ def memory(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     )
 
     def call() -> None:
-        outputs_of(loaded, target, inputs)  # and drop what it returned
+        outputs_of(loaded, implementation, inputs)  # and drop what it returned
 
     for _ in range(WARMUP_CALLS):
         call()

@@ -23,7 +23,7 @@ from opforge.checks.calls import (
     outputs_of,
     short,
 )
-from opforge.loading import Target
+from opforge.loading import Implementation
 from opforge.outcomes import CheckFailure, CheckSkipped
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ HOME_DEVICE = 0
 MIN_GPUS = 2
 
 
-def multi_gpu(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+def multi_gpu(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
     """Inputs on the last visible GPU, GPU 0 current: outputs (and mutated arguments) must live on the inputs' GPU
     and match the reference."""
     import torch
@@ -44,11 +44,11 @@ def multi_gpu(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     inputs = on_device(inputs_for(loaded, case, ctx.base_seed), other)
     baseline = output_baseline(loaded, inputs, case.dtype)
     with torch.cuda.device(HOME_DEVICE):
-        got = outputs_of(loaded, target, inputs)
+        got = outputs_of(loaded, implementation, inputs)
     # Both GPUs: an unguarded kernel runs on cuda:0's stream while the comparison below reads the inputs' GPU, so
     # waiting for that GPU alone would race the kernel and leave its fault to a later row.
     for device in (torch.device("cuda", HOME_DEVICE), other):
-        _synchronize(target, device)
+        _synchronize(implementation, device)
     compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))
     label = f" (inputs on {other}, current device cuda:{HOME_DEVICE})"
     for name, g, _ in compared:
@@ -79,14 +79,14 @@ def require_device(name: str, value: Any, device: torch.device) -> None:
         )
 
 
-def _synchronize(target: Target, device: torch.device) -> None:
+def _synchronize(implementation: Implementation, device: torch.device) -> None:
     import torch
 
     try:
         torch.cuda.synchronize(device)
     except Exception as exc:
         raise CheckFailure(
-            f"{target.name} with its inputs on another GPU than the current cuda:{HOME_DEVICE}: "
+            f"{implementation.name} with its inputs on another GPU than the current cuda:{HOME_DEVICE}: "
             f"expected it to run on the inputs' GPU, got a fault on {device}: {short(exc)}. Put "
             "`const c10::cuda::CUDAGuard guard(x.device());` first in the kernel's host function."
         ) from exc

@@ -31,7 +31,7 @@ from pathlib import Path
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, OptIns, Outcomes, Runner
 from opforge.errors import UsageError
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
 from opforge.spec.model import FLOATING_DTYPES
 
@@ -70,7 +70,7 @@ class Job:
     """What the child runs: one implementation on a list of cases."""
 
     spec: str
-    target: str
+    implementation: str
     seed: int
     cases: tuple[dict, ...]
     cuda_arch: str | None = None
@@ -97,10 +97,10 @@ def sanitizer_path() -> str | None:
     return str(candidate) if candidate and candidate.exists() else None
 
 
-def sanitized_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+def sanitized_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     """One row per tool: the first CUDA case stands for the whole set the child runs (sanitize_case_set)."""
     base = next((c for c in cases if c.values_index == 0 and c.layout == "contiguous"), None)
-    if base is None or target.overload is None:  # a plain Python function launches only PyTorch's own kernels
+    if base is None or implementation.overload is None:  # a plain Python function launches only PyTorch's own kernels
         return []
     return [replace(base, shapes=(), shape_index=-1, label="all-cases")]
 
@@ -117,13 +117,13 @@ def sanitize_case_set(loaded: LoadedOp) -> list[Case]:
 
 
 def _run_tool(tool: str) -> Runner:
-    def run(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
-        return {tool: sanitize(ctx, target, tool)}
+    def run(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
+        return {tool: sanitize(ctx, implementation, tool)}
 
     return run
 
 
-def sanitize(ctx: CheckContext, target: Target, tool: str) -> CheckFailure | None:
+def sanitize(ctx: CheckContext, implementation: Implementation, tool: str) -> CheckFailure | None:
     executable = sanitizer_path()
     if executable is None:
         raise CheckSkipped(
@@ -135,13 +135,13 @@ def sanitize(ctx: CheckContext, target: Target, tool: str) -> CheckFailure | Non
     build = loaded.build.plan.toolchain.cuda_archs if loaded.build else ()
     job = Job(
         spec=str(loaded.spec.path),
-        target=target.name,
+        implementation=implementation.name,
         seed=ctx.base_seed,
         cases=tuple(_case_json(c) for c in cases),
         cuda_arch=";".join(build) or None,
     )
     output, returncode = run_child(executable, tool, job, child_time_limit(ctx.time_limit))
-    log = _keep_log(loaded.spec.name, target.name, tool, output)
+    log = _keep_log(loaded.spec.name, implementation.name, tool, output)
     reports = parse_reports(output)
     if reports:
         return CheckFailure(describe_reports(tool, reports, len(cases), log))
@@ -232,11 +232,12 @@ def parse_reports(output: str) -> list[Report]:
     return reports
 
 
-def _keep_log(op: str, target: str, tool: str, output: str) -> Path:
-    """The tool's whole output, kept where a user can read every report (the last run of each op, target, tool)."""
+def _keep_log(op: str, implementation: str, tool: str, output: str) -> Path:
+    """The tool's whole output, kept where a user can read every report (the last run of each op, implementation
+    and tool)."""
     from opforge.build import cache_root
 
-    path = cache_root() / "sanitize" / f"{op}-{target}-{tool}.log"
+    path = cache_root() / "sanitize" / f"{op}-{implementation}-{tool}.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(output)
     return path

@@ -24,13 +24,13 @@ def child_main(job_path: str) -> int:
 
     job = Job(**json.loads(Path(job_path).read_text()))
     loaded = load_checked(load_spec(job.spec), job.cuda_arch)
-    target = next(t for t in loaded.targets if t.name == job.target)
+    implementation = next(t for t in loaded.implementations if t.name == job.implementation)
     for data in job.cases:
         case = _case(data)
         print(CASE_MARKER + case.id, flush=True)
         try:
             inputs = inputs_for(loaded, case, job.seed, requires_grad=loaded.spec.differentiable)
-            returned = target.fn(*inputs.args, **inputs.kwargs)
+            returned = implementation.fn(*inputs.args, **inputs.kwargs)
             outputs = [o for o in _tensors(returned)]
             torch.cuda.synchronize()
             for value in outputs:

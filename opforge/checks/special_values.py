@@ -18,14 +18,14 @@ from opforge.checks.calls import (
     output_baseline,
     outputs_of,
 )
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.spec.model import FLOATING_DTYPES
 
 if TYPE_CHECKING:
     import torch
 
 
-def special_values(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+def special_values(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
     """NaN, +-inf, -0.0, the dtype's largest value and subnormals (or the spec's `special_values:` choice of them)
     written into every floating input that takes them must come out as the reference's do, rounded to the dtype: a
     kernel that clamps, flushes or swallows NaN fails. They go at the same flat positions of each input (so paired
@@ -34,7 +34,7 @@ def special_values(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
     (last dimension), where a row reduction meets it whatever row it is. An input marked `special_values: false`,
     or made by a generator, keeps its values; one with a list of names takes those. See EXTREMES for `max`."""
     for names in special_value_passes(ctx.loaded.spec.special_values):
-        _one_pass(ctx, target, case, names)
+        _one_pass(ctx, implementation, case, names)
     return {"special_values": None}
 
 
@@ -54,7 +54,7 @@ def special_value_passes(chosen: tuple[str, ...]) -> list[tuple[str, ...]]:
     return [tuple(n for n in chosen if n != "-max"), ("-max",)]
 
 
-def _one_pass(ctx: CheckContext, target: Target, case: Case, names: tuple[str, ...]) -> None:
+def _one_pass(ctx: CheckContext, implementation: Implementation, case: Case, names: tuple[str, ...]) -> None:
     import torch
 
     loaded = ctx.loaded
@@ -74,7 +74,7 @@ def _one_pass(ctx: CheckContext, target: Target, case: Case, names: tuple[str, .
                 value.view(-1)[on_device] = rounded.to(value.device)
                 ref.view(-1)[where] = rounded.to(ref.dtype)
     baseline = output_baseline(loaded, inputs, case.dtype)
-    got = outputs_of(loaded, target, inputs)
+    got = outputs_of(loaded, implementation, inputs)
     compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))
     compare_with_reference(
         loaded, case.dtype, case.device, compared, baseline, label=" (special values)", round_expected=True
@@ -133,7 +133,7 @@ def special_value_tensor(dtype: torch.dtype, names: tuple[str, ...]) -> torch.Te
     return torch.tensor([value[name] for name in names], dtype=torch.float64)
 
 
-def floating_nonempty_first_values(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+def floating_nonempty_first_values(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     """Special values need room: at least 1-D, no zero-size dimension; a floating dtype; one layout."""
 
     def has_elements(shape: tuple[int, ...]) -> bool:
@@ -141,7 +141,7 @@ def floating_nonempty_first_values(loaded: LoadedOp, target: Target, cases: list
 
     return [
         c
-        for c in first_values(loaded, target, cases)
+        for c in first_values(loaded, implementation, cases)
         if c.dtype in FLOATING_DTYPES and c.layout == "contiguous" and all(has_elements(s) for _, s in c.shapes)
     ]
 

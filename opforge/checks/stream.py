@@ -48,7 +48,7 @@ from opforge.checks.calls import (
 )
 from opforge.compare import Baseline, check_result, tolerance_for
 from opforge.cuda_spin import spin
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, PassNote
 
 if TYPE_CHECKING:
@@ -60,23 +60,23 @@ if TYPE_CHECKING:
 PRODUCER_SLEEP_S = 0.05
 
 
-def stream_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+def stream_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     """Contiguous, non-empty, first argument values: stream order does not depend on layout or values, and
     an empty tensor launches no kernel."""
     return [
         c
-        for c in first_values(loaded, target, cases)
+        for c in first_values(loaded, implementation, cases)
         if c.layout == "contiguous" and all(math.prod(s) for _, s in c.shapes)
     ]
 
 
-def stream(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
-    _on_side_streams(ctx, target, case)
+def stream(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
+    _on_side_streams(ctx, implementation, case)
     if not ctx.loaded.spec.cuda_graphs:
         return {"stream": PassNote(GRAPHS_SKIPPED)}
-    _in_cuda_graph(ctx, target, case)
+    _in_cuda_graph(ctx, implementation, case)
     if differentiates(ctx.loaded, case):
-        _backward_in_cuda_graph(ctx, target, case)
+        _backward_in_cuda_graph(ctx, implementation, case)
     return {"stream": None}
 
 
@@ -87,7 +87,7 @@ GRAPHS_SKIPPED = (
 )
 
 
-def _on_side_streams(ctx: CheckContext, target: Target, case: Case) -> None:
+def _on_side_streams(ctx: CheckContext, implementation: Implementation, case: Case) -> None:
     import torch
 
     loaded = ctx.loaded
@@ -103,7 +103,7 @@ def _on_side_streams(ctx: CheckContext, target: Target, case: Case) -> None:
     consumer.wait_stream(producer)
     with torch.cuda.stream(consumer):
         args, kwargs = with_arguments(loaded, inputs, pending)
-        got = outputs_of(loaded, target, _replaced(inputs, args, kwargs))
+        got = outputs_of(loaded, implementation, _replaced(inputs, args, kwargs))
         # Read on the consumer, as the caller's next op would. Every tensor stays referenced until the synchronize
         # below, so none needs record_stream.
         seen = tuple(o.clone() for o in got)
@@ -117,7 +117,7 @@ def _on_side_streams(ctx: CheckContext, target: Target, case: Case) -> None:
         expected,
         baseline,
         "on a side stream, inputs written by another stream just before it ran",
-        lambda: STREAM_ORDER_HINT if _right_on_current_stream(ctx, target, case) else WRONG_ON_CURRENT_STREAM,
+        lambda: STREAM_ORDER_HINT if _right_on_current_stream(ctx, implementation, case) else WRONG_ON_CURRENT_STREAM,
     )
 
 
@@ -132,13 +132,13 @@ WRONG_ON_CURRENT_STREAM = (
 )
 
 
-def _right_on_current_stream(ctx: CheckContext, target: Target, case: Case) -> bool:
+def _right_on_current_stream(ctx: CheckContext, implementation: Implementation, case: Case) -> bool:
     """Whether the case's outputs match the reference when the op runs plainly on the current stream."""
     import torch
 
     loaded = ctx.loaded
     inputs, baseline, expected = _with_expected(ctx, case, ctx.base_seed)
-    got = outputs_of(loaded, target, inputs)
+    got = outputs_of(loaded, implementation, inputs)
     torch.cuda.synchronize()
     mismatch = _mismatch(loaded, case, got, mutated_values(loaded, inputs), expected, baseline, "on the current stream")
     return mismatch is None
@@ -150,7 +150,7 @@ def _with_expected(ctx: CheckContext, case: Case, seed: int) -> tuple[CaseInputs
     return inputs, output_baseline(ctx.loaded, inputs, case.dtype), call_reference(ctx.loaded, inputs)
 
 
-def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
+def _in_cuda_graph(ctx: CheckContext, implementation: Implementation, case: Case) -> None:
     """Warm up, capture with the case's inputs, then replay on other values (those of base seed + 1)."""
     import torch
 
@@ -163,13 +163,13 @@ def _in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
     warmup = torch.cuda.Stream()
     warmup.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(warmup):
-        outputs_of(loaded, target, captured_inputs)
+        outputs_of(loaded, implementation, captured_inputs)
     torch.cuda.current_stream().wait_stream(warmup)
     graph = torch.cuda.CUDAGraph()
     got = _captured(
         graph,
-        lambda: outputs_of(loaded, target, captured_inputs),
-        target.name,
+        lambda: outputs_of(loaded, implementation, captured_inputs),
+        implementation.name,
         "A kernel launched on the legacy default stream (<<<grid, block>>> without a stream) cannot be captured; "
         "launch on at::cuda::getCurrentCUDAStream(). Host synchronization (.item(), .cpu(), a data-dependent size) "
         "cannot be captured either, and code that captures CUDA graphs (torch.compile's reduce-overhead mode, vLLM, "
@@ -212,7 +212,7 @@ def _captured(
         raise CheckFailure(f"CUDA-graph capture of {what} failed: {message}. {advice}") from exc
 
 
-def _backward_in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> None:
+def _backward_in_cuda_graph(ctx: CheckContext, implementation: Implementation, case: Case) -> None:
     """Run the forward on a side stream (the backward's kernels then go to it: autograd runs each backward op on its
     forward's stream), capture autograd.grad on that stream, replay it on a new grad_output, and compare with the
     same backward run eagerly."""
@@ -224,7 +224,7 @@ def _backward_in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> No
     capture_stream = torch.cuda.Stream()
     capture_stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(capture_stream):
-        outputs = differentiable_outputs(outputs_of(loaded, target, inputs))
+        outputs = differentiable_outputs(outputs_of(loaded, implementation, inputs))
     if not names or not outputs:
         return
     wrt = [argument(inputs, loaded, n) for n in names]
@@ -232,7 +232,7 @@ def _backward_in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> No
     replay_grads = seeded_grad_outputs(outputs, case, ctx.base_seed + 1)
 
     def backward(grad_outputs: list) -> tuple:
-        return op_gradients(target, outputs, wrt, grad_outputs, retain_graph=True)
+        return op_gradients(implementation, outputs, wrt, grad_outputs, retain_graph=True)
 
     capture_stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(capture_stream):
@@ -242,7 +242,7 @@ def _backward_in_cuda_graph(ctx: CheckContext, target: Target, case: Case) -> No
     got = _captured(
         graph,
         lambda: backward(captured_grads),
-        f"{target.name}'s backward",
+        f"{implementation.name}'s backward",
         "Training loops capture the backward too (torch.compile's reduce-overhead mode, "
         "torch.cuda.make_graphed_callables): keep host synchronization (.item(), .cpu(), a data-dependent size) out "
         "of the backward formula and its kernels, and launch them on at::cuda::getCurrentCUDAStream(); where it must "

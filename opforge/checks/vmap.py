@@ -8,7 +8,7 @@ from opforge.cases import Case, CaseInputs, in_layout, input_layout
 from opforge.checks.base import Check, CheckContext, Outcomes, first_values
 from opforge.checks.calls import argument, inputs_for, outputs_of, paired, with_arguments
 from opforge.compare import as_tuple, check_result, tolerance_for
-from opforge.loading import LoadedOp, Target
+from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, short
 
 if TYPE_CHECKING:
@@ -20,31 +20,31 @@ BATCH = 3
 BATCHABLE_LAYOUTS = ("contiguous", "transposed", "strided")
 
 
-def vmap_cases(loaded: LoadedOp, target: Target, cases: list[Case]) -> list[Case]:
+def vmap_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     """Every case with the first argument values (refuse_mutating_op refuses the claim for an op that mutates
     arguments: vmap of an in-place op is a different contract)."""
-    return [c for c in first_values(loaded, target, cases) if c.layout in BATCHABLE_LAYOUTS]
+    return [c for c in first_values(loaded, implementation, cases) if c.layout in BATCHABLE_LAYOUTS]
 
 
-def vmap(ctx: CheckContext, target: Target, case: Case) -> Outcomes:
+def vmap(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
     """Slice k of the batch has the inputs the case would have under base seed + k: different values per slice."""
     import torch
 
     loaded = ctx.loaded
     slices = [inputs_for(loaded, case, ctx.base_seed + k) for k in range(BATCH)]
     names = slices[0].tensor_names
-    looped = [outputs_of(loaded, target, inputs) for inputs in slices]
+    looped = [outputs_of(loaded, implementation, inputs) for inputs in slices]
     batched_inputs = [_batched(loaded, slices, name, case) for name in names]
 
     def call(*tensors: torch.Tensor) -> Any:
         args, kwargs = with_arguments(loaded, slices[0], dict(zip(names, tensors)))
-        return target.fn(*args, **kwargs)
+        return implementation.fn(*args, **kwargs)
 
     try:
         batched = as_tuple(torch.vmap(call)(*batched_inputs))
     except Exception as exc:
         raise CheckFailure(
-            f"torch.vmap of {target.name}: expected it to run batched, got {short(exc)}. Register a "
+            f"torch.vmap of {implementation.name}: expected it to run batched, got {short(exc)}. Register a "
             "batching rule (torch.library.register_vmap) that returns out_dims for every output."
         ) from exc
     tol = tolerance_for(loaded.spec, case.dtype)

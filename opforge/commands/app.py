@@ -50,7 +50,7 @@ _state = {"debug": False}
 # Options shared by several commands, declared once.
 # The panels `--help` groups options into.
 SELECTION, REPORTS, EXECUTION = "Selection", "Reports", "Execution"
-Targets = Annotated[list[str] | None, typer.Argument(help="Op names (see `opforge list`) or paths to spec files.")]
+OpsOrSpecs = Annotated[list[str] | None, typer.Argument(help="Op names (see `opforge list`) or paths to spec files.")]
 Devices = Annotated[
     list[str],
     typer.Option(
@@ -79,9 +79,10 @@ CudaArch = Annotated[
 Modes = Annotated[
     list[str], typer.Option("--mode", help="fwd, bwd or fwd+bwd (repeatable).", rich_help_panel=SELECTION)
 ]
-Impls = Annotated[
+Contenders = Annotated[
     list[str],
     typer.Option(
+        "--contender",
         "--impl",
         help="Only these contenders: native, a spec implementation, eager, compile (repeatable).",
         rich_help_panel=SELECTION,
@@ -228,14 +229,14 @@ class GivenOptions:
         return OptIns.of(**values)
 
 
-def spec_paths(targets: list[str], all_specs: bool) -> list[Path]:
+def spec_paths(ops: list[str], all_specs: bool) -> list[Path]:
     if all_specs:
         return list_specs()
-    if not targets:
+    if not ops:
         raise UsageError(
             "opforge check", "an op name, a spec path or --all", "nothing", "Run `opforge list` to see the bundled ops."
         )
-    return [find_spec(t) for t in targets]
+    return [find_spec(t) for t in ops]
 
 
 def validated(values: list[str], known: tuple[str, ...], option: str) -> tuple[str, ...]:

@@ -11,14 +11,14 @@ import typer
 
 from opforge.commands.app import (
     SELECTION,
+    Contenders,
     CudaArch,
     Devices,
     Dtypes,
-    Impls,
     Modes,
+    OpsOrSpecs,
     ShardOption,
     Sizes,
-    Targets,
     app,
     file_reporters,
     finish_files,
@@ -39,14 +39,14 @@ from opforge.spec.model import BENCH_LAYOUTS, BENCH_MODES, KNOWN_DEVICES, KNOWN_
 @app.command()
 @with_report_options(BENCH_FORMATS)
 def bench(
-    targets: Targets = None,
+    ops: OpsOrSpecs = None,
     all_specs: Annotated[
         bool, typer.Option("--all", help="Benchmark every bundled spec that has a bench: section.")
     ] = False,
     device: Devices = [],  # noqa: B006 (typer copies it)
     dtype: Dtypes = [],  # noqa: B006
     mode: Modes = [],  # noqa: B006
-    impl: Impls = [],  # noqa: B006
+    contender: Contenders = [],  # noqa: B006
     sizes: Sizes = [],  # noqa: B006
     layout: Annotated[
         list[str],
@@ -100,7 +100,7 @@ def bench(
 
     Examples:
       opforge bench leaky_swish
-      opforge bench rms_norm --device cuda --dtype bfloat16 --mode bwd --impl native --impl compile
+      opforge bench rms_norm --device cuda --dtype bfloat16 --mode bwd --contender native --contender compile
       opforge bench --all --baseline main.json --max-regression 5 --markdown summary.md
     """
 
@@ -110,7 +110,7 @@ def bench(
         from opforge.reporters import bench_terminal
 
         _check_bench_options(budget, warmup, noise, min_reps, max_regression, threads, contender_limit)
-        filters = _bench_filters(device, dtype, mode, impl, sizes, seed)
+        filters = _bench_filters(device, dtype, mode, contender, sizes, seed)
         filters = dataclasses.replace(
             filters,
             layouts=validated(layout, BENCH_LAYOUTS, "--layout"),
@@ -130,7 +130,7 @@ def bench(
             from opforge.bench.baseline import load_baseline
 
             old = load_baseline(baseline)
-        specs = [load_spec(p) for p in spec_paths(targets or [], all_specs)]
+        specs = [load_spec(p) for p in spec_paths(ops or [], all_specs)]
         if all_specs:
             specs = [s for s in specs if s.bench is not None]
         if threads is not None:
@@ -161,7 +161,7 @@ def bench(
 
 
 def _bench_filters(
-    device: list[str], dtype: list[str], mode: list[str], impl: list[str], sizes: list[str], seed: int
+    device: list[str], dtype: list[str], mode: list[str], contender: list[str], sizes: list[str], seed: int
 ) -> Any:
     """The points and contenders `bench` and `profile` run, from their shared options."""
     from opforge.bench.plan import BenchFilters, parse_sizes
@@ -170,7 +170,7 @@ def _bench_filters(
         devices=validated(device, KNOWN_DEVICES, "--device"),
         dtypes=validated(dtype, KNOWN_DTYPES, "--dtype"),
         modes=validated(mode, BENCH_MODES, "--mode"),
-        impls=tuple(impl),
+        contenders=tuple(contender),
         sizes=parse_sizes(sizes),
         seed=seed,
     )
@@ -213,11 +213,11 @@ def _check_bench_options(
 
 @app.command()
 def profile(
-    target: Annotated[str, typer.Argument(help="An op name (see `opforge list`) or a spec file.")],
+    op: Annotated[str, typer.Argument(help="An op name (see `opforge list`) or a spec file.")],
     device: Devices = [],  # noqa: B006
     dtype: Dtypes = [],  # noqa: B006
     mode: Modes = [],  # noqa: B006
-    impl: Impls = [],  # noqa: B006
+    contender: Contenders = [],  # noqa: B006
     sizes: Sizes = [],  # noqa: B006
     calls: Annotated[int, typer.Option("--calls", help="Calls profiled per implementation.")] = 10,
     trace: Annotated[
@@ -233,7 +233,7 @@ def profile(
 
     Examples:
       opforge profile leaky_swish --dtype float32 --mode fwd
-      opforge profile rms_norm --device cuda --impl native --impl compile --trace rms.json
+      opforge profile rms_norm --device cuda --contender native --contender compile --trace rms.json
     """
 
     def body() -> int:
@@ -243,8 +243,8 @@ def profile(
         from opforge.profile import profile_op
         from opforge.reporters.profile_terminal import render_profile
 
-        filters = _bench_filters(device, dtype, mode, impl, sizes, seed)
-        [spec_path] = spec_paths([target], False)
+        filters = _bench_filters(device, dtype, mode, contender, sizes, seed)
+        [spec_path] = spec_paths([op], False)
         run = profile_op(load_spec(spec_path), filters, trace, calls, on_step=out.info)
         render_profile(run)
         if json_path is not None:

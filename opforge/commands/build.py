@@ -31,7 +31,7 @@ def list_() -> None:
 
 @app.command()
 def build(
-    targets: Annotated[
+    ops: Annotated[
         list[str] | None,
         typer.Argument(help="Op names or spec paths; all bundled specs when none."),
     ] = None,
@@ -49,7 +49,7 @@ def build(
         from opforge.reporters.terminal import render_builds
 
         rows = []
-        for path in spec_paths(targets or [], all_specs=not targets):
+        for path in spec_paths(ops or [], all_specs=not ops):
             spec = load_spec(path)
             if not spec.sources:
                 rows.append((spec.op, "-", "no sources (pure Python)"))

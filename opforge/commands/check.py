@@ -22,8 +22,8 @@ from opforge.commands.app import (
     Devices,
     Dtypes,
     GivenOptions,
+    OpsOrSpecs,
     ShardOption,
-    Targets,
     app,
     file_reporters,
     finish_files,
@@ -45,7 +45,7 @@ from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES
 @with_report_options(CHECK_FORMATS)
 @with_check_options(CATALOG.options)
 def check(
-    targets: Targets = None,
+    ops: OpsOrSpecs = None,
     all_specs: Annotated[
         bool, typer.Option("--all", help="Check every bundled spec.", rich_help_panel=SELECTION)
     ] = False,
@@ -144,7 +144,7 @@ def check(
             shard=parse_shard(shard) if shard else None,
         )
         files = file_reporters(reports)
-        only_ids, paths = _selection(last_failed, targets or [], all_specs)
+        only_ids, paths = _selection(last_failed, ops or [], all_specs)
         filters = dataclasses.replace(filters, ids=only_ids)
         options = session.RunOptions(filters, cuda_arch, not no_isolation, jobs, timeout)
         terminal = TerminalReport(verbose)
@@ -198,13 +198,13 @@ def _validate_run_options(timeout: float | None, jobs: int, no_isolation: bool) 
         )
 
 
-def _selection(last_failed: bool, targets: list[str], all_specs: bool) -> tuple[tuple[str, ...], list[Path]]:
+def _selection(last_failed: bool, ops: list[str], all_specs: bool) -> tuple[tuple[str, ...], list[Path]]:
     """(result ids to keep, spec paths to run)."""
     if not last_failed:
-        return (), spec_paths(targets, all_specs)
+        return (), spec_paths(ops, all_specs)
     from opforge.reporters.lastfailed import select
 
-    chosen = spec_paths(targets, all_specs) if targets or all_specs else None
+    chosen = spec_paths(ops, all_specs) if ops or all_specs else None
     selection = select(Path.cwd(), chosen)
     for note in selection.notes:
         out.info(note)

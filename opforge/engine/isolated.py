@@ -437,7 +437,7 @@ class Supervisor:
                 op,
                 CaseResult(
                     op=op.spec.name,
-                    target=row.target,
+                    implementation=row.implementation,
                     check=name,
                     case_id=row.case_id,
                     dtype=row.dtype,
@@ -446,7 +446,7 @@ class Supervisor:
                     seconds=seconds,
                     message=message,
                     seed=row.seed,
-                    repro=repro_command(op.spec, row.target, name, row.case_id, self.filters.seed),
+                    repro=repro_command(op.spec, row.implementation, name, row.case_id, self.filters.seed),
                 ),
             )
         op.next_index = index + 1

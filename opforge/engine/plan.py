@@ -18,7 +18,7 @@ from opforge.shard import Shard, owns
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:
-    from opforge.loading import LoadedOp, Target
+    from opforge.loading import Implementation, LoadedOp
 
 DEFAULT_SEED = 0
 # The implementation name of the spec's op itself (opforge.loading.NATIVE, spelled here so planning stays
@@ -74,7 +74,7 @@ def load_row(spec: OpSpec, status: Status, message: str, seconds: float = 0.0) -
     """The row that stands for an op that never got to run its checks: its loading failed, crashed or hung."""
     return CaseResult(
         op=spec.name,
-        target=NATIVE,
+        implementation=NATIVE,
         check=LOAD_CHECK,
         case_id=LOAD_CASE,
         dtype="-",
@@ -91,7 +91,7 @@ def unloadable_spec_report(path: Path, exc: OpforgeError) -> OpReport:
     op = path.stem
     row = CaseResult(
         op=op,
-        target=NATIVE,
+        implementation=NATIVE,
         check=LOAD_CHECK,
         case_id=LOAD_CASE,
         dtype="-",
@@ -105,7 +105,7 @@ def unloadable_spec_report(path: Path, exc: OpforgeError) -> OpReport:
 
 @dataclass(frozen=True)
 class PlannedRow:
-    target: Target
+    implementation: Implementation
     check: Check
     case: Case
 
@@ -137,7 +137,7 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
     available = tuple(d for d in devices if device_unavailable(d) is None)
     matrix = build_matrix(spec, dtypes, available)
     plan = Plan()
-    for target in loaded.targets:
+    for implementation in loaded.implementations:
         for name in checks_to_run(spec, filters.opt_ins):
             check = CATALOG.get(name)
             rows = [r for r in check.row_names() if filters.wants_check(r)]
@@ -146,30 +146,30 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
             opted_out = check.opt_in.skip_reason(loaded, filters.opt_ins) if check.opt_in else None
             if opted_out:
                 # The cases it would run on every device the spec names, available here or not.
-                wanted = check.cases(loaded, target, build_matrix(spec, dtypes, devices))
+                wanted = check.cases(loaded, implementation, build_matrix(spec, dtypes, devices))
                 plan.skipped += _kept(
                     filters,
                     spec,
                     (
-                        skip_row(spec, target, row, case.id, case.dtype, case.device, opted_out)
+                        skip_row(spec, implementation, row, case.id, case.dtype, case.device, opted_out)
                         for row in rows
                         for case in wanted
                     ),
                 )
                 continue
-            for case in check.cases(loaded, target, matrix):
+            for case in check.cases(loaded, implementation, matrix):
                 if (
-                    any(_matches(filters, spec, target, r, case) for r in rows)
+                    any(_matches(filters, spec, implementation, r, case) for r in rows)
                     and (not filters.dtypes or case.dtype in filters.dtypes)
-                    and owns(filters.shard, result_id(spec.name, target.name, check.name, case.id))
+                    and owns(filters.shard, result_id(spec.name, implementation.name, check.name, case.id))
                 ):
-                    plan.rows.append(PlannedRow(target, check, case))
+                    plan.rows.append(PlannedRow(implementation, check, case))
             for device in devices:
                 reason = device_unavailable(device)
                 if reason:
                     claimed = [d for d in dtypes if d in spec.dtypes_on(device)]
                     skips = (
-                        skip_row(spec, target, row, f"{dtype}-{device}", dtype, device, reason)
+                        skip_row(spec, implementation, row, f"{dtype}-{device}", dtype, device, reason)
                         for row in rows
                         for dtype in claimed
                     )
@@ -211,8 +211,8 @@ def unasked_checks(filters: Filters) -> list[Check]:
     return [c for c in named if _unseen(c, filters.opt_ins)]
 
 
-def _matches(filters: Filters, spec: OpSpec, target: Target, row: str, case: Case) -> bool:
-    return filters.wants_id(spec.name, result_id(spec.name, target.name, row, case.id))
+def _matches(filters: Filters, spec: OpSpec, implementation: Implementation, row: str, case: Case) -> bool:
+    return filters.wants_id(spec.name, result_id(spec.name, implementation.name, row, case.id))
 
 
 def reported_rows(filters: Filters, spec: OpSpec, row: PlannedRow) -> list[str]:
@@ -220,16 +220,18 @@ def reported_rows(filters: Filters, spec: OpSpec, row: PlannedRow) -> list[str]:
     return [
         name
         for name in row.check.row_names()
-        if filters.wants_check(name) and _matches(filters, spec, row.target, name, row.case)
+        if filters.wants_check(name) and _matches(filters, spec, row.implementation, name, row.case)
     ]
 
 
-def skip_row(spec: OpSpec, target: Target, row: str, case_id: str, dtype: str, device: str, reason: str) -> CaseResult:
+def skip_row(
+    spec: OpSpec, implementation: Implementation, row: str, case_id: str, dtype: str, device: str, reason: str
+) -> CaseResult:
     """A row that does not run here, and why: a device that is missing (one per dtype: `float32-cuda`), or an
     opt-in check not asked for (one per case it would run)."""
     return CaseResult(
         op=spec.name,
-        target=target.name,
+        implementation=implementation.name,
         check=row,
         case_id=case_id,
         dtype=dtype,

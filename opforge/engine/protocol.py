@@ -34,7 +34,7 @@ class Job:
 class RowHeader:
     """What the parent knows of a planned row before it runs: enough to report it if the worker dies in it."""
 
-    target: str
+    implementation: str
     case_id: str
     dtype: str
     device: str

@@ -60,7 +60,7 @@ def run_row(ctx: CheckContext, row: PlannedRow, filters: Filters) -> list[CaseRe
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            verdicts = check_verdicts(row.check, lambda: row.check.run(ctx, row.target, row.case))
+            verdicts = check_verdicts(row.check, lambda: row.check.run(ctx, row.implementation, row.case))
         except Exception as exc:  # a bug in a check or an exotic op must cost one row, not the run
             verdicts = {
                 name: Verdict(Status.ERROR, f"the check itself raised {short(exc)}") for name in row.check.row_names()
@@ -69,11 +69,11 @@ def run_row(ctx: CheckContext, row: PlannedRow, filters: Filters) -> list[CaseRe
     seconds = (time.perf_counter() - start) / max(1, len(row.check.row_names()))
     results = []
     for name in reported_rows(filters, spec, row):
-        verdict = apply_xfail(spec, row.target.name, name, row.case, verdicts[name])
+        verdict = apply_xfail(spec, row.implementation.name, name, row.case, verdicts[name])
         results.append(
             CaseResult(
                 op=spec.name,
-                target=row.target.name,
+                implementation=row.implementation.name,
                 check=name,
                 case_id=row.case.id,
                 dtype=row.case.dtype,
@@ -83,7 +83,7 @@ def run_row(ctx: CheckContext, row: PlannedRow, filters: Filters) -> list[CaseRe
                 message=verdict.message,
                 mismatch=verdict.mismatch,
                 seed=row.case.seed(ctx.base_seed),
-                repro=repro_command(spec, row.target.name, name, row.case.id, ctx.base_seed)
+                repro=repro_command(spec, row.implementation.name, name, row.case.id, ctx.base_seed)
                 if verdict.status.failed
                 else None,
                 warnings=seen,
@@ -142,8 +142,8 @@ def _outcome_verdict(check: Check, name: str, outcome: object) -> Verdict:
     )
 
 
-def apply_xfail(spec: OpSpec, target: str, check: str, case: Case, verdict: Verdict) -> Verdict:
-    xfail = spec.xfail_for(target, check, case.dtype, case.device, case.layout, case.id)
+def apply_xfail(spec: OpSpec, implementation: str, check: str, case: Case, verdict: Verdict) -> Verdict:
+    xfail = spec.xfail_for(implementation, check, case.dtype, case.device, case.layout, case.id)
     if xfail is None:
         return verdict
     if verdict.status in (Status.FAIL, Status.ERROR):
@@ -157,9 +157,9 @@ def apply_xfail(spec: OpSpec, target: str, check: str, case: Case, verdict: Verd
     return verdict
 
 
-def repro_command(spec: OpSpec, target: str, row: str, case_id: str, seed: int) -> str:
+def repro_command(spec: OpSpec, implementation: str, row: str, case_id: str, seed: int) -> str:
     """The command that reruns exactly one result row (with the flags its check is opted into by)."""
-    ident = result_id(spec.name, target, row, case_id)
+    ident = result_id(spec.name, implementation, row, case_id)
     check = CATALOG.of_row(row)
     flags = "".join(f" {flag}" for flag in check.rerun_flags)
     return (

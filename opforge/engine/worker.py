@@ -75,7 +75,7 @@ def run(job: Job, send: Send) -> None:
     if job.start == 0:
         headers = tuple(
             RowHeader(
-                target=row.target.name,
+                implementation=row.implementation.name,
                 case_id=row.case.id,
                 dtype=row.case.dtype,
                 device=row.case.device,

@@ -125,7 +125,7 @@ def render_bench(run: BenchRun) -> None:
     for device, peak in run.peaks.items():
         origin = "cached" if peak.get("cached") else "measured now"
         console.print(f"[dim]peak {device}: {peak['gbps']:.1f} GB/s ({peak['method']}; {origin})[/dim]")
-    baselines = list(dict.fromkeys(r.impl for r in run.results if r.role == BASELINE))
+    baselines = list(dict.fromkeys(r.contender for r in run.results if r.role == BASELINE))
     headers = ["size", *LABEL_COLUMNS, "impl", *NUMBER_COLUMNS, *(f"vs {b}" for b in baselines), "note"]
     for op in run.ops():
         rows = [r for r in run.results if r.op == op]
@@ -188,7 +188,7 @@ def _bench_cells(r: BenchResult, rows: list[BenchResult], baselines: list[str]) 
         note = r.message
     noise = _noise(r)
     notes = Text(note, style="dim") + Text(("; " if note and noise else "") + noise, style="yellow")
-    return [Text(r.case), Text(r.dtype), Text(r.mode), Text(r.device), Text(r.impl), *timing, notes]
+    return [Text(r.case), Text(r.dtype), Text(r.mode), Text(r.device), Text(r.contender), *timing, notes]
 
 
 def _noise(r: BenchResult) -> str:
@@ -234,7 +234,7 @@ def render_bench_totals(run: BenchRun, comparison: Comparison | None = None) -> 
         why += [f"{counts[s]} {s}" for s in (WRONG, ERROR, SKIP) if counts[s]] or ([] if why else ["no case planned"])
         error(
             f"opforge bench: expected at least one timed case, got none ({'; '.join(why)}). Pick a device, dtype, "
-            "mode and contender that can run here (--device, --dtype, --mode, --impl), or fix the errors above."
+            "mode and contender that can run here (--device, --dtype, --mode, --contender), or fix the errors above."
         )
     failed = run.failed or (comparison is not None and comparison.failed)
     verdict, style = "OK", "bold green"

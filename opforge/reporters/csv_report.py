@@ -22,7 +22,7 @@ class BenchCsvReport(Reporter):
 CSV_COLUMNS = (
     "id",
     "op",
-    "impl",
+    "contender",
     "role",
     "device",
     "dtype",
@@ -44,7 +44,7 @@ CSV_COLUMNS = (
 
 
 def write_csv(run: BenchRun, path: Path) -> None:
-    baselines = sorted({r.impl for r in run.results if r.role == BASELINE})
+    baselines = sorted({r.contender for r in run.results if r.role == BASELINE})
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS + tuple(f"speedup_vs_{b}" for b in baselines))

@@ -36,7 +36,11 @@ def write_junit(report: RunReport, path: Path) -> None:
         )
         for r in op.results:
             case = ET.SubElement(
-                suite, "testcase", classname=f"{op.op}.{r.target}.{r.check}", name=r.case_id, time=f"{r.seconds:.3f}"
+                suite,
+                "testcase",
+                classname=f"{op.op}.{r.implementation}.{r.check}",
+                name=r.case_id,
+                time=f"{r.seconds:.3f}",
             )
             detail = failure_text(r)
             if r.status in (Status.FAIL, Status.XPASS):

@@ -77,4 +77,4 @@ def series_label(result: BenchResult) -> str:
     """`sizes` points (every input n elements) share a line per implementation; a `shapes` point is its own
     series, since its element count says nothing of its shapes (pred=4096x4096,target=4096 has as many elements
     as n=2^24 and moves half the bytes)."""
-    return result.impl if result.case.startswith("n=") else f"{result.impl} ({result.case})"
+    return result.contender if result.case.startswith("n=") else f"{result.contender} ({result.case})"

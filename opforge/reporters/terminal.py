@@ -173,7 +173,7 @@ def render_run(report: RunReport, verbose: bool = False) -> None:
 def render_op(op: OpReport, verbose: bool = False) -> None:
     cells: _Cells = defaultdict(lambda: defaultdict(list))
     for r in op.results:
-        cells[(r.target, r.check)][(r.device, r.dtype)].append(r)
+        cells[(r.implementation, r.check)][(r.device, r.dtype)].append(r)
     _fold_unclaimed_dtypes(cells)
     _fold_skipped_devices(cells)
     columns = sorted({c for by_column in cells.values() for c in by_column}, key=_column_order)
@@ -192,7 +192,7 @@ def render_op(op: OpReport, verbose: bool = False) -> None:
     _render_op_notes(op, verbose)
 
 
-# A table's rows: (target, check) -> (device, dtype) column -> the results in that cell.
+# A table's rows: (implementation, check) -> (device, dtype) column -> the results in that cell.
 _Cells = dict[tuple[str, str], dict[tuple[str, str], list[CaseResult]]]
 _Row = tuple[tuple[str, str], dict[tuple[str, str], list[CaseResult]]]
 
@@ -225,8 +225,8 @@ def _result_table(rows: list[_Row], columns: list[tuple[str, str]]) -> Table:
     for device, dtype in columns:
         header = SHORT_DTYPES.get(dtype, dtype)
         table.add_column(f"{header}\n{device}", justify="center", min_width=max(4, len(header), len(device)))
-    for (target, check), by_column in rows:
-        table.add_row(target, _row_label(check), *(_cell(by_column.get(c, [])) for c in columns))
+    for (implementation, check), by_column in rows:
+        table.add_row(implementation, _row_label(check), *(_cell(by_column.get(c, [])) for c in columns))
     return table
 
 
@@ -234,10 +234,10 @@ def _render_op_notes(op: OpReport, verbose: bool) -> None:
     for reason in dict.fromkeys(r.message for r in op.results if r.status == Status.SKIP and r.message):
         console.print(f"[dim]skip: {reason}[/dim]")
     # Passes with something to say: a dtype the spec does not claim that works anyway.
-    for target, note in dict.fromkeys(
-        (r.target, r.message) for r in op.results if r.status == Status.PASS and r.message
+    for implementation, note in dict.fromkeys(
+        (r.implementation, r.message) for r in op.results if r.status == Status.PASS and r.message
     ):
-        console.print(Text(f"note: {target}: {note}", style="dim"))
+        console.print(Text(f"note: {implementation}: {note}", style="dim"))
     build = op.build or {}
     if build.get("skipped_sources"):
         console.print(
@@ -299,9 +299,9 @@ def _column_order(column: tuple[str, str]) -> tuple[int, int]:
 
 
 def _row_order(op: OpReport, row: tuple[str, str]) -> tuple[int, int]:
-    targets = list(dict.fromkeys(r.target for r in op.results if r.status != Status.SKIP)) or [row[0]]
+    implementations = list(dict.fromkeys(r.implementation for r in op.results if r.status != Status.SKIP)) or [row[0]]
     checks = list(dict.fromkeys(r.check for r in op.results))
-    return (targets.index(row[0]) if row[0] in targets else 99, checks.index(row[1]))
+    return (implementations.index(row[0]) if row[0] in implementations else 99, checks.index(row[1]))
 
 
 def _cell(results: list[CaseResult]) -> Text:
@@ -341,7 +341,7 @@ def render_failures(report: RunReport) -> None:
         body = Text("\n").join(_FAILURE_STYLE[kind](text) for kind, text in details if kind != "repro")
         if len(members) > 1:
             body.append(f"\n{len(members)} cases: {_case_list(members)}", style="dim")
-        title = f"[bold red]{_LABEL[first.status]}[/] {first.op}/{first.target}::{first.check}"
+        title = f"[bold red]{_LABEL[first.status]}[/] {first.op}/{first.implementation}::{first.check}"
         title += f" ({len(members)} cases)" if len(members) > 1 else f"[{first.case_id}]"
         console.print(Panel(body, title=title, title_align="left", border_style="red"))
         if first.repro:
@@ -365,7 +365,7 @@ def group_failures(failures: list[CaseResult]) -> dict[tuple[str, ...], list[Cas
     groups: dict[tuple[str, ...], list[CaseResult]] = {}
     for r in failures:
         signature = _NUMBER.sub("#", (r.message or "").splitlines()[0] if r.message else "")
-        groups.setdefault((r.op, r.target, r.check, r.status.value, signature), []).append(r)
+        groups.setdefault((r.op, r.implementation, r.check, r.status.value, signature), []).append(r)
     return groups
 
 
