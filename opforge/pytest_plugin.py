@@ -27,7 +27,7 @@ from opforge.spec.model import SPEC_SUFFIXES
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr, TracebackStyle
 
-    from opforge.engine.plan import Filters, PlannedRow
+    from opforge.engine.plan import Filters, Task
     from opforge.loading import LoadedOp
     from opforge.session import RunOptions
 
@@ -99,20 +99,20 @@ class _Session:
             self.loaded[path] = session.load(path, self.options)
         return self.loaded[path]
 
-    def result(self, path: Path, index: int, row: PlannedRow, name: str) -> CaseResult:
-        """Runs a planned row once per process; its other result rows (opcheck's sub-tests) come from the cache."""
+    def result(self, path: Path, index: int, row: Task, name: str) -> CaseResult:
+        """Runs a task once per process; its other results (opcheck's sub-tests) come from the cache."""
         from opforge import session
 
         key = (path, index)
         if key not in self.results:
-            self.results[key] = {r.check: r for r in session.run_row(self.loaded[path], row, self.options)}
+            self.results[key] = {r.check: r for r in session.run_task(self.loaded[path], row, self.options)}
         return self.results[key][name]
 
 
 class SpecFile(pytest.File):
     def collect(self) -> Iterator[pytest.Collector]:
         from opforge import session as run_session
-        from opforge.engine.plan import reported_rows
+        from opforge.engine.plan import reported_results
 
         session = self.config.stash[_SESSION]
         try:
@@ -130,8 +130,8 @@ class SpecFile(pytest.File):
             by_implementation.setdefault(result.implementation, []).append(
                 {"name": f"{result.check}[{result.case_id}]", "fixed": result}
             )
-        for index, row in enumerate(plan.rows):
-            for name in reported_rows(session.filters, spec, row):
+        for index, row in enumerate(plan.tasks):
+            for name in reported_results(session.filters, spec, row):
                 by_implementation.setdefault(row.implementation.name, []).append(
                     {"name": f"{name}[{row.case.id}]", "index": index, "row": row, "row_name": name}
                 )

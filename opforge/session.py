@@ -1,5 +1,5 @@
 """One run session for every front end: the CLI's `opforge check` runs a whole selection through `run`, the pytest
-plugin (one test item per row) loads, plans and runs rows through `load`, `plan` and `run_row`. Both take the same
+plugin (one test item per row) loads, plans and runs rows through `load`, `plan` and `run_task`. Both take the same
 RunOptions, so a run asks the same things of opforge wherever it starts, opt-in checks included.
 
 Nothing here imports torch at module level: an isolated run's parent stays torch-free (tests/test_structure.py).
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from opforge.engine.plan import Filters, PlannedRow, load_checked, plan_op, unasked_checks, unlisted_checks
+from opforge.engine.plan import Filters, Task, load_checked, plan_op, unasked_checks, unlisted_checks
 from opforge.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, OpforgeError
 from opforge.results import CaseResult, RunReport
 from opforge.spec.load import load_spec
@@ -125,9 +125,9 @@ def plan(loaded: LoadedOp, options: RunOptions) -> Plan:
     return plan_op(loaded, options.filters)
 
 
-def run_row(loaded: LoadedOp, row: PlannedRow, options: RunOptions) -> list[CaseResult]:
-    """One planned row in this process: a result per result row it reports."""
+def run_task(loaded: LoadedOp, row: Task, options: RunOptions) -> list[CaseResult]:
+    """One task in this process: a result per result it reports."""
     from opforge.engine.plan import check_context
-    from opforge.engine.rows import run_row as run_one
+    from opforge.engine.tasks import run_task as run_one
 
     return run_one(check_context(loaded, options.filters), row, options.filters)

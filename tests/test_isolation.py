@@ -34,7 +34,7 @@ from opforge.engine.isolated import (
     visible_gpus,
 )
 from opforge.engine.plan import Filters
-from opforge.engine.protocol import Loaded, RowHeader
+from opforge.engine.protocol import Loaded, TaskHeader
 from opforge.errors import SpecError
 from opforge.loading import load_op
 from opforge.results import OpReport, RunReport, Status
@@ -300,8 +300,10 @@ def test_a_fresh_worker_that_plans_other_rows_crashes_the_rest_of_the_op_not_the
     spec = load_spec(FIXTURES / "good.yaml")
     run = RunReport({})
     supervisor = Supervisor([], Filters(), Isolation(), run, Events(), environ={})
-    row = RowHeader(implementation="native", case_id="c", dtype="float32", device="cuda", seed=1, rows=("correctness",))
-    op = _OpRun(spec, OpReport("good", str(spec.path)), 10.0, 0, rows=(row, row, row), next_index=1, spawned=Closed())
+    row = TaskHeader(
+        implementation="native", case_id="c", dtype="float32", device="cuda", seed=1, results=("correctness",)
+    )
+    op = _OpRun(spec, OpReport("good", str(spec.path)), 10.0, 0, tasks=(row, row, row), next_index=1, spawned=Closed())
     supervisor.active[0] = op
     supervisor._loaded(op, Loaded(count=2))
     assert [r.status for r in op.report.results] == [Status.CRASH, Status.CRASH]

@@ -150,9 +150,9 @@ def _spec_listing(tmp_path: Path, checks: str) -> Path:
 @pytest.fixture
 def toy_check(monkeypatch):
     """A new check known to the catalog alone: no other module names it."""
-    toy = Check("toy", "a toy check", all_cases, _toy_run, rows=("toy:small", "toy:even"))
+    toy = Check("toy", "a toy check", all_cases, _toy_run, results=("toy:small", "toy:even"))
     monkeypatch.setattr(CATALOG, "_checks", {**CATALOG._checks, "toy": toy})
-    monkeypatch.setattr(CATALOG, "_by_row", {**CATALOG._by_row, "toy:small": toy, "toy:even": toy})
+    monkeypatch.setattr(CATALOG, "_by_result", {**CATALOG._by_result, "toy:small": toy, "toy:even": toy})
     return toy
 
 
@@ -206,7 +206,7 @@ def test_a_missing_or_unknown_outcome_is_an_error_row_never_a_pass(toy_check, ou
 
     broken = replace(toy_check, run=lambda context, implementation, case: outcomes)
     CATALOG._checks["toy"] = broken
-    CATALOG._by_row.update({"toy:small": broken, "toy:even": broken})
+    CATALOG._by_result.update({"toy:small": broken, "toy:even": broken})
     spec = load_spec(_spec_listing(tmp_path, "toy"))
     report = run_op(load(spec), Filters(checks=("toy",), dtypes=("float64",)))
     even = [r for r in report.results if r.check == "toy:even" and r.implementation == "native"]

@@ -45,7 +45,7 @@ from opforge.checks.base import CheckContext
 from opforge.checks.calls import argument, differentiated
 from opforge.checks.catalog import CATALOG
 from opforge.compare import as_tuple
-from opforge.engine.rows import apply_xfail, check_verdicts
+from opforge.engine.tasks import apply_xfail, check_verdicts
 from opforge.errors import SpecError
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import short

@@ -1,7 +1,7 @@
-"""What a check is: one object holding everything the rest of opforge needs to know about it (its rows, when it
+"""What a check is: one object holding everything the rest of opforge needs to know about it (its results, when it
 applies, which cases it runs, how it runs one, how a failure is rerun), and the case selections several checks share.
 
-A check's `run` takes one case and returns one outcome per result row it owns (opforge.outcomes): the engine turns
+A check's `run` takes one case and returns one outcome per result it owns (opforge.outcomes): the engine turns
 a missing or unknown row into an ERROR row, so a typo cannot turn a failure into a pass.
 """
 
@@ -87,7 +87,7 @@ Runner = Callable[[CheckContext, "Implementation", "Case"], Outcomes]
 @dataclass(frozen=True)
 class OptIn:
     """A check that runs only when the run asks for it, through one of its options. Not asked, it is either left out
-    of the run unseen (the sanitizer tools), or, when `unless_asked` gives a reason for the op, one skip row per case
+    of the run unseen (the sanitizer tools), or, when `unless_asked` gives a reason for the op, one skip result per case
     saying why (large_index's memory; None from it: this op runs the check anyway, `large_index.enabled: true`)."""
 
     asked: Callable[[OptIns], bool]
@@ -115,8 +115,8 @@ class Check:
     summary: str
     select: Selector
     run: Runner
-    # The result rows it produces, when more than its own name (opcheck: one per sub-test).
-    rows: tuple[str, ...] = ()
+    # The results it produces, when more than its own name (opcheck: one per sub-test).
+    results: tuple[str, ...] = ()
     # Spec claims that must all hold for it to run when the spec lists no `checks:` (differentiable, ...).
     default_when: tuple[str, ...] = ()
     # The spec key its cases come from: the check runs only when the spec gives it (vmap, error_inputs, ...).
@@ -137,8 +137,8 @@ class Check:
     # It also visits dtypes the spec does not claim (the terminal folds those into one column).
     visits_unclaimed_dtypes: bool = False
 
-    def row_names(self) -> tuple[str, ...]:
-        return self.rows or (self.name,)
+    def result_names(self) -> tuple[str, ...]:
+        return self.results or (self.name,)
 
     def runs_by_default(self, claims: dict[str, bool]) -> bool:
         return all(claims[c] for c in self.default_when) and (self.claim is None or claims[self.claim])

@@ -33,25 +33,25 @@ from opforge.checks.base import Check, CheckOption, SpecSection
 
 
 class Catalog:
-    """Checks by name, and the result rows they produce."""
+    """Checks by name, and the results they produce."""
 
     def __init__(self, checks: Iterable[Check]):
         self._checks = {c.name: c for c in checks}
-        self._by_row = {row: c for c in self._checks.values() for row in c.row_names()}
+        self._by_result = {row: c for c in self._checks.values() for row in c.result_names()}
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self._checks)
 
     @property
-    def rows(self) -> tuple[str, ...]:
-        """Every result row a check can produce (a check's name, or its sub-rows such as opcheck:test_schema)."""
-        return tuple(self._by_row)
+    def result_names(self) -> tuple[str, ...]:
+        """Every result a check can produce (a check's name, or its sub-results such as opcheck:test_schema)."""
+        return tuple(self._by_result)
 
     @property
-    def sub_rows(self) -> tuple[str, ...]:
+    def sub_results(self) -> tuple[str, ...]:
         """The rows that are not a check's own name: what `--check` and `xfail` accept besides the names."""
-        return tuple(row for row in self._by_row if row not in self._checks)
+        return tuple(row for row in self._by_result if row not in self._checks)
 
     def __iter__(self) -> Iterator[Check]:
         return iter(self._checks.values())
@@ -62,9 +62,9 @@ class Catalog:
     def get(self, name: str) -> Check:
         return self._checks[name]
 
-    def of_row(self, row: str) -> Check:
-        """The check that produces result row `row`."""
-        return self._by_row[row]
+    def of_result(self, row: str) -> Check:
+        """The check that produces result `row`."""
+        return self._by_result[row]
 
     @property
     def options(self) -> tuple[CheckOption, ...]:

@@ -1,4 +1,4 @@
-"""opcheck: torch.library.opcheck, one result row per sub-test."""
+"""opcheck: torch.library.opcheck, one result per sub-test."""
 
 from __future__ import annotations
 
@@ -42,6 +42,6 @@ CHECKS = (
         "registration: schema, autograd registration, fake kernel, AOT dispatch (torch.library.opcheck)",
         registered_op_first_values,
         opcheck,
-        rows=tuple(f"opcheck:{t}" for t in SUBTESTS),
+        results=tuple(f"opcheck:{t}" for t in SUBTESTS),
     ),
 )

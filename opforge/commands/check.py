@@ -136,7 +136,7 @@ def check(
         filters = Filters(
             dtypes=validated(dtype, KNOWN_DTYPES, "--dtype"),
             devices=validated(device, KNOWN_DEVICES, "--device"),
-            checks=validated(check_, CATALOG.names + CATALOG.sub_rows, "--check"),
+            checks=validated(check_, CATALOG.names + CATALOG.sub_results, "--check"),
             keyword=keyword,
             seed=seed,
             fail_fast=fail_fast,

@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 
 from opforge.engine.events import Events
-from opforge.engine.plan import Filters, Plan, build_info, check_context, load_checked, load_row, plan_op
-from opforge.engine.rows import run_rows, stops_run
+from opforge.engine.plan import Filters, Plan, build_info, check_context, load_checked, load_result, plan_op
+from opforge.engine.tasks import run_tasks, stops_run
 from opforge.errors import OpforgeError
 from opforge.loading import LoadedOp
 from opforge.results import CaseResult, OpReport, RunReport, Status
@@ -31,11 +31,11 @@ def run_in_process(
             loaded = load_checked(spec, cuda_arch, on_step=events.step)
         except OpforgeError as exc:
             report.load_exit_code = exc.exit_code
-            report.results.append(load_row(spec, Status.ERROR, str(exc), time.perf_counter() - start))
+            report.results.append(load_result(spec, Status.ERROR, str(exc), time.perf_counter() - start))
             events.result(spec.name, report.results[-1])
             continue
         plan = plan_op(loaded, filters)
-        events.planned(spec.name, len(plan.rows) + len(plan.skipped))
+        events.planned(spec.name, len(plan.tasks) + len(plan.skipped))
 
         def on_result(result: CaseResult, name: str = spec.name) -> None:
             events.result(name, result)
@@ -53,7 +53,7 @@ def run_op(
     on_result: Callable[[CaseResult], None] | None = None,
     report: OpReport | None = None,
 ) -> OpReport:
-    """One loaded op's planned rows, skips first, into `report` (a new one when none is given); `on_result` receives
+    """One loaded op's tasks, skips first, into `report` (a new one when none is given); `on_result` receives
     each result as it comes."""
     plan = plan or plan_op(loaded, filters)
     start = time.perf_counter()
@@ -72,6 +72,6 @@ def run_op(
 
     for result in plan.skipped:
         add(result)
-    run_rows(check_context(loaded, filters), plan, filters, on_results=add_row)
+    run_tasks(check_context(loaded, filters), plan, filters, on_results=add_row)
     report.seconds = time.perf_counter() - start
     return report

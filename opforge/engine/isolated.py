@@ -32,7 +32,7 @@ from pathlib import Path
 
 from opforge.checks.catalog import CATALOG
 from opforge.engine.events import Events
-from opforge.engine.plan import Filters, load_row
+from opforge.engine.plan import Filters, load_result
 from opforge.engine.protocol import (
     Done,
     End,
@@ -44,12 +44,12 @@ from opforge.engine.protocol import (
     LoadError,
     Restart,
     Result,
-    RowHeader,
     Start,
     Step,
+    TaskHeader,
     decode,
 )
-from opforge.engine.rows import repro_command, stops_run
+from opforge.engine.tasks import repro_command, stops_run
 from opforge.errors import WorkerInternalError
 from opforge.results import CaseResult, OpReport, RunReport, Status
 from opforge.spec.model import OpSpec
@@ -229,7 +229,7 @@ class _OpRun:
     report: OpReport
     limit: float
     slot: int
-    rows: tuple[RowHeader, ...] | None = None
+    tasks: tuple[TaskHeader, ...] | None = None
     next_index: int = 0
     in_flight: int | None = None
     since: float = field(default_factory=time.monotonic)
@@ -247,7 +247,7 @@ class _OpRun:
         return self.spawned
 
     def remaining(self) -> bool:
-        return self.rows is not None and self.next_index < len(self.rows)
+        return self.tasks is not None and self.next_index < len(self.tasks)
 
     def deadline(self) -> float:
         if self.dying_since is not None:
@@ -362,25 +362,25 @@ class Supervisor:
         elif isinstance(event, LoadError):
             # A spec or build error of this op: its load row says why, the other ops go on.
             op.report.load_exit_code = event.exit_code
-            self._add(op, load_row(op.spec, Status.ERROR, event.message, time.monotonic() - op.since))
+            self._add(op, load_result(op.spec, Status.ERROR, event.message, time.monotonic() - op.since))
             self._finish(op)
         elif isinstance(event, Internal):
             raise WorkerInternalError(f"{event.message} (in the worker for {op.spec.name})", event.traceback)
 
     def _loaded(self, op: _OpRun, event: Loaded) -> None:
-        if event.rows is not None:
-            op.rows = event.rows
+        if event.tasks is not None:
+            op.tasks = event.tasks
             op.report.build = event.build
-            self.events.planned(op.spec.name, len(event.skipped) + sum(len(r.rows) for r in op.rows))
+            self.events.planned(op.spec.name, len(event.skipped) + sum(len(t.results) for t in op.tasks))
             for result in event.skipped:
                 self._add(op, result)
-        elif op.rows is None or event.count != len(op.rows):
+        elif op.tasks is None or event.count != len(op.tasks):
             how = (
                 f"a fresh worker planned {event.count} rows where the first one planned "
-                f"{len(op.rows or ())}: what it can run changed (a GPU lost after a fault?), so this row and the "
+                f"{len(op.tasks or ())}: what it can run changed (a GPU lost after a fault?), so this row and the "
                 "op's other remaining rows did not run"
             )
-            for index in range(op.next_index, len(op.rows or ())):
+            for index in range(op.next_index, len(op.tasks or ())):
                 self._lost_row(op, index, Status.CRASH, how, seconds=0.0)
             self._finish(op)
 
@@ -429,10 +429,10 @@ class Supervisor:
         self._continue(op)
 
     def _lost_row(self, op: _OpRun, index: int, status: Status, message: str, seconds: float | None = None) -> None:
-        """A planned row that never reported: one result per row name it would have reported."""
-        row = (op.rows or ())[index]
+        """A task that never reported: one result per row name it would have reported."""
+        row = (op.tasks or ())[index]
         seconds = time.monotonic() - op.since if seconds is None else seconds
-        for name in row.rows:
+        for name in row.results:
             self._add(
                 op,
                 CaseResult(
@@ -453,7 +453,7 @@ class Supervisor:
         op.in_flight = None
 
     def _lost_load(self, op: _OpRun, status: Status, how: str) -> None:
-        self._add(op, load_row(op.spec, status, _with_stderr(how, op.worker), time.monotonic() - op.since))
+        self._add(op, load_result(op.spec, status, _with_stderr(how, op.worker), time.monotonic() - op.since))
         self._finish(op)
 
     def _continue(self, op: _OpRun) -> None:

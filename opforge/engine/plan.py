@@ -47,13 +47,15 @@ class Filters:
 
     def wants_check(self, row: str) -> bool:
         return (
-            not self.checks or row in self.checks or (row in CATALOG.rows and CATALOG.of_row(row).name in self.checks)
+            not self.checks
+            or row in self.checks
+            or (row in CATALOG.result_names and CATALOG.of_result(row).name in self.checks)
         )
 
     def wants_id(self, op: str, ident: str) -> bool:
         if self.keyword and self.keyword not in ident:
             return False
-        return not self.ids or ident in self.ids or load_row_id(op) in self.ids
+        return not self.ids or ident in self.ids or load_result_id(op) in self.ids
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,11 +68,11 @@ class Filters:
         return cls(**fields)
 
 
-def load_row_id(op: str) -> str:
+def load_result_id(op: str) -> str:
     return result_id(op, NATIVE, LOAD_CHECK, LOAD_CASE)
 
 
-def load_row(spec: OpSpec, status: Status, message: str, seconds: float = 0.0) -> CaseResult:
+def load_result(spec: OpSpec, status: Status, message: str, seconds: float = 0.0) -> CaseResult:
     """The row that stands for an op that never got to run its checks: its loading failed, crashed or hung."""
     return CaseResult(
         op=spec.name,
@@ -104,7 +106,7 @@ def unloadable_spec_report(path: Path, exc: OpforgeError) -> OpReport:
 
 
 @dataclass(frozen=True)
-class PlannedRow:
+class Task:
     implementation: Implementation
     check: Check
     case: Case
@@ -112,7 +114,7 @@ class PlannedRow:
 
 @dataclass
 class Plan:
-    rows: list[PlannedRow] = field(default_factory=list)
+    tasks: list[Task] = field(default_factory=list)
     skipped: list[CaseResult] = field(default_factory=list)
 
 
@@ -140,7 +142,7 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
     for implementation in loaded.implementations:
         for name in checks_to_run(spec, filters.opt_ins):
             check = CATALOG.get(name)
-            rows = [r for r in check.row_names() if filters.wants_check(r)]
+            rows = [r for r in check.result_names() if filters.wants_check(r)]
             if not rows or _unseen(check, filters.opt_ins):
                 continue
             opted_out = check.opt_in.skip_reason(loaded, filters.opt_ins) if check.opt_in else None
@@ -151,7 +153,7 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
                     filters,
                     spec,
                     (
-                        skip_row(spec, implementation, row, case.id, case.dtype, case.device, opted_out)
+                        skip_result(spec, implementation, row, case.id, case.dtype, case.device, opted_out)
                         for row in rows
                         for case in wanted
                     ),
@@ -163,13 +165,13 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
                     and (not filters.dtypes or case.dtype in filters.dtypes)
                     and owns(filters.shard, result_id(spec.name, implementation.name, check.name, case.id))
                 ):
-                    plan.rows.append(PlannedRow(implementation, check, case))
+                    plan.tasks.append(Task(implementation, check, case))
             for device in devices:
                 reason = device_unavailable(device)
                 if reason:
                     claimed = [d for d in dtypes if d in spec.dtypes_on(device)]
                     skips = (
-                        skip_row(spec, implementation, row, f"{dtype}-{device}", dtype, device, reason)
+                        skip_result(spec, implementation, row, f"{dtype}-{device}", dtype, device, reason)
                         for row in rows
                         for dtype in claimed
                     )
@@ -178,7 +180,7 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
 
 
 def _kept(filters: Filters, spec: OpSpec, skipped: Iterable[CaseResult]) -> list[CaseResult]:
-    """The skip rows the filters select and this shard owns."""
+    """The skip results the filters select and this shard owns."""
     return [r for r in skipped if filters.wants_id(spec.name, r.full_id) and owns(filters.shard, r.full_id)]
 
 
@@ -201,13 +203,17 @@ def checks_to_run(spec: OpSpec, opt_ins: OptIns) -> tuple[str, ...]:
 def unlisted_checks(specs: list[OpSpec], filters: Filters) -> list[str]:
     """The --check names no selected spec runs: a run filtered to them checks nothing, and should say why."""
     run = {name for spec in specs for name in checks_to_run(spec, filters.opt_ins)}
-    return [name for name in filters.checks if (CATALOG.of_row(name).name if name in CATALOG.rows else name) not in run]
+    return [
+        name
+        for name in filters.checks
+        if (CATALOG.of_result(name).name if name in CATALOG.result_names else name) not in run
+    ]
 
 
 def unasked_checks(filters: Filters) -> list[Check]:
     """The checks --check names that run only when asked for (memcheck: --sanitize memcheck) and were not: a run
     filtered to them checks nothing, and should say which flag asks."""
-    named = [CATALOG.of_row(name) for name in filters.checks if name in CATALOG.rows]
+    named = [CATALOG.of_result(name) for name in filters.checks if name in CATALOG.result_names]
     return [c for c in named if _unseen(c, filters.opt_ins)]
 
 
@@ -215,16 +221,16 @@ def _matches(filters: Filters, spec: OpSpec, implementation: Implementation, row
     return filters.wants_id(spec.name, result_id(spec.name, implementation.name, row, case.id))
 
 
-def reported_rows(filters: Filters, spec: OpSpec, row: PlannedRow) -> list[str]:
-    """The result rows a planned row reports: its check's rows that the filters keep."""
+def reported_results(filters: Filters, spec: OpSpec, row: Task) -> list[str]:
+    """The results a task reports: its check's rows that the filters keep."""
     return [
         name
-        for name in row.check.row_names()
+        for name in row.check.result_names()
         if filters.wants_check(name) and _matches(filters, spec, row.implementation, name, row.case)
     ]
 
 
-def skip_row(
+def skip_result(
     spec: OpSpec, implementation: Implementation, row: str, case_id: str, dtype: str, device: str, reason: str
 ) -> CaseResult:
     """A row that does not run here, and why: a device that is missing (one per dtype: `float32-cuda`), or an

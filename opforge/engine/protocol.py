@@ -13,7 +13,7 @@ from opforge.results import CaseResult, result_from_json, result_json
 
 @dataclass(frozen=True)
 class Job:
-    """One op for a worker: its spec, from which planned row to go on, and the row's time limit."""
+    """One op for a worker: its spec, from which task to go on, and the row's time limit."""
 
     spec: str
     filters: Filters
@@ -31,15 +31,15 @@ class Job:
 
 
 @dataclass(frozen=True)
-class RowHeader:
-    """What the parent knows of a planned row before it runs: enough to report it if the worker dies in it."""
+class TaskHeader:
+    """What the parent knows of a task before it runs: enough to report it if the worker dies in it."""
 
     implementation: str
     case_id: str
     dtype: str
     device: str
     seed: int
-    rows: tuple[str, ...]
+    results: tuple[str, ...]
 
 
 class Event:
@@ -71,29 +71,29 @@ class Step(Event):
 
 @dataclass(frozen=True)
 class Loaded(Event):
-    """The op loaded and its rows planned. From row 0 on it carries the planned rows, the build and the skipped
+    """The op loaded and its rows planned. From row 0 on it carries the tasks, the build and the skipped
     results; a worker that goes on from a later row sends only the count, which must not have changed."""
 
     kind: ClassVar[str] = "loaded"
     count: int
-    rows: tuple[RowHeader, ...] | None = None
+    tasks: tuple[TaskHeader, ...] | None = None
     build: dict[str, Any] | None = None
     skipped: tuple[CaseResult, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"event": self.kind, "count": self.count}
-        if self.rows is not None:
+        if self.tasks is not None:
             data.update(
-                rows=[asdict(r) for r in self.rows], build=self.build, skipped=[result_json(r) for r in self.skipped]
+                tasks=[asdict(r) for r in self.tasks], build=self.build, skipped=[result_json(r) for r in self.skipped]
             )
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Loaded:
-        if "rows" not in data:
+        if "tasks" not in data:
             return cls(count=data["count"])
-        rows = tuple(RowHeader(**{**r, "rows": tuple(r["rows"])}) for r in data["rows"])
-        return cls(data["count"], rows, data["build"], tuple(result_from_json(r) for r in data["skipped"]))
+        tasks = tuple(TaskHeader(**{**t, "results": tuple(t["results"])}) for t in data["tasks"])
+        return cls(data["count"], tasks, data["build"], tuple(result_from_json(r) for r in data["skipped"]))
 
 
 @dataclass(frozen=True)

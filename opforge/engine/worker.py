@@ -1,4 +1,4 @@
-"""The child process of an isolated run (see opforge.engine.isolated): load one op, run its planned rows from a
+"""The child process of an isolated run (see opforge.engine.isolated): load one op, run its tasks from a
 given index on, and stream what happens to the parent as the events of opforge.engine.protocol.
 
 Started with the Job as one JSON line on stdin. The protocol goes to a duplicate of the original stdout; fd 1 is
@@ -26,9 +26,9 @@ from opforge.engine.protocol import (
     LoadError,
     Restart,
     Result,
-    RowHeader,
     Start,
     Step,
+    TaskHeader,
     encode,
 )
 from opforge.errors import OpforgeError
@@ -61,8 +61,8 @@ def main() -> None:
 
 
 def run(job: Job, send: Send) -> None:
-    from opforge.engine.plan import build_info, check_context, load_checked, plan_op, reported_rows
-    from opforge.engine.rows import run_rows
+    from opforge.engine.plan import build_info, check_context, load_checked, plan_op, reported_results
+    from opforge.engine.tasks import run_tasks
     from opforge.environment import environment
     from opforge.spec.load import load_spec
 
@@ -74,19 +74,19 @@ def run(job: Job, send: Send) -> None:
     start_cuda(plan)
     if job.start == 0:
         headers = tuple(
-            RowHeader(
+            TaskHeader(
                 implementation=row.implementation.name,
                 case_id=row.case.id,
                 dtype=row.case.dtype,
                 device=row.case.device,
                 seed=row.case.seed(filters.seed),
-                rows=tuple(reported_rows(filters, spec, row)),
+                results=tuple(reported_results(filters, spec, row)),
             )
-            for row in plan.rows
+            for row in plan.tasks
         )
-        send(Loaded(len(plan.rows), headers, build_info(loaded), tuple(plan.skipped)))
+        send(Loaded(len(plan.tasks), headers, build_info(loaded), tuple(plan.skipped)))
     else:
-        send(Loaded(len(plan.rows)))
+        send(Loaded(len(plan.tasks)))
     unusable: list[str] = []
 
     def finish_row(index: int, results: list[CaseResult]) -> None:
@@ -105,7 +105,7 @@ def run(job: Job, send: Send) -> None:
         return not unusable
 
     context = check_context(loaded, filters, job.time_limit)
-    ran_to_the_end = run_rows(
+    ran_to_the_end = run_tasks(
         context,
         plan,
         filters,
@@ -121,7 +121,7 @@ def run(job: Job, send: Send) -> None:
 def start_cuda(plan: Plan) -> None:
     """Creates the CUDA context of each device the rows use while the worker is still loading (under the load's time
     limit): on a busy machine that takes seconds, and a spec's per-check `timeout:` is for the op, not for it."""
-    devices = sorted({row.case.device for row in plan.rows if row.case.device.startswith("cuda")})
+    devices = sorted({row.case.device for row in plan.tasks if row.case.device.startswith("cuda")})
     if not devices:
         return
     import torch

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opforge.engine.plan import LOAD_CHECK, Filters, load_row_id
+from opforge.engine.plan import LOAD_CHECK, Filters, load_result_id
 from opforge.files import write_atomically
 from opforge.reporters.base import Reporter
 from opforge.results import OpReport, RunReport
@@ -89,7 +89,7 @@ def record(root: Path, run: RunReport, filters: Filters | None = None) -> dict[s
                 if ident in produced or _key(root, Path(spec)) != _key(root, Path(op.spec_path))
             }
         if op.results and not any(r.check == LOAD_CHECK for r in op.results):
-            failed.pop(load_row_id(op.op), None)
+            failed.pop(load_result_id(op.op), None)
         for r in op.results:
             if r.status.failed:
                 failed[r.full_id] = op.spec_path

@@ -264,7 +264,7 @@ def _row_label(row: str) -> str:
 
 
 def _visits_unclaimed_dtypes(row: str) -> bool:
-    return row in CATALOG.rows and CATALOG.of_row(row).visits_unclaimed_dtypes
+    return row in CATALOG.result_names and CATALOG.of_result(row).visits_unclaimed_dtypes
 
 
 def _fold_unclaimed_dtypes(cells: _Cells) -> None:

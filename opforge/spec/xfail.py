@@ -32,13 +32,13 @@ def _read_xfail(r: Reader, key: str, node: Node) -> XFail:
         required=("check", "reason"),
     )
     check = x.get("check", read_str)
-    if check not in CATALOG.names and check not in CATALOG.rows:
+    if check not in CATALOG.names and check not in CATALOG.result_names:
         raise x.fail(
             x.child("check"),
             f"{key}.check",
-            f"one of {', '.join(CATALOG.names)} (or one of a check's rows: {', '.join(CATALOG.sub_rows)})",
+            f"one of {', '.join(CATALOG.names)} (or one of a check's rows: {', '.join(CATALOG.sub_results)})",
             repr(check),
-            suggest(check, CATALOG.names + CATALOG.sub_rows),
+            suggest(check, CATALOG.names + CATALOG.sub_results),
         )
     return XFail(
         check=check,

@@ -1,4 +1,4 @@
-"""Running planned rows: one check on one case, its outcomes (or the exception it raised) turned into one result
+"""Running tasks: one check on one case, its outcomes (or the exception it raised) turned into one result
 per row it owns, the spec's xfail entries applied, a rerun command for each failure. The one row loop every runner
 uses (this process, a worker, the pytest plugin one row at a time), and the one outcome mapping (bench's
 verification too)."""
@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes
 from opforge.checks.catalog import CATALOG
-from opforge.engine.plan import Filters, Plan, PlannedRow, reported_rows
+from opforge.engine.plan import Filters, Plan, Task, reported_results
 from opforge.outcomes import CheckFailure, CheckSkipped, PassNote, ReferenceFailure, short
 from opforge.results import CaseResult, Mismatch, Status, result_id
 from opforge.spec.model import OpSpec
@@ -22,7 +22,7 @@ from opforge.spec.model import OpSpec
 
 @dataclass(frozen=True)
 class Verdict:
-    """What one result row says, before the spec's xfail entries are applied."""
+    """What one result says, before the spec's xfail entries are applied."""
 
     status: Status
     message: str = ""
@@ -34,7 +34,7 @@ def stops_run(filters: Filters, results: list[CaseResult]) -> bool:
     return filters.fail_fast and any(r.status.failed for r in results)
 
 
-def run_rows(
+def run_tasks(
     context: CheckContext,
     plan: Plan,
     filters: Filters,
@@ -43,18 +43,18 @@ def run_rows(
     on_results: Callable[[int, list[CaseResult]], None] = lambda index, results: None,
     after_row: Callable[[int], bool] = lambda index: True,
 ) -> bool:
-    """Run the planned rows from `start` on. `after_row` returns False to stop (a worker whose device became
+    """Run the tasks from `start` on. `after_row` returns False to stop (a worker whose device became
     unusable). Returns whether the rows ran to the end, i.e. neither -x nor `after_row` stopped them."""
-    for index in range(start, len(plan.rows)):
+    for index in range(start, len(plan.tasks)):
         on_start(index)
-        results = run_row(context, plan.rows[index], filters)
+        results = run_task(context, plan.tasks[index], filters)
         on_results(index, results)
         if stops_run(filters, results) or not after_row(index):
             return False
     return True
 
 
-def run_row(ctx: CheckContext, row: PlannedRow, filters: Filters) -> list[CaseResult]:
+def run_task(ctx: CheckContext, row: Task, filters: Filters) -> list[CaseResult]:
     spec = ctx.loaded.spec
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
@@ -63,12 +63,13 @@ def run_row(ctx: CheckContext, row: PlannedRow, filters: Filters) -> list[CaseRe
             verdicts = check_verdicts(row.check, lambda: row.check.run(ctx, row.implementation, row.case))
         except Exception as exc:  # a bug in a check or an exotic op must cost one row, not the run
             verdicts = {
-                name: Verdict(Status.ERROR, f"the check itself raised {short(exc)}") for name in row.check.row_names()
+                name: Verdict(Status.ERROR, f"the check itself raised {short(exc)}")
+                for name in row.check.result_names()
             }
     seen = tuple(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))
-    seconds = (time.perf_counter() - start) / max(1, len(row.check.row_names()))
+    seconds = (time.perf_counter() - start) / max(1, len(row.check.result_names()))
     results = []
-    for name in reported_rows(filters, spec, row):
+    for name in reported_results(filters, spec, row):
         verdict = apply_xfail(spec, row.implementation.name, name, row.case, verdicts[name])
         results.append(
             CaseResult(
@@ -95,7 +96,7 @@ def run_row(ctx: CheckContext, row: PlannedRow, filters: Filters) -> list[CaseRe
 def check_verdicts(check: Check, run: Callable[[], Outcomes]) -> dict[str, Verdict]:
     """A verdict for each row of `check` from what `run` (the check on one case) returned or raised: the outcome
     exceptions as their statuses, every other exception passed on."""
-    names = check.row_names()
+    names = check.result_names()
     try:
         outcomes = run()
     except CheckFailure as failure:
@@ -110,7 +111,7 @@ def check_verdicts(check: Check, run: Callable[[], Outcomes]) -> dict[str, Verdi
 def outcome_verdicts(check: Check, outcomes: object) -> dict[str, Verdict]:
     """Each declared row's outcome as a verdict. A row the check gave no outcome for, and one given something that
     is no outcome, is an ERROR (a bug in the check): never a silent pass."""
-    names = check.row_names()
+    names = check.result_names()
     if not isinstance(outcomes, dict):
         bug = f"the check {check.name} returned {type(outcomes).__name__}, expected a dict of outcomes by row"
         return {name: Verdict(Status.ERROR, f"{bug}: a bug in the check") for name in names}
@@ -158,9 +159,9 @@ def apply_xfail(spec: OpSpec, implementation: str, check: str, case: Case, verdi
 
 
 def repro_command(spec: OpSpec, implementation: str, row: str, case_id: str, seed: int) -> str:
-    """The command that reruns exactly one result row (with the flags its check is opted into by)."""
+    """The command that reruns exactly one result (with the flags its check is opted into by)."""
     ident = result_id(spec.name, implementation, row, case_id)
-    check = CATALOG.of_row(row)
+    check = CATALOG.of_result(row)
     flags = "".join(f" {flag}" for flag in check.rerun_flags)
     return (
         f"opforge check {shlex.quote(str(spec.path))} --check {check.name} -k {shlex.quote(ident)} --seed {seed}{flags}"
