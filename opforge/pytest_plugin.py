@@ -55,12 +55,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "opforge: a test item collected from an opforge spec")
-    from opforge.engine.plan import Filters
+    from opforge.engine.plan import RunSettings
     from opforge.session import RunOptions
 
     # In this process: pytest is the runner (pytest-xdist its workers, pytest-timeout its time limit).
-    filters = Filters(seed=config.getoption("opforge_seed"), opt_ins=_opt_ins(config))
-    config.stash[_SESSION] = _Session(RunOptions(filters, config.getoption("opforge_cuda_arch"), isolation=False))
+    settings = RunSettings(seed=config.getoption("opforge_seed"), opt_ins=_opt_ins(config))
+    options = RunOptions(settings=settings, cuda_arch=config.getoption("opforge_cuda_arch"), isolation=False)
+    config.stash[_SESSION] = _Session(options)
 
 
 def _opt_ins(config: pytest.Config) -> OptIns:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from opforge.engine.plan import Filters, Task, load_checked, plan_op, unasked_checks, unlisted_checks
+from opforge.engine.plan import Filters, RunSettings, Task, load_checked, plan_op, unasked_checks, unlisted_checks
 from opforge.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, OpforgeError
 from opforge.results import CaseResult, RunReport
 from opforge.spec.load import load_spec
@@ -26,10 +26,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How a run goes: which rows (filters, with the seed and the check-owned options), what to build for, and where
-    the checks run (worker processes, each row under a time limit, `jobs` ops at once; or this process)."""
+    """How a run goes: which results (filters), how they run (the seed, -x, the check-owned options), what to build
+    for, and where the checks run (worker processes, each task under a time limit, `jobs` ops at once; or this
+    process)."""
 
     filters: Filters = field(default_factory=Filters)
+    settings: RunSettings = field(default_factory=RunSettings)
     cuda_arch: str | None = None
     isolation: bool = True
     jobs: int = 1
@@ -41,9 +43,9 @@ def run(paths: list[Path], options: RunOptions, reporters: list[Reporter]) -> tu
     interrupt ends the run early with the report marked incomplete. Returns the report and its exit code."""
     from opforge.reporters.base import fan_out
 
-    report = RunReport(environment={}, seed=options.filters.seed, shard=options.filters.shard)
+    report = RunReport(environment={}, seed=options.settings.seed, shard=options.filters.shard)
     specs = load_specs(paths, report)
-    report.notes += unlisted_check_notes(specs, options.filters)
+    report.notes += unlisted_check_notes(specs, options.filters, options.settings)
     events = fan_out(reporters)
     for reporter in reporters:
         reporter.start()
@@ -53,11 +55,11 @@ def run(paths: list[Path], options: RunOptions, reporters: list[Reporter]) -> tu
             from opforge.engine.isolated import Isolation, run_isolated
 
             isolation = Isolation(jobs=options.jobs, timeout=options.timeout, cuda_arch=options.cuda_arch)
-            run_isolated(specs, options.filters, isolation, report, events)
+            run_isolated(specs, options.filters, options.settings, isolation, report, events)
         else:
             from opforge.engine.inprocess import run_in_process
 
-            run_in_process(specs, options.filters, options.cuda_arch, report, events)
+            run_in_process(specs, options.filters, options.settings, options.cuda_arch, report, events)
     except KeyboardInterrupt:
         report.incomplete = True
     finally:
@@ -98,13 +100,13 @@ def exit_code(report: RunReport) -> int:
     )
 
 
-def unlisted_check_notes(specs: list[OpSpec], filters: Filters) -> list[str]:
+def unlisted_check_notes(specs: list[OpSpec], filters: Filters, settings: RunSettings) -> list[str]:
     """Why a `--check` selects nothing: no selected spec lists it, or it runs only when its option is given."""
-    unasked = unasked_checks(filters)
+    unasked = unasked_checks(filters, settings)
     return [
         f"--check {name}: expected a check some selected spec runs, got one none of them lists in `checks:` "
         f"({', '.join(s.name for s in specs)}). Add it to the spec's checks, or pick one it lists."
-        for name in unlisted_checks(specs, filters)
+        for name in unlisted_checks(specs, filters, settings)
         if name not in {c.name for c in unasked}
     ] + [
         f"--check {c.name}: expected a check this run asked for, got one that runs only when asked: add "
@@ -122,7 +124,7 @@ def load(path: Path, options: RunOptions) -> LoadedOp:
 
 
 def plan(loaded: LoadedOp, options: RunOptions) -> Plan:
-    return plan_op(loaded, options.filters)
+    return plan_op(loaded, options.filters, options.settings)
 
 
 def run_task(loaded: LoadedOp, row: Task, options: RunOptions) -> list[CaseResult]:
@@ -130,4 +132,4 @@ def run_task(loaded: LoadedOp, row: Task, options: RunOptions) -> list[CaseResul
     from opforge.engine.plan import check_context
     from opforge.engine.tasks import run_task as run_one
 
-    return run_one(check_context(loaded, options.filters), row, options.filters)
+    return run_one(check_context(loaded, options.settings), row, options.filters)

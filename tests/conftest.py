@@ -13,7 +13,7 @@ import torch
 os.environ["COLUMNS"] = "250"
 
 from opforge.engine.inprocess import run_op
-from opforge.engine.plan import Filters
+from opforge.engine.plan import Filters, RunSettings
 from opforge.loading import load_op
 from opforge.results import OpReport, Status
 from opforge.spec.load import load_spec
@@ -48,11 +48,18 @@ def in_process(args: tuple[str, ...]) -> list[str]:
     return list(args)
 
 
-def run_spec(path: Path, **filters) -> OpReport:
-    return run_op(load_op(load_spec(path)), Filters(**filters))
+def run_spec(path: Path, **selection) -> OpReport:
+    """An op's checks in this process; `selection` holds Filters' fields and RunSettings' (seed, opt_ins)."""
+    filters, settings = _split(selection)
+    return run_op(load_op(load_spec(path)), filters, settings)
 
 
-def run_spec_isolated(path: Path, **filters) -> OpReport:
+def _split(selection: dict) -> tuple[Filters, RunSettings]:
+    settings = {k: selection.pop(k) for k in ("seed", "fail_fast", "opt_ins") if k in selection}
+    return Filters(**selection), RunSettings(**settings)
+
+
+def run_spec_isolated(path: Path, **selection) -> OpReport:
     """run_spec in worker processes, for ops that break the process they run in: a CUDA fault such as a misaligned
     address is sticky (every later CUDA call of the process fails), and two copies of one TORCH_LIBRARY namespace
     cannot be loaded into one process. The workers start afresh after a fault, as `opforge check` does."""
@@ -60,7 +67,7 @@ def run_spec_isolated(path: Path, **filters) -> OpReport:
     from opforge.results import RunReport
 
     run = RunReport(environment={})
-    run_isolated([load_spec(path)], Filters(**filters), Isolation(), run)
+    run_isolated([load_spec(path)], *_split(selection), Isolation(), run)
     (report,) = run.ops
     return report
 

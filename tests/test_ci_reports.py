@@ -12,6 +12,7 @@ from conftest import FIXTURES, in_process
 from typer.testing import CliRunner
 
 from opforge.cli import app
+from opforge.engine.plan import Filters
 from opforge.files import write_atomically
 from opforge.reporters.lastfailed import STORE, record, recorded
 from opforge.reporters.markdown import MAX_FAILURES, render_markdown
@@ -283,3 +284,15 @@ def test_an_unwritable_report_path_is_refused_before_the_run(tmp_path, option):
     assert f"{option}: expected a path a report can be written to" in result.output
     assert "Traceback" not in result.output and "OK:" not in result.output
     assert not (tmp_path / "ok.xml").exists()
+
+
+def test_a_shard_run_keeps_the_failures_other_shards_recorded(tmp_path):
+    """A --shard K/N run produces only its shard's ids: a failure of the same op in another shard is not stale."""
+    (tmp_path / "op.yaml").write_text("")
+    other_shard = RunReport({}, ops=[OpReport("op", "op.yaml", [_result("correctness", "a", Status.FAIL)])])
+    record(tmp_path, other_shard, Filters(shard=(1, 2)))
+    this_shard = RunReport({}, ops=[OpReport("op", "op.yaml", [_result("correctness", "b", Status.PASS)])])
+    record(tmp_path, this_shard, Filters(shard=(2, 2)))
+    assert recorded(tmp_path) == {"op/native::correctness[a]": "op.yaml"}
+    record(tmp_path, this_shard, Filters())  # a whole run that no longer produces it forgets it
+    assert recorded(tmp_path) == {}

@@ -33,7 +33,7 @@ from opforge.engine.isolated import (
     time_limit,
     visible_gpus,
 )
-from opforge.engine.plan import Filters
+from opforge.engine.plan import Filters, RunSettings
 from opforge.engine.protocol import Loaded, TaskHeader
 from opforge.errors import SpecError
 from opforge.loading import load_op
@@ -299,7 +299,7 @@ def test_a_fresh_worker_that_plans_other_rows_crashes_the_rest_of_the_op_not_the
 
     spec = load_spec(FIXTURES / "good.yaml")
     run = RunReport({})
-    supervisor = Supervisor([], Filters(), Isolation(), run, Events(), environ={})
+    supervisor = Supervisor([], Filters(), RunSettings(), Isolation(), run, Events(), environ={})
     row = TaskHeader(
         implementation="native", case_id="c", dtype="float32", device="cuda", seed=1, results=("correctness",)
     )

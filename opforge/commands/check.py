@@ -128,7 +128,7 @@ def check(
 
     def body() -> int:
         from opforge import session
-        from opforge.engine.plan import Filters
+        from opforge.engine.plan import Filters, RunSettings
         from opforge.reporters.lastfailed import LastFailedReport
         from opforge.reporters.terminal import TerminalReport
 
@@ -138,15 +138,13 @@ def check(
             devices=validated(device, KNOWN_DEVICES, "--device"),
             checks=validated(check_, CATALOG.names + CATALOG.sub_results, "--check"),
             keyword=keyword,
-            seed=seed,
-            fail_fast=fail_fast,
-            opt_ins=opt_ins.parse(),
             shard=parse_shard(shard) if shard else None,
         )
+        settings = RunSettings(seed, fail_fast, opt_ins.parse())
         files = file_reporters(reports)
         only_ids, paths = _selection(last_failed, ops or [], all_specs)
         filters = dataclasses.replace(filters, ids=only_ids)
-        options = session.RunOptions(filters, cuda_arch, not no_isolation, jobs, timeout)
+        options = session.RunOptions(filters, settings, cuda_arch, not no_isolation, jobs, timeout)
         terminal = TerminalReport(verbose)
         with _sigterm_interrupts():
             try:
@@ -156,7 +154,7 @@ def check(
             terminal.finish(run)
             if not finish_files(files, run):
                 code = max(code, EXIT_USAGE)
-            _record_failures(LastFailedReport(Path.cwd(), filters), run)
+            _record_failures(LastFailedReport(Path.cwd(), filters, fail_fast), run)
         if run.incomplete:
             out.error("interrupted: the results above and the reports written are incomplete")
             return EXIT_INTERRUPTED

@@ -6,7 +6,16 @@ import time
 from collections.abc import Callable
 
 from opforge.engine.events import Events
-from opforge.engine.plan import Filters, Plan, build_info, check_context, load_checked, load_result, plan_op
+from opforge.engine.plan import (
+    Filters,
+    Plan,
+    RunSettings,
+    build_info,
+    check_context,
+    load_checked,
+    load_result,
+    plan_op,
+)
 from opforge.engine.tasks import run_tasks, stops_run
 from opforge.errors import OpforgeError
 from opforge.loading import LoadedOp
@@ -15,7 +24,12 @@ from opforge.spec.model import OpSpec
 
 
 def run_in_process(
-    specs: list[OpSpec], filters: Filters, cuda_arch: str | None, run: RunReport, events: Events | None = None
+    specs: list[OpSpec],
+    filters: Filters,
+    settings: RunSettings,
+    cuda_arch: str | None,
+    run: RunReport,
+    events: Events | None = None,
 ) -> None:
     """Every spec's checks in this process, appending each op's report to `run` as soon as it starts (so that an
     interrupted run keeps what finished). An op that fails to load is an ERROR load row and the next op goes on."""
@@ -34,28 +48,30 @@ def run_in_process(
             report.results.append(load_result(spec, Status.ERROR, str(exc), time.perf_counter() - start))
             events.result(spec.name, report.results[-1])
             continue
-        plan = plan_op(loaded, filters)
+        plan = plan_op(loaded, filters, settings)
         events.planned(spec.name, len(plan.tasks) + len(plan.skipped))
 
         def on_result(result: CaseResult, name: str = spec.name) -> None:
             events.result(name, result)
 
-        run_op(loaded, filters, plan, on_result=on_result, report=report)
+        run_op(loaded, filters, settings, plan, on_result=on_result, report=report)
         report.seconds = time.perf_counter() - start
-        if stops_run(filters, report.results):
+        if stops_run(settings, report.results):
             return
 
 
 def run_op(
     loaded: LoadedOp,
     filters: Filters,
+    settings: RunSettings | None = None,
     plan: Plan | None = None,
     on_result: Callable[[CaseResult], None] | None = None,
     report: OpReport | None = None,
 ) -> OpReport:
     """One loaded op's tasks, skips first, into `report` (a new one when none is given); `on_result` receives
     each result as it comes."""
-    plan = plan or plan_op(loaded, filters)
+    settings = settings or RunSettings()
+    plan = plan or plan_op(loaded, filters, settings)
     start = time.perf_counter()
     if report is None:
         report = OpReport(op=loaded.spec.name, spec_path=str(loaded.spec.path))
@@ -72,6 +88,6 @@ def run_op(
 
     for result in plan.skipped:
         add(result)
-    run_tasks(check_context(loaded, filters), plan, filters, on_results=add_row)
+    run_tasks(check_context(loaded, settings), plan, filters, settings, on_results=add_row)
     report.seconds = time.perf_counter() - start
     return report

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from opforge.checks.catalog import CATALOG
 from opforge.engine.events import Events
-from opforge.engine.plan import Filters, load_result
+from opforge.engine.plan import Filters, RunSettings, load_result
 from opforge.engine.protocol import (
     Done,
     End,
@@ -263,12 +263,14 @@ class Supervisor:
         self,
         specs: list[OpSpec],
         filters: Filters,
+        settings: RunSettings,
         isolation: Isolation,
         run: RunReport,
         events: Events,
         environ: Mapping[str, str] | None = None,
     ):
         self.filters = filters
+        self.settings = settings
         self.isolation = isolation
         self.run = run
         self.events = events
@@ -314,7 +316,7 @@ class Supervisor:
         gpus = self.gpus[op.slot]
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpus
-        job = Job(str(op.spec.path), self.filters, op.next_index, op.limit, self.isolation.cuda_arch)
+        job = Job(str(op.spec.path), self.filters, self.settings, op.next_index, op.limit, self.isolation.cuda_arch)
         op.spawned = _Worker(job, env)
         op.in_flight, op.since, op.progressed, op.dying_since = None, time.monotonic(), False, None
 
@@ -446,7 +448,7 @@ class Supervisor:
                     seconds=seconds,
                     message=message,
                     seed=row.seed,
-                    repro=repro_command(op.spec, row.implementation, name, row.case_id, self.filters.seed),
+                    repro=repro_command(op.spec, row.implementation, name, row.case_id, self.settings.seed),
                 ),
             )
         op.next_index = index + 1
@@ -459,7 +461,7 @@ class Supervisor:
     def _continue(self, op: _OpRun) -> None:
         """After a lost row or a restart: the op's remaining rows in a fresh worker, unless -x stops here."""
         op.worker.close()
-        if op.remaining() and not stops_run(self.filters, op.report.results):
+        if op.remaining() and not stops_run(self.settings, op.report.results):
             self._spawn(op)
         else:
             self._finish(op)
@@ -468,7 +470,7 @@ class Supervisor:
         op.worker.close()
         op.report.seconds = time.monotonic() - op.started
         del self.active[op.slot]
-        if stops_run(self.filters, op.report.results):
+        if stops_run(self.settings, op.report.results):
             self.stopped = True
 
 
@@ -500,7 +502,12 @@ def _worker_env(environ: dict[str, str], jobs: int) -> dict[str, str]:
 
 
 def run_isolated(
-    specs: list[OpSpec], filters: Filters, isolation: Isolation, run: RunReport, events: Events | None = None
+    specs: list[OpSpec],
+    filters: Filters,
+    settings: RunSettings,
+    isolation: Isolation,
+    run: RunReport,
+    events: Events | None = None,
 ) -> None:
-    """Every spec's checks in worker processes (the isolated counterpart of runner.run_in_process)."""
-    Supervisor(specs, filters, isolation, run, events or Events()).execute()
+    """Every spec's checks in worker processes (the isolated counterpart of engine.inprocess.run_in_process)."""
+    Supervisor(specs, filters, settings, isolation, run, events or Events()).execute()

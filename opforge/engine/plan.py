@@ -31,14 +31,13 @@ LOAD_CASE = "-"
 
 @dataclass(frozen=True)
 class Filters:
+    """Which results a run selects (--dtype, --device, --check, -k, --last-failed, --shard); how they run is
+    RunSettings'."""
+
     dtypes: tuple[str, ...] = ()
     devices: tuple[str, ...] = ()
     checks: tuple[str, ...] = ()
     keyword: str | None = None
-    seed: int = DEFAULT_SEED
-    fail_fast: bool = False
-    # The check-owned options the run was given (`--large`, `--sanitize TOOLS`: CheckOption).
-    opt_ins: OptIns = field(default_factory=OptIns)
     # Only these full result ids (--last-failed). An op whose loading failed is listed by its load row's id and
     # then runs whole.
     ids: tuple[str, ...] = ()
@@ -63,9 +62,26 @@ class Filters:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Filters:
         fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-        values = data["opt_ins"]["values"]
-        fields["opt_ins"] = OptIns(tuple((name, tuple(v) if isinstance(v, list) else v) for name, v in values))
         return cls(**fields)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How the selected tasks run: the seed every case's values derive from, whether the first failure ends the run
+    (-x), and the check-owned options the run was given (`--large`, `--sanitize TOOLS`: CheckOption)."""
+
+    seed: int = DEFAULT_SEED
+    fail_fast: bool = False
+    opt_ins: OptIns = field(default_factory=OptIns)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSettings:
+        values = data["opt_ins"]["values"]
+        opt_ins = OptIns(tuple((name, tuple(v) if isinstance(v, list) else v) for name, v in values))
+        return cls(data["seed"], data["fail_fast"], opt_ins)
 
 
 def load_result_id(op: str) -> str:
@@ -130,7 +146,7 @@ def load_checked(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[
     return loaded
 
 
-def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
+def plan_op(loaded: LoadedOp, filters: Filters, settings: RunSettings) -> Plan:
     from opforge.environment import device_unavailable
 
     spec = loaded.spec
@@ -140,12 +156,12 @@ def plan_op(loaded: LoadedOp, filters: Filters) -> Plan:
     matrix = build_matrix(spec, dtypes, available)
     plan = Plan()
     for implementation in loaded.implementations:
-        for name in checks_to_run(spec, filters.opt_ins):
+        for name in checks_to_run(spec, settings.opt_ins):
             check = CATALOG.get(name)
             rows = [r for r in check.result_names() if filters.wants_check(r)]
-            if not rows or _unseen(check, filters.opt_ins):
+            if not rows or _unseen(check, settings.opt_ins):
                 continue
-            opted_out = check.opt_in.skip_reason(loaded, filters.opt_ins) if check.opt_in else None
+            opted_out = check.opt_in.skip_reason(loaded, settings.opt_ins) if check.opt_in else None
             if opted_out:
                 # The cases it would run on every device the spec names, available here or not.
                 wanted = check.cases(loaded, implementation, build_matrix(spec, dtypes, devices))
@@ -200,9 +216,9 @@ def checks_to_run(spec: OpSpec, opt_ins: OptIns) -> tuple[str, ...]:
     return spec.checks + asked
 
 
-def unlisted_checks(specs: list[OpSpec], filters: Filters) -> list[str]:
+def unlisted_checks(specs: list[OpSpec], filters: Filters, settings: RunSettings) -> list[str]:
     """The --check names no selected spec runs: a run filtered to them checks nothing, and should say why."""
-    run = {name for spec in specs for name in checks_to_run(spec, filters.opt_ins)}
+    run = {name for spec in specs for name in checks_to_run(spec, settings.opt_ins)}
     return [
         name
         for name in filters.checks
@@ -210,11 +226,11 @@ def unlisted_checks(specs: list[OpSpec], filters: Filters) -> list[str]:
     ]
 
 
-def unasked_checks(filters: Filters) -> list[Check]:
+def unasked_checks(filters: Filters, settings: RunSettings) -> list[Check]:
     """The checks --check names that run only when asked for (memcheck: --sanitize memcheck) and were not: a run
     filtered to them checks nothing, and should say which flag asks."""
     named = [CATALOG.of_result(name) for name in filters.checks if name in CATALOG.result_names]
-    return [c for c in named if _unseen(c, filters.opt_ins)]
+    return [c for c in named if _unseen(c, settings.opt_ins)]
 
 
 def _matches(filters: Filters, spec: OpSpec, implementation: Implementation, row: str, case: Case) -> bool:
@@ -247,9 +263,9 @@ def skip_result(
     )
 
 
-def check_context(loaded: LoadedOp, filters: Filters, time_limit: float | None = None) -> CheckContext:
-    """What a check is handed for a run under `filters` (a worker also passes its row's time limit)."""
-    return CheckContext(loaded, filters.seed, time_limit, filters.opt_ins)
+def check_context(loaded: LoadedOp, settings: RunSettings, time_limit: float | None = None) -> CheckContext:
+    """What a check is handed for a run under `settings` (a worker also passes its task's time limit)."""
+    return CheckContext(loaded, settings.seed, time_limit, settings.opt_ins)
 
 
 def build_info(loaded: LoadedOp) -> dict[str, Any] | None:

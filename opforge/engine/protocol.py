@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-from opforge.engine.plan import Filters
+from opforge.engine.plan import Filters, RunSettings
 from opforge.results import CaseResult, result_from_json, result_json
 
 
@@ -17,17 +17,21 @@ class Job:
 
     spec: str
     filters: Filters
+    settings: RunSettings
     start: int
     time_limit: float
     cuda_arch: str | None = None
 
     def to_line(self) -> str:
-        return json.dumps({**asdict(self), "filters": self.filters.to_json()}) + "\n"
+        return (
+            json.dumps({**asdict(self), "filters": self.filters.to_json(), "settings": self.settings.to_json()}) + "\n"
+        )
 
     @classmethod
     def from_line(cls, line: str) -> Job:
         data = json.loads(line)
-        return cls(**{**data, "filters": Filters.from_json(data["filters"])})
+        filters, settings = Filters.from_json(data["filters"]), RunSettings.from_json(data["settings"])
+        return cls(**{**data, "filters": filters, "settings": settings})
 
 
 @dataclass(frozen=True)

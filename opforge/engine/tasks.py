@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes
 from opforge.checks.catalog import CATALOG
-from opforge.engine.plan import Filters, Plan, Task, reported_results
+from opforge.engine.plan import Filters, Plan, RunSettings, Task, reported_results
 from opforge.outcomes import CheckFailure, CheckSkipped, PassNote, ReferenceFailure, short
 from opforge.results import CaseResult, Mismatch, Status, result_id
 from opforge.spec.model import OpSpec
@@ -29,15 +29,16 @@ class Verdict:
     mismatch: Mismatch | None = None
 
 
-def stops_run(filters: Filters, results: list[CaseResult]) -> bool:
-    """-x: the first failed result ends the run (what every runner asks after each row)."""
-    return filters.fail_fast and any(r.status.failed for r in results)
+def stops_run(settings: RunSettings, results: list[CaseResult]) -> bool:
+    """-x: the first failed result ends the run (what every runner asks after each task)."""
+    return settings.fail_fast and any(r.status.failed for r in results)
 
 
 def run_tasks(
     context: CheckContext,
     plan: Plan,
     filters: Filters,
+    settings: RunSettings,
     start: int = 0,
     on_start: Callable[[int], None] = lambda index: None,
     on_results: Callable[[int, list[CaseResult]], None] = lambda index, results: None,
@@ -49,7 +50,7 @@ def run_tasks(
         on_start(index)
         results = run_task(context, plan.tasks[index], filters)
         on_results(index, results)
-        if stops_run(filters, results) or not after_row(index):
+        if stops_run(settings, results) or not after_row(index):
             return False
     return True
 

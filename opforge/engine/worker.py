@@ -68,9 +68,9 @@ def run(job: Job, send: Send) -> None:
 
     send(EnvironmentEvent(environment()))
     spec = load_spec(job.spec)
-    filters = job.filters
+    filters, settings = job.filters, job.settings
     loaded = load_checked(spec, job.cuda_arch, on_step=lambda message: send(Step(message)))
-    plan = plan_op(loaded, filters)
+    plan = plan_op(loaded, filters, settings)
     start_cuda(plan)
     if job.start == 0:
         headers = tuple(
@@ -79,7 +79,7 @@ def run(job: Job, send: Send) -> None:
                 case_id=row.case.id,
                 dtype=row.case.dtype,
                 device=row.case.device,
-                seed=row.case.seed(filters.seed),
+                seed=row.case.seed(settings.seed),
                 results=tuple(reported_results(filters, spec, row)),
             )
             for row in plan.tasks
@@ -104,11 +104,12 @@ def run(job: Job, send: Send) -> None:
             send(Restart(unusable[0]))
         return not unusable
 
-    context = check_context(loaded, filters, job.time_limit)
+    context = check_context(loaded, settings, job.time_limit)
     ran_to_the_end = run_tasks(
         context,
         plan,
         filters,
+        settings,
         job.start,
         on_start=lambda index: send(Start(index)),
         on_results=finish_row,

@@ -32,12 +32,13 @@ class Selection:
 class LastFailedReport(Reporter):
     """Records the run's failures under `root` for the next `--last-failed` (always on)."""
 
-    def __init__(self, root: Path, filters: Filters):
+    def __init__(self, root: Path, filters: Filters, fail_fast: bool):
         self.root = root
         self.filters = filters
+        self.fail_fast = fail_fast
 
     def finish(self, run: RunReport) -> None:
-        record(self.root, run, self.filters)
+        record(self.root, run, self.filters, self.fail_fast)
 
 
 def recorded(root: Path) -> dict[str, str]:
@@ -73,7 +74,7 @@ def select(root: Path, selected: list[Path] | None) -> Selection:
     )
 
 
-def record(root: Path, run: RunReport, filters: Filters | None = None) -> dict[str, str]:
+def record(root: Path, run: RunReport, filters: Filters | None = None, fail_fast: bool = False) -> dict[str, str]:
     """Forget the ids that ran and did not fail, remember those that failed; returns what is now recorded.
 
     A recorded id that an op ran in full (see _ran_in_full) did not produce belongs to a renamed or removed op,
@@ -81,7 +82,7 @@ def record(root: Path, run: RunReport, filters: Filters | None = None) -> dict[s
     failures of specs that no longer exist."""
     failed = {ident: spec for ident, spec in recorded(root).items() if _exists(root, spec)}
     for op in run.ops:
-        if _ran_in_full(run, op, filters):
+        if _ran_in_full(run, op, filters, fail_fast):
             produced = {r.full_id for r in op.results}
             failed = {
                 ident: spec
@@ -99,12 +100,13 @@ def record(root: Path, run: RunReport, filters: Filters | None = None) -> dict[s
     return failed
 
 
-def _ran_in_full(run: RunReport, op: OpReport, filters: Filters | None) -> bool:
-    """Whether the op ran every row a recorded id of it could name: it loaded, nothing stopped it early, and no
-    filter but --last-failed's own ids narrowed it."""
-    if filters is None or run.incomplete or (filters.fail_fast and run.failed):
+def _ran_in_full(run: RunReport, op: OpReport, filters: Filters | None, fail_fast: bool) -> bool:
+    """Whether the op ran every result a recorded id of it could name: it loaded, nothing stopped it early, and no
+    filter but --last-failed's own ids narrowed it (a --shard K/N run produced only its shard's ids: another
+    shard's failures stay recorded)."""
+    if filters is None or run.incomplete or (fail_fast and run.failed):
         return False
-    if filters.dtypes or filters.devices or filters.checks or filters.keyword:
+    if filters.dtypes or filters.devices or filters.checks or filters.keyword or filters.shard:
         return False
     return not any(r.check == LOAD_CHECK for r in op.results)
 
