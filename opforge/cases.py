@@ -33,6 +33,21 @@ LAYOUT_VARIANTS = {
     "noncontiguous": ("transposed", "strided"),
     "channels_last": ("channels_last",),
 }
+# Beyond the matrix's layouts, a case (one `opforge fuzz` found, a spec's `regressions:`) may name a parameter:
+# `offset:K` (data K elements into its storage), `transposed:I,J` (dims I and J swapped in memory), and `expanded`
+# (dim 0 of stride 0, for inputs the op only reads). A kind belongs to the family its plain name belongs to.
+LAYOUT_FAMILY = {
+    "contiguous": "contiguous",
+    "offset": "contiguous",
+    "transposed": "noncontiguous",
+    "strided": "noncontiguous",
+    "expanded": "noncontiguous",
+    "channels_last": "channels_last",
+}
+# The values a case's `fill` writes in place of sampled ones (see fill_values).
+FILL_RULES = ("equal", "integers", "ends", "sorted", "reversed", "huge", "tiny")
+SPECIAL_FILLS = ("one", "row", "all")
+FILL_SPECIALS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "0": 0.0, "-0": -0.0}
 
 
 @dataclass(frozen=True)
@@ -48,15 +63,23 @@ class Case:
     label: str = ""
     # Its inputs come from sample number `shape_index` of the spec's `samples:` function.
     sample: bool = False
+    # How the sampled values are rewritten (fill_values): "" keeps them.
+    fill: str = ""
+    # The seed of its values, when it is not derived from the run's seed and the id (a case fuzz found, kept).
+    fixed_seed: int | None = None
 
     @property
     def id(self) -> str:
         shapes = "-".join(f"{name}={_shape_label(shape)}" for name, shape in self.shapes)
         values = "-".join(f"{name}={value}" for name, value in self.values)
         sample = f"sample{self.shape_index}" if self.sample and self.shape_index >= 0 else ""
-        return "-".join(p for p in (self.label, self.dtype, self.device, self.layout, sample, shapes, values) if p)
+        fill = f"fill={self.fill}" if self.fill else ""
+        parts = (self.label, self.dtype, self.device, self.layout, sample, shapes, values, fill)
+        return "-".join(p for p in parts if p)
 
     def seed(self, base_seed: int) -> int:
+        if self.fixed_seed is not None:
+            return self.fixed_seed
         return zlib.crc32(f"{base_seed}:{self.id}".encode())
 
 
@@ -64,25 +87,85 @@ def _shape_label(shape: tuple[int, ...]) -> str:
     return "x".join(map(str, shape)) if shape else "0d"
 
 
+def layout_kind(layout: str) -> str:
+    """`transposed:0,2` -> `transposed`."""
+    return layout.split(":", 1)[0]
+
+
+def offset_of(layout: str) -> int:
+    """How many elements into its storage an `offset[:K]` layout starts (0 for the other kinds)."""
+    if layout_kind(layout) != "offset":
+        return 0
+    return int(layout.split(":", 1)[1]) if ":" in layout else 1
+
+
+def transposed_dims(layout: str, rank: int) -> tuple[int, int]:
+    """The two dims a `transposed[:I,J]` layout swaps in memory (the last two by default)."""
+    if ":" not in layout:
+        return rank - 2, rank - 1
+    first, second = (int(d) for d in layout.split(":", 1)[1].split(","))
+    return first, second
+
+
+def layout_error(layout: str) -> str | None:
+    """Why `layout` is not one a case can name, or None."""
+    kind, _, parameter = layout.partition(":")
+    if kind not in LAYOUT_FAMILY:
+        return f"a layout kind among {', '.join(LAYOUT_FAMILY)}"
+    if not parameter:
+        return None if ":" not in layout else "a parameter after the colon"
+    if kind == "offset" and parameter.isdigit() and int(parameter) > 0:
+        return None
+    if kind == "transposed" and all(d.isdigit() for d in parameter.split(",")) and len(parameter.split(",")) == 2:
+        return None
+    return "offset:K (K > 0 elements) or transposed:I,J (two dims); the other kinds take no parameter"
+
+
+def fill_error(fill: str, tensor_names: tuple[str, ...]) -> str | None:
+    """Why `fill` is not a rule fill_values knows, or None."""
+    name, _, rule = fill.rpartition("=")
+    kind, _, argument = rule.partition(":")
+    if not name:
+        return None if kind in FILL_RULES else f"one of {', '.join(FILL_RULES)}, or NAME=one|row|all:SPECIAL"
+    if name not in tensor_names:
+        return f"a tensor input before `=` ({', '.join(tensor_names)})"
+    special, _, where = argument.partition("@")
+    if kind not in SPECIAL_FILLS or special not in FILL_SPECIALS:
+        return f"NAME=one:S@P, NAME=row:S@R or NAME=all:S with S one of {', '.join(FILL_SPECIALS)}"
+    if (kind == "all") != (where == "") or (where and not where.isdigit()):
+        return "a position @P (one), a row @R (row), none for all"
+    return None
+
+
 def layout_applies(layout: str, shape: tuple[int, ...]) -> bool:
-    if layout == "contiguous":
+    kind = layout_kind(layout)
+    if kind == "contiguous":
         return True
-    if layout == "offset":
+    if kind == "offset":
         return math.prod(shape) > 0
-    if layout == "channels_last":
+    if kind == "channels_last":
         return len(shape) == 4
-    if layout == "transposed":
-        return len(shape) >= 2 and shape[-1] > 1 and shape[-2] > 1
+    if kind == "transposed":
+        if len(shape) < 2:
+            return False
+        first, second = transposed_dims(layout, len(shape))
+        return max(first, second) < len(shape) and shape[first] > 1 and shape[second] > 1
+    if kind == "expanded":
+        return len(shape) >= 1 and shape[0] > 1
     return len(shape) >= 1 and all(shape)  # strided: a slice with step 2 of a non-empty last dim
 
 
 def input_layout(spec: OpSpec, name: str, layout: str, shape: tuple[int, ...]) -> str:
     """The layout input `name` takes in a case of `layout`: the case's, when the input's layouts (its own, else the
     spec's) include it and its shape admits it; else contiguous."""
+    from opforge.schema import mutated_names
+
     entry = next(t for t in spec.tensor_inputs() if t.name == name)
     families = entry.layouts if entry.layouts is not None else spec.layouts
-    variants = {variant for family in families for variant in LAYOUT_VARIANTS[family]}
-    return layout if layout in variants and layout_applies(layout, shape) else "contiguous"
+    kind = layout_kind(layout)
+    if kind == "expanded" and name in mutated_names(spec.schema):
+        return "contiguous"  # one element of memory cannot hold the many values an op writes there
+    return layout if LAYOUT_FAMILY.get(kind) in families and layout_applies(layout, shape) else "contiguous"
 
 
 def case_applies(spec: OpSpec, layout: str, shapes: tuple[tuple[str, tuple[int, ...]], ...]) -> bool:
@@ -108,6 +191,24 @@ def build_matrix(spec: OpSpec, dtypes: tuple[str, ...], devices: tuple[str, ...]
                 for values_index, combo in enumerate(combos):
                     crossed = tuple((s.name, v) for s, v in zip(scalars, combo))
                     cases.append(replace(point, values=point.values + crossed, values_index=values_index))
+    return cases + regression_cases(spec, dtypes, devices)
+
+
+def regression_cases(spec: OpSpec, dtypes: tuple[str, ...], devices: tuple[str, ...]) -> list[Case]:
+    """The spec's `regressions:` on the selected devices and dtypes, each with the layout, values and seed it was
+    found with."""
+    scalars = [i for i in spec.inputs if isinstance(i, ScalarInput)]
+    cases = []
+    for index, kept in enumerate(spec.regressions):
+        if kept.device not in devices or kept.dtype not in dtypes or kept.dtype not in spec.dtypes_on(kept.device):
+            continue
+        given = dict(kept.values)
+        values = tuple((s.name, given.get(s.name, s.values[0])) for s in scalars)
+        case = Case(kept.dtype, kept.device, kept.layout, kept.shapes, values, 0, -1, label=f"regression{index}")
+        if kept.sample is not None:
+            case = at_point(spec, replace(case, values=()), kept.sample)
+            case = replace(case, values=case.values + tuple((n, v) for n, v in values if n not in dict(case.values)))
+        cases.append(replace(case, fill=kept.fill, fixed_seed=kept.seed))
     return cases
 
 
@@ -166,7 +267,11 @@ def make_inputs(
         values64[t.name] = (
             generated(t, make, shapes, case, generator) if make else sample(t, shapes[t.name], case.dtype, generator)
         )
+    if case.fill:
+        fill_values(spec, case, values64, generator)
     for t in spec.tensor_inputs():
+        if input_layout(spec, t.name, case.layout, shapes[t.name]) == "expanded":
+            values64[t.name] = values64[t.name].narrow(0, 0, 1).expand(shapes[t.name])
         if t.avoid:
             _apply_avoid(t, t.avoid, values64, case.dtype)
     given = {i.name: i for i in spec.inputs}
@@ -285,6 +390,70 @@ def call_samples(spec: OpSpec, make: Callable[..., Any], dtype: Any, device: str
     return drawn
 
 
+def fill_values(spec: OpSpec, case: Case, values64: dict[str, Any], generator: torch.Generator) -> None:
+    """Rewrite the sampled values by the case's `fill`, rounded to each input's dtype again:
+
+    - `equal` (one value everywhere), `integers` (rounded: ties), `ends` (each value the range's low or high),
+      `sorted`, `reversed` (descending), `huge` (magnitudes near the square root of the dtype's largest, so squares
+      stay finite), `tiny` (near its smallest normal): every input the spec samples (not generator- or sample-made);
+    - `NAME=one:S@P` (special value S at flat position P, modulo the size), `NAME=row:S@R` (all of row R of the
+      last dim, modulo the rows), `NAME=all:S`: input NAME only; S one of nan, inf, -inf, 0, -0.
+    Non-floating inputs keep their values."""
+    import torch
+
+    name, _, rule = case.fill.rpartition("=")
+    kind, _, argument = rule.partition(":")
+    entries = {t.name: t for t in spec.tensor_inputs()}
+    targets = [name] if name else [t.name for t in entries.values() if t.generator is None and not case.sample]
+    for target in targets:
+        entry = entries[target]
+        dtype = _torch_dtype(entry.dtype or case.dtype)
+        values = values64[target]
+        if not dtype.is_floating_point or values.numel() == 0:
+            continue
+        if kind in SPECIAL_FILLS:
+            values = _with_special(values, kind, argument)
+        else:
+            values = _refilled(values, kind, entry.low, entry.high, dtype, generator)
+        values64[target] = values.to(dtype).to(torch.float64)
+
+
+def _with_special(values: torch.Tensor, kind: str, argument: str) -> torch.Tensor:
+    special, _, where = argument.partition("@")
+    value = FILL_SPECIALS[special]
+    out = values.clone()
+    if kind == "all":
+        return out.fill_(value)
+    index = int(where or 0)
+    if kind == "one":
+        out.view(-1)[index % out.numel()] = value
+        return out
+    rows = out.reshape(-1, out.shape[-1] if out.dim() else 1)
+    rows[index % rows.shape[0]] = value
+    return rows.reshape(out.shape)
+
+
+def _refilled(
+    values: torch.Tensor, kind: str, low: float, high: float, dtype: torch.dtype, generator: torch.Generator
+) -> torch.Tensor:
+    import torch
+
+    if kind == "equal":
+        return torch.full_like(values, values.view(-1)[0].item())
+    if kind == "integers":
+        return values.round()
+    if kind == "ends":
+        pick = torch.randint(0, 2, values.shape, generator=generator).bool()
+        return torch.where(pick, torch.full_like(values, high), torch.full_like(values, low))
+    if kind == "sorted":
+        return values.reshape(-1).sort().values.reshape(values.shape)
+    if kind == "reversed":
+        return values.reshape(-1).sort(descending=True).values.reshape(values.shape)
+    info = torch.finfo(dtype)
+    scale = math.sqrt(info.max) if kind == "huge" else info.tiny * 16
+    return torch.rand(values.shape, generator=generator, dtype=torch.float64).mul(2).sub(1).mul(scale)
+
+
 def _apply_avoid(t: TensorInput, avoid: Avoid, values64: dict[str, Any], case_dtype: str) -> None:
     """Move values closer than `margin` to an avoided point out to 1.5 margins (rounded to the dtype again)."""
     import torch
@@ -315,17 +484,24 @@ def in_layout(values64: torch.Tensor, layout: str, dtype: torch.dtype, device: s
     import torch
 
     shape = tuple(values64.shape)
-    if layout == "transposed":
-        storage = torch.empty(*shape[:-2], shape[-1], shape[-2], dtype=dtype, device=device)
-        view = storage.transpose(-1, -2)
-    elif layout == "strided":
+    kind = layout_kind(layout)
+    if kind == "transposed":
+        first, second = transposed_dims(layout, len(shape))
+        swapped = list(shape)
+        swapped[first], swapped[second] = shape[second], shape[first]
+        view = torch.empty(swapped, dtype=dtype, device=device).transpose(first, second)
+    elif kind == "strided":
         storage = torch.empty(*shape[:-1], 2 * shape[-1], dtype=dtype, device=device)
         view = storage[..., ::2]
-    elif layout == "channels_last":
+    elif kind == "channels_last":
         view = torch.empty(shape, dtype=dtype, device=device, memory_format=torch.channels_last)
-    elif layout == "offset":
-        storage = torch.empty(math.prod(shape) + 1, dtype=dtype, device=device)
-        view = storage[1:].view(shape)
+    elif kind == "offset":
+        offset = offset_of(layout)
+        storage = torch.empty(math.prod(shape) + offset, dtype=dtype, device=device)
+        view = storage[offset:].view(shape)
+    elif kind == "expanded":
+        # Dim 0 of stride 0: every index along it reads the same memory (its values were made alike).
+        return torch.empty(1, *shape[1:], dtype=dtype, device=device).copy_(values64[:1]).expand(shape)
     else:
         view = torch.empty(shape, dtype=dtype, device=device)
     return view.copy_(values64)

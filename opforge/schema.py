@@ -56,3 +56,15 @@ def canonical(schema: Any) -> str:
 def is_tensor_type(type_: Any) -> bool:
     """Whether a schema argument's type is a Tensor (`Tensor`, `Tensor?`, `Tensor(a!)`)."""
     return str(type_).startswith("Tensor")
+
+
+def mutated_names(schema: str) -> tuple[str, ...]:
+    """The arguments the op writes to: `Tensor(a!) out`."""
+    arguments = schema.split("(", 1)[1].rsplit("->", 1)[0] if "(" in schema else ""
+    arguments = arguments.strip().rstrip(")").strip()
+    names = []
+    for part in split_top_level(arguments):
+        words = part.split("=", 1)[0].split()
+        if words and "!" in words[0]:
+            names.append(words[-1])
+    return tuple(names)

@@ -35,11 +35,12 @@ LAYERS = [
     ),
     ("inputs and building", ["cases", "compare", "build", "loading", "ops"]),
     ("checks", ["checks"]),
-    ("spec loading", ["spec.load", "spec.xfail"]),
+    ("spec loading", ["spec.load", "spec.xfail", "spec.regressions"]),
     # The child processes of large_index and the sanitizer checks are entry points of their own: they load the spec
     # like a worker does.
     ("engine", ["engine", "checks.large_index_child", "checks.sanitize_child"]),
     ("bench", ["bench"]),
+    ("fuzz", ["fuzz"]),
     ("tools", ["doctor", "scaffold", "profile", "merge"]),
     ("reporters", ["reporters"]),
     # One run session for every front end: the CLI runs whole selections through it, the pytest plugin a row a time.

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from opforge.cases import layout_kind
 from opforge.outcomes import Outcome
 from opforge.spec.model import Input
 from opforge.spec.reader import Reader
@@ -160,7 +161,7 @@ def aligned(cases: list[Case]) -> list[Case]:
     """The cases whose tensors start where their storage does: the `offset` cases (a misaligned data pointer) run
     where alignment can change the result (correctness, grad_lowp, devices); a check it cannot fail leaves them out
     rather than pay for them."""
-    return [c for c in cases if c.layout != "offset"]
+    return [c for c in cases if layout_kind(c.layout) != "offset"]
 
 
 def first_values(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from opforge.cases import Case
+from opforge.cases import Case, layout_kind
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, OptIns, Outcomes, Runner
 from opforge.errors import UsageError
 from opforge.loading import Implementation, LoadedOp
@@ -113,7 +113,7 @@ def sanitize_case_set(loaded: LoadedOp) -> list[Case]:
     claimed = loaded.spec.dtypes_on("cuda")
     dtypes = tuple(d for d in claimed if d in FLOATING_DTYPES) or claimed
     matrix = build_matrix(loaded.spec, dtypes, ("cuda",))
-    return [c for c in matrix if c.values_index == 0 and c.layout in ("contiguous", "offset")]
+    return [c for c in matrix if c.values_index == 0 and layout_kind(c.layout) in ("contiguous", "offset")]
 
 
 def _run_tool(tool: str) -> Runner:

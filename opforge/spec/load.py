@@ -39,6 +39,7 @@ from opforge.spec.reader import (
     read_str,
     read_tolerances,
 )
+from opforge.spec.regressions import read_regressions
 from opforge.spec.sources import read_load_section
 from opforge.spec.xfail import read_xfails
 
@@ -79,6 +80,7 @@ _TOP_KEYS = (
     "timeout",
     "bench",
     "samples",
+    "regressions",
     # The sections the checks own (large_index, grid_size, ...): each check's module reads its own.
     *(section.key for section in CATALOG.sections),
 )
@@ -184,6 +186,7 @@ def load_spec(path: Path | str) -> OpSpec:
         lines=lines,
         device_dtypes=device_dtypes,
         samples=samples,
+        regressions=read_regressions(r, inputs, samples is not None),
         warnings=warnings,
     )
 

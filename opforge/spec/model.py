@@ -213,6 +213,25 @@ class Samples:
 
 
 @dataclass(frozen=True)
+class Regression:
+    """One case kept in the spec's `regressions:` (what `opforge fuzz --save` writes): run by every check that runs
+    each case of the matrix, with exactly the values it was found with."""
+
+    dtype: str
+    device: str
+    layout: str
+    # Each tensor input's shape; empty for a sample spec's regression, whose shapes are its sample's.
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    # Non-tensor arguments; a missing one takes its first `values:` entry.
+    values: tuple[tuple[str, Any], ...]
+    fill: str
+    seed: int
+    sample: int | None = None
+    # What was wrong when it was found (fuzz's message): documentation, never compared.
+    found: str = ""
+
+
+@dataclass(frozen=True)
 class OpSpec:
     path: Path
     op: str
@@ -253,6 +272,7 @@ class OpSpec:
     device_dtypes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # Where each case's inputs come from when a function makes them; None: `inputs.<arg>.shapes`.
     samples: Samples | None = None
+    regressions: tuple[Regression, ...] = ()
     # Line of each top-level key and of each input, for errors found after loading (schema mismatch, bad module).
     lines: tuple[tuple[str, int], ...] = field(default=(), compare=False)
     # What the loader read but would rather see written otherwise (an old key name), each with its file:line.
