@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from opforge.spec.model import Avoid, OpSpec, ScalarInput, TensorInput
+from opforge.spec.model import Avoid, OpSpec, Regression, ScalarInput, TensorInput
 
 if TYPE_CHECKING:
     import torch
@@ -197,19 +197,24 @@ def build_matrix(spec: OpSpec, dtypes: tuple[str, ...], devices: tuple[str, ...]
 def regression_cases(spec: OpSpec, dtypes: tuple[str, ...], devices: tuple[str, ...]) -> list[Case]:
     """The spec's `regressions:` on the selected devices and dtypes, each with the layout, values and seed it was
     found with."""
-    scalars = [i for i in spec.inputs if isinstance(i, ScalarInput)]
-    cases = []
-    for index, kept in enumerate(spec.regressions):
-        if kept.device not in devices or kept.dtype not in dtypes or kept.dtype not in spec.dtypes_on(kept.device):
-            continue
-        given = dict(kept.values)
-        values = tuple((s.name, given.get(s.name, s.values[0])) for s in scalars)
-        case = Case(kept.dtype, kept.device, kept.layout, kept.shapes, values, 0, -1, label=f"regression{index}")
-        if kept.sample is not None:
-            case = at_point(spec, replace(case, values=()), kept.sample)
-            case = replace(case, values=case.values + tuple((n, v) for n, v in values if n not in dict(case.values)))
-        cases.append(replace(case, fill=kept.fill, fixed_seed=kept.seed))
-    return cases
+    return [
+        kept_case(spec, kept, f"regression{index}")
+        for index, kept in enumerate(spec.regressions)
+        if kept.device in devices and kept.dtype in dtypes and kept.dtype in spec.dtypes_on(kept.device)
+    ]
+
+
+def kept_case(spec: OpSpec, kept: Regression, label: str) -> Case:
+    """The case a regression entry (or a fuzz example, the same thing) names. A sample spec's takes its sample's
+    shapes and non-tensor values; a non-tensor argument it leaves out takes its first `values:` entry."""
+    given = dict(kept.values)
+    scalars = tuple((s.name, given.get(s.name, s.values[0])) for s in spec.inputs if isinstance(s, ScalarInput))
+    case = Case(kept.dtype, kept.device, kept.layout, kept.shapes, scalars, 0, -1, label=label)
+    if kept.sample is not None:
+        case = at_point(spec, replace(case, values=()), kept.sample)
+        own = dict(case.values)
+        case = replace(case, values=case.values + tuple((n, v) for n, v in scalars if n not in own))
+    return replace(case, fill=kept.fill, fixed_seed=kept.seed)
 
 
 def crossed_values(spec: OpSpec, case: Case) -> tuple[tuple[str, Any], ...]:
@@ -272,6 +277,7 @@ def make_inputs(
     for t in spec.tensor_inputs():
         if input_layout(spec, t.name, case.layout, shapes[t.name]) == "expanded":
             values64[t.name] = values64[t.name].narrow(0, 0, 1).expand(shapes[t.name])
+    for t in spec.tensor_inputs():
         if t.avoid:
             _apply_avoid(t, t.avoid, values64, case.dtype)
     given = {i.name: i for i in spec.inputs}

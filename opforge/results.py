@@ -87,9 +87,13 @@ def result_from_json(data: dict[str, Any]) -> CaseResult:
     fields["status"] = Status(data["status"])
     fields["warnings"] = tuple(data.get("warnings", ()))
     if data.get("mismatch"):
-        mismatch = {k: _float(v) if k in _MISMATCH_FLOATS else v for k, v in data["mismatch"].items()}
-        fields["mismatch"] = Mismatch(**{**mismatch, "index": tuple(mismatch["index"])})
+        fields["mismatch"] = mismatch_from_json(data["mismatch"])
     return CaseResult(**fields)
+
+
+def mismatch_from_json(data: dict[str, Any]) -> Mismatch:
+    mismatch = {k: _float(v) if k in _MISMATCH_FLOATS else v for k, v in data.items()}
+    return Mismatch(**{**mismatch, "index": tuple(mismatch["index"])})
 
 
 _MISMATCH_FLOATS = (

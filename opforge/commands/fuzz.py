@@ -1,0 +1,191 @@
+"""`opforge fuzz`: search past the spec's matrix for the inputs that break an op (opforge.fuzz)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from opforge.commands.app import EXECUTION, REPORTS, SELECTION, CudaArch, app, guarded, spec_paths
+from opforge.errors import EXIT_FAILED, EXIT_OK, UsageError
+from opforge.fuzz.search import DEFAULT_BUDGET, FuzzOptions
+from opforge.fuzz.space import DEFAULT_MAX_NUMEL
+from opforge.spec.model import KNOWN_DEVICES, OpSpec, Regression
+
+ORACLE_NAMES = ("correctness", "fake", "determinism", "devices")
+_PASTE = "Paste the repro's --example as fuzz printed it."
+
+
+@app.command()
+def fuzz(
+    op: Annotated[str, typer.Argument(help="An op name (see `opforge list`) or a spec file.")],
+    budget: Annotated[
+        float, typer.Option("--budget", metavar="SECONDS", help="Search this long.", rich_help_panel=EXECUTION)
+    ] = DEFAULT_BUDGET,
+    max_examples: Annotated[
+        int | None,
+        typer.Option("--max-examples", metavar="N", help="Stop after N examples.", rich_help_panel=EXECUTION),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option("--seed", help="Seed the search (the same seed, the same examples).", rich_help_panel=EXECUTION),
+    ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            "--device", help="cpu or cuda (default: cpu when the spec runs there).", rich_help_panel=SELECTION
+        ),
+    ] = None,
+    check_: Annotated[
+        list[str],
+        typer.Option(
+            "--check",
+            help=f"Only these oracles (repeatable): {', '.join(ORACLE_NAMES)}.",
+            rich_help_panel=SELECTION,
+        ),
+    ] = [],  # noqa: B006
+    max_numel: Annotated[
+        int,
+        typer.Option(
+            "--max-numel", metavar="N", help="Elements of all inputs together, at most.", rich_help_panel=SELECTION
+        ),
+    ] = DEFAULT_MAX_NUMEL,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", metavar="FILE", help="Write the failures as JSON.", rich_help_panel=REPORTS)
+    ] = None,
+    save: Annotated[
+        bool,
+        typer.Option(
+            "--save",
+            help="Keep each failure's minimal example in the spec's `regressions:`, which `opforge check` runs.",
+            rich_help_panel=REPORTS,
+        ),
+    ] = False,
+    example: Annotated[
+        str | None,
+        typer.Option(
+            "--example",
+            metavar="JSON",
+            help="Run this one example (a failure's repro) instead of searching.",
+            rich_help_panel=SELECTION,
+        ),
+    ] = None,
+    cuda_arch: CudaArch = None,
+) -> None:
+    """Search for inputs that break an op, beyond its spec's matrix: shapes, layouts, storage offsets and values
+    hypothesis draws and shrinks. Exit 1 when it found a failure, 0 when the budget ran out without one.
+
+    \b
+    Examples:
+      opforge fuzz leaky_swish
+      opforge fuzz my_op.yaml --budget 300 --device cuda --json fuzz.json --save
+    """
+
+    def body() -> int:
+        from opforge.fuzz.search import fuzz as search
+        from opforge.fuzz.search import replay
+        from opforge.reporters.fuzz_report import Live, render_fuzz, render_replay, write_fuzz_json
+        from opforge.spec.load import load_spec
+
+        [spec_path] = spec_paths([op], False)
+        spec = load_spec(spec_path)
+        chosen = _device(spec, device)
+        options = FuzzOptions(
+            budget=_positive(budget, "--budget"),
+            max_examples=max_examples,
+            seed=seed,
+            device=chosen,
+            oracles=_oracles(check_, chosen, spec),
+            max_numel=int(_positive(max_numel, "--max-numel")),
+            cuda_arch=cuda_arch,
+        )
+        if example is not None:
+            kept = _example(example, spec, chosen)
+            verdict, oracles = replay(spec, kept, options)
+            render_replay(verdict, oracles)
+            return EXIT_FAILED if verdict.status == "fail" else EXIT_OK
+        live = Live()
+        with live.shown():
+            report = search(spec, options, live.update)
+        render_fuzz(report)
+        if json_path is not None:
+            write_fuzz_json(json_path, report)
+        if save and report.failures:
+            _save(spec, report)
+        return EXIT_FAILED if report.failed else EXIT_OK
+
+    guarded(body)
+
+
+def _save(spec: OpSpec, report: Any) -> None:
+    from opforge.fuzz.save import save_regressions
+    from opforge.reporters import console as out
+    from opforge.reporters.fuzz_report import example_json
+
+    entries = [{**example_json(f.example), "found": f"{f.oracle}: {f.message}"[:300]} for f in report.failures]
+    today = datetime.date.today().isoformat()
+    added = save_regressions(spec.path, entries, f"found by opforge fuzz on {today}")
+    out.info(f"saved {added} regression case(s) in {spec.path} (regressions:); `opforge check` runs them")
+
+
+def _device(spec: OpSpec, device: str | None) -> str:
+    from opforge.environment import device_unavailable
+
+    if device is None:
+        return "cpu" if "cpu" in spec.devices else spec.devices[0]
+    if device not in KNOWN_DEVICES or device not in spec.devices:
+        raise UsageError(
+            "--device", f"one of the spec's devices ({', '.join(spec.devices)})", repr(device), "Pick one of them."
+        )
+    reason = device_unavailable(device)
+    if reason:
+        raise UsageError("--device", "a device this machine has", f"{device}: {reason}", "Fuzz on the CPU here.")
+    return device
+
+
+def _oracles(names: list[str], device: str, spec: OpSpec) -> tuple[str, ...]:
+    for name in names:
+        if name not in ORACLE_NAMES:
+            raise UsageError("--check", f"one of {', '.join(ORACLE_NAMES)}", repr(name), "Pick fuzz's oracles.")
+    if "devices" in names and (device != "cuda" or "cpu" not in spec.devices):
+        raise UsageError(
+            "--check devices", "--device cuda on a spec that also runs on cpu", device, "Drop --check devices."
+        )
+    return tuple(names)
+
+
+def _positive(value: float, option: str) -> float:
+    if not value > 0:
+        raise UsageError(option, "a number > 0", repr(value), f"Give e.g. {option} 60.")
+    return value
+
+
+def _example(text: str, spec: OpSpec, device: str) -> Regression:
+    """An --example (a failure's repro): the regression mapping fuzz prints, read as a spec would read it."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(
+            "--example", "JSON", f"invalid JSON ({exc})", "Paste the repro's --example as printed."
+        ) from None
+    if not isinstance(data, dict):
+        raise UsageError("--example", "a JSON object", type(data).__name__, _PASTE)
+    from opforge.cases import fill_error, layout_error
+
+    kept = Regression(
+        dtype=data.get("dtype", spec.dtypes[0]),
+        device=data.get("device", device),
+        layout=data.get("layout", "contiguous"),
+        shapes=tuple((name, tuple(shape)) for name, shape in data.get("shapes", {}).items()),
+        values=tuple(data.get("values", {}).items()),
+        fill=data.get("fill", ""),
+        seed=int(data.get("seed", 0)),
+        sample=data.get("sample"),
+    )
+    why = layout_error(kept.layout) or (fill_error(kept.fill, tuple(dict(kept.shapes))) if kept.fill else None)
+    if why:
+        raise UsageError("--example", why, text, _PASTE)
+    return kept

@@ -1,0 +1,84 @@
+"""What decides one fuzz example, in the worker: the reference decides the domain, the op may reject a call cleanly,
+and then the oracles, the same code `opforge check` runs (its comparison rules, low-precision rule included):
+
+- correctness: outputs, their dtype and shape, mutated and untouched arguments against the float64 reference;
+- fake: the fake kernel's output metadata (shape, dtype, strides) against the real output (opcheck's
+  test_faketensor);
+- determinism: two runs of the same call alike, bit for bit (unless the spec claims otherwise);
+- devices: the CUDA result against the CPU result of the same call (on a GPU, for a spec that runs on both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from opforge.cases import Case
+from opforge.checks.base import CheckContext
+from opforge.checks.calls import call_reference, inputs_for, outputs_of
+from opforge.checks.catalog import CATALOG
+from opforge.checks.opcheck import outcome
+from opforge.engine.tasks import check_verdicts
+from opforge.fuzz.verdict import DISCARD, FAIL, PASS, REJECT, Verdict
+from opforge.loading import Implementation, LoadedOp
+from opforge.outcomes import CheckFailure, short
+from opforge.results import Status
+
+ORACLES = ("correctness", "fake", "determinism", "devices")
+
+
+def judge(loaded: LoadedOp, case: Case, oracles: tuple[str, ...]) -> Verdict:
+    native = loaded.implementations[0]
+    try:
+        inputs = inputs_for(loaded, case, 0)
+        call_reference(loaded, inputs)
+    except Exception as exc:  # the reference (or a spec generator) refuses the call: not the op's domain
+        return Verdict(DISCARD, message=short(exc))
+    try:
+        outputs_of(loaded, native, inputs)
+    except Exception as exc:
+        if _is_cuda_fault(exc):
+            return Verdict(FAIL, "crash", f"a CUDA error: {short(exc)}")
+        return Verdict(REJECT, message=short(exc))
+    context = CheckContext(loaded, 0)
+    for oracle in oracles:
+        verdict = _ORACLES[oracle](context, native, case)
+        if verdict is not None:
+            return verdict
+    return Verdict(PASS)
+
+
+def _is_cuda_fault(exc: Exception) -> bool:
+    text = str(exc)
+    return "CUDA error" in text or "device-side assert" in text or type(exc).__name__ == "AcceleratorError"
+
+
+def _from_check(name: str, oracle: str) -> Callable[[CheckContext, Implementation, Case], Verdict | None]:
+    def run(context: CheckContext, implementation: Implementation, case: Case) -> Verdict | None:
+        check = CATALOG.get(name)
+        for verdict in check_verdicts(check, lambda: check.run(context, implementation, case)).values():
+            if verdict.status in (Status.FAIL, Status.ERROR):
+                return Verdict(FAIL, oracle, verdict.message, verdict.mismatch)
+        return None
+
+    return run
+
+
+def _fake(context: CheckContext, implementation: Implementation, case: Case) -> Verdict | None:
+    import torch
+
+    if implementation.overload is None:
+        return None
+    inputs = inputs_for(context.loaded, case, 0)
+    verdicts = torch.library.opcheck(
+        implementation.overload, inputs.args, inputs.kwargs, test_utils=("test_faketensor",), raise_exception=False
+    )
+    failure = outcome(verdicts.get("test_faketensor", "SUCCESS"), inputs)
+    return Verdict(FAIL, "fake", failure.message) if isinstance(failure, CheckFailure) else None
+
+
+_ORACLES: dict[str, Callable[[CheckContext, Implementation, Case], Verdict | None]] = {
+    "correctness": _from_check("correctness", "correctness"),
+    "fake": _fake,
+    "determinism": _from_check("determinism", "determinism"),
+    "devices": _from_check("devices", "devices"),
+}

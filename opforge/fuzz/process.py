@@ -1,0 +1,174 @@
+"""The parent's side of the fuzz worker (opforge.fuzz.worker): start it, hand it one example at a time, and turn
+a child that died or hung in an example into that example's failure. Nothing here imports torch."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from opforge.errors import OpforgeError, WorkerInternalError
+from opforge.fuzz.verdict import FAIL, Verdict
+from opforge.results import mismatch_from_json
+from opforge.spec.model import Regression
+
+# Loading an op may build it: the first build of a C++ extension takes ~40 s on this 2-core VM, a CUDA one minutes.
+LOAD_TIME_LIMIT = 900.0
+# A fork of the loaded worker answers "ready" in ~0.1 s here; a machine under load gets more.
+READY_TIME_LIMIT = 60.0
+READ_CHUNK = 65536
+STDERR_TAIL = 2000
+
+
+class LoadFailed(OpforgeError):
+    """The op did not load in the worker (a spec, import or build error): the worker's own message and code."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class FuzzWorker:
+    """One worker process for one op. `run(example)` returns its verdict; a child that dies or outlasts
+    `time_limit` in it is a failure ("crash" or "hang") and the next example gets a fresh child."""
+
+    def __init__(self, spec_path: Path, cuda_arch: str | None, time_limit: float):
+        self.time_limit = time_limit
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept for the worker's life, closed by close())
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "opforge.fuzz.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches the parent only; close() kills the whole group
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._buffer = b""
+        self._write({"spec": str(spec_path), "cuda_arch": cuda_arch})
+        loaded = self._next(LOAD_TIME_LIMIT, "loading the op")
+        if loaded["event"] == "error":
+            raise LoadFailed(loaded["message"], loaded["exit_code"])
+        self.space: dict[str, Any] = loaded["space"]
+        self.child = self._ready()
+
+    def run(self, example: Regression, oracles: tuple[str, ...]) -> Verdict:
+        self._write({"example": asdict(example), "oracles": list(oracles)})
+        started = self._next(READY_TIME_LIMIT, "an example's start")
+        if started["event"] == "died":
+            raise WorkerInternalError(f"the fuzz worker's child died before an example: {started['how']}")
+        mark = os.fstat(self.stderr.fileno()).st_size
+        try:
+            answer = self._next(self.time_limit, "")
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.child, signal.SIGKILL)
+            self._until_died()
+            self.child = self._ready()
+            return Verdict(FAIL, "hang", f"the op ran past the {self.time_limit:g} s limit of one example")
+        if answer["event"] == "died":
+            tail = self._stderr_since(mark)
+            self.child = self._ready()
+            return Verdict(
+                FAIL, "crash", f"the op's process died: {answer['how']}" + (f"; stderr: {tail}" if tail else "")
+            )
+        verdict = _verdict(answer)
+        self._expect_restart_if_gone()
+        return verdict
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        self.stderr.close()
+
+    # --------------------------------------------------------------------------------------------------- inside
+
+    def _ready(self) -> int:
+        ready = self._next(READY_TIME_LIMIT, "a fresh child")
+        if ready["event"] != "ready":
+            raise WorkerInternalError(f"the fuzz worker sent {ready['event']!r} where a fresh child was expected")
+        pid: int = ready["pid"]
+        return pid
+
+    def _until_died(self) -> None:
+        while self._next(READY_TIME_LIMIT, "a killed child's end")["event"] != "died":
+            pass
+
+    def _expect_restart_if_gone(self) -> None:
+        """A child that exits after its verdict (a sticky CUDA error) is replaced before the next example."""
+        readable, _, _ = select.select([self._fd], [], [], 0)
+        if readable or self._buffer:
+            event = self._next(READY_TIME_LIMIT, "")
+            if event["event"] == "died":
+                self.child = self._ready()
+
+    @property
+    def _fd(self) -> int:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.fileno()
+
+    def _write(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(message) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def _next(self, limit: float, waiting_for: str) -> dict[str, Any]:
+        """The next event, within `limit` seconds: TimeoutError past it (when waiting for an example's verdict),
+        else the worker's own failure as an internal error."""
+        deadline = time.monotonic() + limit
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            readable, _, _ = select.select([self._fd], [], [], max(0.0, left))
+            if not readable:
+                if not waiting_for:
+                    raise TimeoutError
+                raise WorkerInternalError(f"the fuzz worker sent nothing for {limit:g} s while {waiting_for}")
+            chunk = os.read(self._fd, READ_CHUNK)
+            if not chunk:
+                raise WorkerInternalError(
+                    f"the fuzz worker ended ({_returncode(self.proc)}): {self._stderr_since(0) or 'no output'}"
+                )
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        event: dict[str, Any] = json.loads(line)
+        return event
+
+    def _stderr_since(self, mark: int) -> str:
+        self.stderr.seek(mark)
+        text = self.stderr.read().decode(errors="replace")
+        self.stderr.seek(0, os.SEEK_END)
+        lines = [line for line in text.splitlines() if line.strip()]
+        return " | ".join(lines)[-STDERR_TAIL:]
+
+
+def _verdict(answer: dict[str, Any]) -> Verdict:
+    mismatch = answer.get("mismatch")
+    return Verdict(
+        answer["status"], answer["oracle"], answer["message"], mismatch_from_json(mismatch) if mismatch else None
+    )
+
+
+def _returncode(proc: subprocess.Popen[bytes]) -> str:
+    code = proc.wait(timeout=5)
+    return f"signal {-code}" if code < 0 else f"exit code {code}"

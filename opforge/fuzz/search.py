@@ -1,0 +1,261 @@
+"""`opforge fuzz`: a hypothesis search over an op's calls beyond the spec's matrix (opforge.fuzz.space), each
+example judged in the worker (opforge.fuzz.oracles), each distinct failure shrunk by hypothesis to a minimal example.
+
+Hypothesis keeps its example database under `.opforge/fuzz/<op>`, so a rerun replays the failures it found first.
+The search runs as passes of a few examples each, so that a time budget can end it between passes; a failure
+already found (the same oracle and cause) counts as seen and does not stop later passes from finding others.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opforge.fuzz.process import FuzzWorker
+from opforge.fuzz.space import DEFAULT_MAX_NUMEL, Space, examples
+from opforge.fuzz.verdict import DISCARD, FAIL, REJECT, Verdict
+from opforge.spec.model import OpSpec, Regression
+
+DEFAULT_BUDGET = 60.0
+# Examples per hypothesis pass: small, so a pass ends soon after the budget does (~0.1 s an example here), large
+# enough that each pass still explores (hypothesis spends its first examples on the simplest ones).
+PASS_EXAMPLES = 25
+# Shrinking a failure found just before the budget ran out may go on this much longer; then the smallest example
+# found so far is reported.
+SHRINK_GRACE = 30.0
+# One example's limit before it counts as a hang: the largest examples (2^20 elements through every oracle) take
+# ~2 s here.
+EXAMPLE_TIME_LIMIT = 30.0
+DATABASE = Path(".opforge") / "fuzz"
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found]
+
+
+@dataclass(frozen=True)
+class FuzzOptions:
+    budget: float = DEFAULT_BUDGET
+    max_examples: int | None = None
+    seed: int | None = None
+    device: str = "cpu"
+    oracles: tuple[str, ...] = ()  # empty: every oracle that applies
+    max_numel: int = DEFAULT_MAX_NUMEL
+    cuda_arch: str | None = None
+    database: Path = DATABASE
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One distinct failure, at the smallest example hypothesis shrank it to."""
+
+    oracle: str
+    message: str
+    example: Regression
+    verdict: Verdict
+
+    @property
+    def key(self) -> str:
+        return failure_key(self.verdict)
+
+
+@dataclass
+class FuzzReport:
+    op: str
+    spec_path: Path
+    device: str
+    oracles: tuple[str, ...]
+    examples: int = 0
+    rejected: int = 0  # the reference refused them: outside the domain
+    op_rejects: int = 0  # the op refused a call the reference took (a narrower domain)
+    first_reject: str = ""
+    failures: list[Failure] = field(default_factory=list)
+    seconds: float = 0.0
+    budget_ran_out: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failures)
+
+
+Progress = Callable[[FuzzReport, float], None]
+
+
+def failure_key(verdict: Verdict) -> str:
+    """What makes two failures the same one: the oracle and, for a crash, how the process died."""
+    if verdict.oracle == "crash":
+        return f"crash:{verdict.message.split(':', 1)[-1].split(';')[0].strip()}"
+    return verdict.oracle
+
+
+class FoundFailure(Exception):
+    """Raised into hypothesis for a failing example; one subclass per failure key, so that hypothesis tells distinct
+    failures apart (it groups them by exception type) and shrinks each."""
+
+    def __init__(self, example: Regression, verdict: Verdict):
+        super().__init__(f"{verdict.oracle}: {verdict.message}")
+        self.example = example
+        self.verdict = verdict
+
+
+_FAILURE_TYPES: dict[str, type[FoundFailure]] = {}
+
+
+def _failure_type(key: str) -> type[FoundFailure]:
+    if key not in _FAILURE_TYPES:
+        _FAILURE_TYPES[key] = type(f"Found_{len(_FAILURE_TYPES)}", (FoundFailure,), {})
+    return _FAILURE_TYPES[key]
+
+
+def fuzz(spec: OpSpec, options: FuzzOptions, progress: Progress | None = None) -> FuzzReport:
+    """Search until the budget or --max-examples runs out. Raises LoadFailed when the op does not load."""
+    start = time.monotonic()
+    worker = FuzzWorker(spec.path, options.cuda_arch, EXAMPLE_TIME_LIMIT)
+    try:
+        oracles = options.oracles or _applicable(spec, options.device)
+        report = FuzzReport(spec.name, spec.path, options.device, oracles)
+        _Search(spec, options, worker, report, progress or (lambda report, left: None), start).run()
+    finally:
+        worker.close()
+    report.seconds = time.monotonic() - start
+    return report
+
+
+def replay(spec: OpSpec, example: Regression, options: FuzzOptions) -> tuple[Verdict, tuple[str, ...]]:
+    """One example through the oracles (a failure's repro command)."""
+    worker = FuzzWorker(spec.path, options.cuda_arch, EXAMPLE_TIME_LIMIT)
+    try:
+        oracles = options.oracles or _applicable(spec, example.device)
+        return worker.run(example, oracles), oracles
+    finally:
+        worker.close()
+
+
+def _applicable(spec: OpSpec, device: str) -> tuple[str, ...]:
+    """The oracles that can say something about this op on this device (opforge.fuzz.oracles)."""
+    found = ["correctness", "fake"]
+    if spec.deterministic:
+        found.append("determinism")
+    if device == "cuda" and "cpu" in spec.devices:
+        found.append("devices")
+    return tuple(found)
+
+
+class _Search:
+    def __init__(
+        self,
+        spec: OpSpec,
+        options: FuzzOptions,
+        worker: FuzzWorker,
+        report: FuzzReport,
+        progress: Progress,
+        start: float,
+    ):
+        self.spec, self.options, self.worker, self.report, self.progress = spec, options, worker, report, progress
+        self.deadline = start + options.budget
+        self.found: dict[str, Failure] = {}
+        # The last failing example of each new failure in this pass: hypothesis only tries smaller examples once
+        # one fails, so the last is the smallest so far (even when shrinking is cut short by the budget).
+        self.latest: dict[str, Failure] = {}
+
+    def run(self) -> None:
+        from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+        from hypothesis import seed as fixed_seed
+        from hypothesis.database import DirectoryBasedExampleDatabase
+
+        space = self.worker.space
+        strategy = examples(
+            self.spec,
+            Space(
+                tuple(tuple((name, tuple(shape)) for name, shape in p) for p in space["pairings"]),
+                tuple(space["special_inputs"]),
+                space["sampled"],
+            ),
+            self.options.device,
+            self.options.max_numel,
+        )
+        database = DirectoryBasedExampleDatabase(str(self.options.database / self.spec.name))
+        index = 0
+        while not self._out_of_examples() and time.monotonic() < self.deadline:
+            phases = [Phase.generate, Phase.target, Phase.shrink]
+            test = settings(
+                database=database,
+                max_examples=PASS_EXAMPLES,
+                deadline=None,
+                phases=[Phase.explicit, Phase.reuse, *phases] if index == 0 else phases,
+                suppress_health_check=list(HealthCheck),
+                report_multiple_bugs=True,
+                verbosity=Verbosity.quiet,
+                print_blob=False,
+                derandomize=False,
+            )(given(strategy)(self._probe_function()))
+            if self.options.seed is not None:
+                test = fixed_seed(self.options.seed + index)(test)
+            self._collect(test)
+            self.found.update(self.latest)
+            self.latest.clear()
+            index += 1
+        self.report.budget_ran_out = time.monotonic() >= self.deadline
+        self.report.failures = sorted(self.found.values(), key=lambda f: f.key)
+
+    def _probe_function(self) -> Callable[[Regression], None]:
+        """The test hypothesis runs (a plain function, whose source names its database entries)."""
+
+        def probe(example: Regression) -> None:
+            self._probe(example)
+
+        return probe
+
+    def _probe(self, example: Regression) -> None:
+        from hypothesis import reject
+
+        now = time.monotonic()
+        shrinking = bool(self.latest)
+        if now > self.deadline + SHRINK_GRACE or (not shrinking and (now > self.deadline or self._out_of_examples())):
+            return  # out of time or examples: hypothesis's remaining calls of this pass run nothing
+        verdict = self.worker.run(example, self.report.oracles)
+        self._count(verdict)
+        if verdict.status == DISCARD:
+            reject()
+        key = failure_key(verdict)
+        if verdict.status == FAIL and key not in self.found:
+            self.latest[key] = Failure(verdict.oracle, verdict.message, example, verdict)
+            raise _failure_type(key)(example, verdict)
+
+    def _count(self, verdict: Verdict) -> None:
+        report = self.report
+        report.examples += 1
+        if verdict.status == DISCARD:
+            report.rejected += 1
+        elif verdict.status == REJECT:
+            report.op_rejects += 1
+            report.first_reject = report.first_reject or verdict.message
+        self.progress(report, self.deadline - time.monotonic())
+
+    def _collect(self, test: Callable[[], None]) -> None:
+        """Run one pass. Its failures are in self.latest already: what hypothesis raises about them (one, a group,
+        a flaky one when the budget cut a replay short) is dropped; anything else is opforge's own error."""
+        from hypothesis.errors import Flaky, Unsatisfiable
+
+        try:
+            test()
+        except (FoundFailure, Flaky, Unsatisfiable):
+            pass  # Unsatisfiable: every example of the pass was outside the domain; the next pass draws others
+        except BaseExceptionGroup as group:
+            _raise_other(group)
+
+    def _out_of_examples(self) -> bool:
+        limit = self.options.max_examples
+        return limit is not None and self.report.examples >= limit
+
+
+def _raise_other(group: BaseExceptionGroup[Any]) -> None:
+    """Re-raise the first exception of a group (nested too) that is not a failure the search found."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            _raise_other(exc)
+        elif not isinstance(exc, FoundFailure):
+            raise exc

@@ -1,0 +1,121 @@
+"""The search space of `opforge fuzz`, from the spec alone: hypothesis strategies that draw one example, a
+`Regression` (the same record `--save` keeps in the spec), without torch.
+
+Shapes start from each declared pairing of the spec (or each sample of a `samples:` spec, whose shapes the sample
+function fixes) and rename its sizes consistently across inputs: equal sizes stay equal, so broadcast and matmul
+partners stay valid; the reference then decides whether the drawn call is in the op's domain. Every strategy
+shrinks towards the simple end: small sizes, the first pairing, the contiguous layout, the spec's own values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import strategies as st
+
+from opforge.cases import FILL_RULES, FILL_SPECIALS, LAYOUT_FAMILY, layout_applies
+from opforge.schema import mutated_names
+from opforge.spec.model import OpSpec, Regression, ScalarInput
+
+# Sizes kernels get wrong: empty, one, small primes (no vector width divides them), powers of two and their
+# neighbours (one past a block, one short of a tile), up to 4096 per dimension.
+PRIMES = (2, 3, 5, 7, 11, 13, 17, 31, 61, 127, 257, 509, 1021)
+POWERS = tuple(n for k in range(2, 13) for n in (2**k - 1, 2**k, 2**k + 1))
+MAX_SIZE = 4096
+DEFAULT_MAX_NUMEL = 2**20
+# The storage offsets tried: every alignment of a 16-byte vector load for every element size down to 2 bytes.
+MAX_OFFSET = 7
+
+
+@dataclass(frozen=True)
+class Space:
+    """What the worker found the spec's calls to be: each pairing's shapes by tensor input (a samples spec's from
+    its function), and which tensor inputs take special values (floating, sampled by opforge)."""
+
+    pairings: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...]
+    special_inputs: tuple[str, ...]
+    sampled: bool
+
+
+def sizes() -> st.SearchStrategy[int]:
+    """A dimension size: mostly small (the shrinker's end), often one a kernel's blocking gets wrong, sometimes any."""
+    return st.one_of(st.integers(0, 64), st.sampled_from((0, 1, *PRIMES, *POWERS)), st.integers(0, MAX_SIZE))
+
+
+def examples(spec: OpSpec, space: Space, device: str, max_numel: int) -> st.SearchStrategy[Regression]:
+    dtypes = tuple(d for d in spec.dtypes if d in spec.dtypes_on(device))
+    scalars = [i for i in spec.inputs if isinstance(i, ScalarInput)]
+
+    @st.composite
+    def draw_example(draw: Any) -> Regression:
+        index = draw(st.integers(0, len(space.pairings) - 1))
+        pairing = space.pairings[index]
+        shapes = (
+            pairing if space.sampled else _renamed(draw, pairing, max_numel, broadcast=not mutated_names(spec.schema))
+        )
+        dtype = draw(st.sampled_from(dtypes))
+        return Regression(
+            dtype=dtype,
+            device=device,
+            layout=draw(_layouts(spec, shapes)),
+            shapes=() if space.sampled else shapes,
+            values=tuple((s.name, draw(st.sampled_from(s.values))) for s in scalars),
+            fill=draw(_fills(space, dtype)),
+            seed=draw(st.integers(0, 2**32 - 1)),
+            sample=index if space.sampled else None,
+        )
+
+    return draw_example()
+
+
+def _renamed(
+    draw: Any, pairing: tuple[tuple[str, tuple[int, ...]], ...], max_numel: int, broadcast: bool
+) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The pairing with each distinct size above 1 replaced by a drawn one (the same everywhere it appears), maybe
+    one dimension of one input set to 1 (a broadcast the reference may accept; not for an op that writes into an
+    argument, whose shape follows the inputs'), then the largest dimensions halved until all inputs hold at most
+    `max_numel` elements together."""
+    distinct = sorted({size for _, shape in pairing for size in shape if size > 1})
+    renamed = {size: draw(sizes()) for size in distinct}
+    shapes = [[renamed.get(size, size) for size in shape] for _, shape in pairing]
+    ones = [(i, d) for i, shape in enumerate(shapes) for d in range(len(shape)) if shape[d] > 1]
+    if broadcast and ones and draw(st.booleans()):
+        i, d = draw(st.sampled_from(ones))
+        shapes[i][d] = 1
+    while sum(math.prod(shape) for shape in shapes) > max_numel:
+        i, d = max(((i, d) for i, s in enumerate(shapes) for d in range(len(s))), key=lambda p: shapes[p[0]][p[1]])
+        shapes[i][d] //= 2
+    return tuple((name, tuple(shape)) for (name, _), shape in zip(pairing, shapes))
+
+
+def _layouts(spec: OpSpec, shapes: tuple[tuple[str, tuple[int, ...]], ...]) -> st.SearchStrategy[str]:
+    """The layouts some input of these shapes can take, in the spec's layout families; contiguous first."""
+    rank = max((len(shape) for _, shape in shapes), default=0)
+    candidates = ["contiguous", *(f"offset:{k}" for k in range(1, MAX_OFFSET + 1)), "strided", "expanded"]
+    candidates += ["channels_last"] + [f"transposed:{i},{j}" for i in range(rank) for j in range(i + 1, rank)]
+    usable = [
+        layout
+        for layout in candidates
+        if LAYOUT_FAMILY[layout.split(":")[0]] in spec.layouts
+        and any(layout_applies(layout, shape) for _, shape in shapes)
+    ]
+    return st.sampled_from(usable or ["contiguous"])
+
+
+def _fills(space: Space, dtype: str) -> st.SearchStrategy[str]:
+    """The spec's values as sampled (""), a rule over them, or a special value in one input: at one position, over
+    one row of its last dimension, or everywhere."""
+    if dtype not in ("float16", "bfloat16", "float32", "float64"):
+        return st.just("")
+    rules = st.sampled_from(("", *FILL_RULES))
+    if not space.special_inputs:
+        return rules
+    special = st.sampled_from(tuple(FILL_SPECIALS))
+    name = st.sampled_from(space.special_inputs)
+    where = st.integers(0, DEFAULT_MAX_NUMEL)
+    one = st.builds(lambda n, s, p: f"{n}=one:{s}@{p}", name, special, where)
+    row = st.builds(lambda n, s, p: f"{n}=row:{s}@{p}", name, special, where)
+    whole = st.builds(lambda n, s: f"{n}=all:{s}", name, special)
+    return st.one_of(rules, one, row, whole)
