@@ -64,6 +64,10 @@ def fuzz(
             rich_help_panel=REPORTS,
         ),
     ] = False,
+    exit_first: Annotated[
+        bool,
+        typer.Option("-x", "--exitfirst", help="Stop at the first failure, once shrunk.", rich_help_panel=EXECUTION),
+    ] = False,
     example: Annotated[
         str | None,
         typer.Option(
@@ -101,6 +105,7 @@ def fuzz(
             oracles=_oracles(check_, chosen, spec),
             max_numel=int(_positive(max_numel, "--max-numel")),
             cuda_arch=cuda_arch,
+            exit_first=exit_first,
         )
         if example is not None:
             kept = _example(example, spec, chosen)

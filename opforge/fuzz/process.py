@@ -26,7 +26,8 @@ LOAD_TIME_LIMIT = 900.0
 # A fork of the loaded worker answers "ready" in ~0.1 s here; a machine under load gets more.
 READY_TIME_LIMIT = 60.0
 READ_CHUNK = 65536
-STDERR_TAIL = 2000
+# Enough of a dead child's stderr to show the fault and the frames above the op's call.
+STDERR_TAIL = 600
 
 
 class LoadFailed(OpforgeError):
@@ -158,8 +159,8 @@ class FuzzWorker:
         self.stderr.seek(mark)
         text = self.stderr.read().decode(errors="replace")
         self.stderr.seek(0, os.SEEK_END)
-        lines = [line for line in text.splitlines() if line.strip()]
-        return " | ".join(lines)[-STDERR_TAIL:]
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return " | ".join(lines)[:STDERR_TAIL]
 
 
 def _verdict(answer: dict[str, Any]) -> Verdict:

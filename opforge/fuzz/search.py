@@ -46,6 +46,8 @@ class FuzzOptions:
     max_numel: int = DEFAULT_MAX_NUMEL
     cuda_arch: str | None = None
     database: Path = DATABASE
+    # Stop once a failure is found (and shrunk), instead of searching on for others until the budget runs out.
+    exit_first: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class Failure:
     message: str
     example: Regression
     verdict: Verdict
+    # When the search first met it, in seconds from its start (the worker's start and the op's build included).
+    found_after: float
 
     @property
     def key(self) -> str:
@@ -85,9 +89,8 @@ Progress = Callable[[FuzzReport, float], None]
 
 
 def failure_key(verdict: Verdict) -> str:
-    """What makes two failures the same one: the oracle and, for a crash, how the process died."""
-    if verdict.oracle == "crash":
-        return f"crash:{verdict.message.split(':', 1)[-1].split(';')[0].strip()}"
+    """What makes two failures the same one: the oracle (a crash is one failure whatever signal ended it: one
+    overrun segfaults at one size and raises SIGBUS at another)."""
     return verdict.oracle
 
 
@@ -155,7 +158,9 @@ class _Search:
         start: float,
     ):
         self.spec, self.options, self.worker, self.report, self.progress = spec, options, worker, report, progress
+        self.start = start
         self.deadline = start + options.budget
+        self.first_seen: dict[str, float] = {}
         self.found: dict[str, Failure] = {}
         # The last failing example of each new failure in this pass: hypothesis only tries smaller examples once
         # one fails, so the last is the smallest so far (even when shrinking is cut short by the budget).
@@ -180,6 +185,8 @@ class _Search:
         database = DirectoryBasedExampleDatabase(str(self.options.database / self.spec.name))
         index = 0
         while not self._out_of_examples() and time.monotonic() < self.deadline:
+            if self.options.exit_first and self.found:
+                break
             phases = [Phase.generate, Phase.target, Phase.shrink]
             test = settings(
                 database=database,
@@ -222,7 +229,8 @@ class _Search:
             reject()
         key = failure_key(verdict)
         if verdict.status == FAIL and key not in self.found:
-            self.latest[key] = Failure(verdict.oracle, verdict.message, example, verdict)
+            found_after = self.first_seen.setdefault(key, now - self.start)
+            self.latest[key] = Failure(verdict.oracle, verdict.message, example, verdict, found_after)
             raise _failure_type(key)(example, verdict)
 
     def _count(self, verdict: Verdict) -> None:

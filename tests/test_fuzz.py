@@ -1,0 +1,186 @@
+"""`opforge fuzz` (opforge/fuzz): the search space, the regressions it saves, and the search itself on ops written
+elsewhere (tests/fixtures/fuzz_ops): each buggy op passes `opforge check` on its spec's matrix, and fuzz finds its
+bug and shrinks it to the smallest example; on each correct twin it stays silent."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, SPECS, in_process
+from hypothesis import given, settings
+from typer.testing import CliRunner
+
+from opforge.cli import app
+from opforge.errors import SpecError
+from opforge.fuzz.save import save_regressions
+from opforge.fuzz.search import FuzzOptions, fuzz
+from opforge.fuzz.space import Space, examples
+from opforge.spec.load import load_spec
+
+FUZZ_OPS = FIXTURES / "fuzz_ops"
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, in_process(args), env={"NO_COLOR": "1", "COLUMNS": "200"})
+
+
+def space_of(spec) -> Space:
+    tensors = spec.tensor_inputs()
+    pairings = tuple(tuple((t.name, t.shapes[i]) for t in tensors) for i in range(spec.shape_count))
+    return Space(pairings, tuple(t.name for t in tensors), sampled=False)
+
+
+# --------------------------------------------------------------------------------------------- the search space
+
+CUSTOM_LOSS = load_spec(SPECS / "custom_loss.yaml")
+
+
+@settings(max_examples=200, deadline=None)
+@given(examples(CUSTOM_LOSS, space_of(CUSTOM_LOSS), "cpu", max_numel=2**16))
+def test_equal_sizes_stay_equal_across_inputs_and_the_elements_stay_under_the_cap(example):
+    shapes = dict(example.shapes)
+    assert sum(math.prod(s) for s in shapes.values()) <= 2**16
+    pred, target = shapes["pred"], shapes["target"]
+    if len(pred) == 2 and len(target) == 1:  # the pairing (33, 65) with (65,): a broadcast partner
+        assert pred[1] == target[0] or 1 in (pred[1], target[0]) or 0 in (pred[1], target[0])
+    if len(pred) == len(target) == 4:  # (2, 3, 5, 4) twice: each size renamed the same way in both
+        assert sum(pred[d] != target[d] for d in range(4)) <= 1  # but for one set to 1
+        assert all(pred[d] == target[d] or 1 in (pred[d], target[d]) for d in range(4))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    examples(
+        load_spec(SPECS / "leaky_swish_out.yaml"), space_of(load_spec(SPECS / "leaky_swish_out.yaml")), "cpu", 2**20
+    )
+)
+def test_an_op_that_writes_an_argument_gets_no_broadcast_partner_of_size_one(example):
+    shapes = dict(example.shapes)
+    assert shapes["x"] == shapes["out"]
+
+
+def test_a_layout_and_a_fill_are_those_the_spec_and_the_shapes_allow():
+    spec = load_spec(FIXTURES / "good.yaml")  # contiguous and noncontiguous only: no channels_last
+
+    @settings(max_examples=150, deadline=None)
+    @given(examples(spec, space_of(spec), "cpu", 2**20))
+    def check(example):
+        assert not example.layout.startswith("channels_last")
+        if example.layout.startswith("transposed"):
+            first, second = map(int, example.layout.split(":")[1].split(","))
+            shape = dict(example.shapes)["x"]
+            assert shape[first] > 1 and shape[second] > 1
+        if example.dtype not in ("float16", "bfloat16", "float32", "float64"):
+            assert example.fill == ""
+
+    check()
+
+
+# ---------------------------------------------------------------------------------- regressions: in the spec
+
+
+def fixture_copy(tmp_path: Path, name: str) -> Path:
+    for source in FUZZ_OPS.iterdir():
+        if source.suffix in (".py", ".cpp"):
+            shutil.copy(source, tmp_path / source.name)
+    shutil.copy(FUZZ_OPS / f"{name}.yaml", tmp_path / f"{name}.yaml")
+    return tmp_path / f"{name}.yaml"
+
+
+def test_save_appends_regressions_once_and_check_runs_them(tmp_path):
+    path = fixture_copy(tmp_path, "doubles_short_tail")
+    entry = {"dtype": "float32", "device": "cpu", "layout": "offset:3", "shapes": {"x": [7]}, "seed": 5}
+    assert save_regressions(path, [entry], "found by a test") == 1
+    assert save_regressions(path, [entry, {**entry, "seed": 6}], "found again") == 1
+    spec = load_spec(path)
+    assert [(r.layout, r.seed) for r in spec.regressions] == [("offset:3", 5), ("offset:3", 6)]
+    result = invoke("check", str(path), "--check", "correctness", "-k", "regression")
+    assert result.exit_code == 1, result.output
+    assert "regression0-float32-cpu-offset:3-x=7" in result.output.replace("\n", "")
+
+
+@pytest.mark.parametrize(
+    "entry, fragment",
+    [
+        (
+            "{dtype: float32, device: cpu, layout: diagonal, shapes: {x: [7]}, seed: 1}",
+            "regressions[0].layout: expected",
+        ),
+        ("{dtype: float32, device: cpu, layout: offset:0, shapes: {x: [7]}, seed: 1}", "offset:K (K > 0"),
+        ("{dtype: float32, device: cpu, fill: y=one:nan@3, shapes: {x: [7]}, seed: 1}", "a tensor input before `=`"),
+        ("{dtype: float32, device: cpu, fill: x=one:nan, shapes: {x: [7]}, seed: 1}", "a position @P"),
+        ("{dtype: float32, device: cpu, shapes: {y: [7]}, seed: 1}", "a shape for each tensor input (x)"),
+        ("{dtype: float32, device: cpu, shapes: {x: [7]}}", "seed"),
+    ],
+)
+def test_a_bad_regression_names_its_line_and_what_to_write(tmp_path, entry, fragment):
+    path = fixture_copy(tmp_path, "doubles")
+    path.write_text(path.read_text() + f"regressions:\n  - {entry}\n")
+    with pytest.raises(SpecError) as error:
+        load_spec(path)
+    text = str(error.value)
+    assert fragment in text and f"{path.name}:" in text
+
+
+def test_an_example_that_is_not_json_is_a_usage_error():
+    result = invoke("fuzz", str(FUZZ_OPS / "doubles.yaml"), "--example", "{x: 1")
+    assert result.exit_code == 2 and "--example: expected JSON" in result.output
+
+
+# ---------------------------------------------------------------------------- the search on outside-written ops
+
+BUGS = {
+    # fixture: (oracle, what the minimal example must show)
+    "doubles_short_tail": ("correctness", lambda e: dict(e.shapes)["x"] == (7,)),
+    "logsumexp_naive": ("correctness", lambda e: "inf" in e.fill),
+    "row_sum_scratch": ("correctness", lambda e: dict(e.shapes)["x"][-1] == 65),
+    "row_max_buffered": ("crash", lambda e: dict(e.shapes)["x"][-1] == 257),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", sorted(BUGS))
+def test_fuzz_finds_and_shrinks_each_bug_the_matrix_missed(tmp_path, fixture):
+    spec = load_spec(FUZZ_OPS / f"{fixture}.yaml")
+    report = fuzz(spec, FuzzOptions(budget=60, seed=0, exit_first=True, database=tmp_path / "db"))
+    oracle, minimal = BUGS[fixture]
+    assert [f.oracle for f in report.failures] == [oracle], [f.message for f in report.failures]
+    example = report.failures[0].example
+    assert minimal(example), example
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", ["doubles", "logsumexp", "row_sum", "row_max"])
+def test_fuzz_stays_silent_on_each_correct_twin(tmp_path, fixture):
+    report = fuzz(load_spec(FUZZ_OPS / f"{fixture}.yaml"), FuzzOptions(budget=10, seed=0, database=tmp_path / "db"))
+    assert report.failures == [] and report.examples > 20, [f.message for f in report.failures]
+
+
+@pytest.mark.slow
+def test_the_command_reports_json_saves_the_case_and_check_then_fails_on_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the example database goes under ./.opforge
+    path = fixture_copy(tmp_path, "doubles_short_tail")
+    out = tmp_path / "fuzz.json"
+    result = invoke("fuzz", str(path), "--seed", "0", "-x", "--json", str(out), "--save", "--budget", "60")
+    assert result.exit_code == 1, result.output
+    assert "FAIL fuzzed::doubles_short_tail correctness" in result.output or "FAIL doubles_short_tail" in result.output
+    data = json.loads(out.read_text())
+    (failure,) = data["failures"]
+    assert failure["check"] == "correctness" and failure["shapes"] == {"x": [7]} and failure["offset"] == 0
+    assert {"message", "layout", "values", "seed", "repro"} <= failure.keys() and data["examples"] > 0
+    assert (tmp_path / ".opforge" / "fuzz").is_dir()
+    replay = invoke(*json_repro(failure["repro"]))
+    assert replay.exit_code == 1 and "FAIL correctness" in replay.output
+    check = invoke("check", str(path), "--check", "correctness", "-k", "regression0")
+    assert check.exit_code == 1 and "1 of 7 elements differ" in check.output
+
+
+def json_repro(command: str) -> list[str]:
+    import shlex
+
+    return shlex.split(command)[1:]
