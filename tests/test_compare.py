@@ -3,6 +3,8 @@ composite round as often as eager PyTorch does, but no worse."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from opforge.compare import Baseline, Rule, check_result
@@ -81,3 +83,25 @@ def test_where_eager_overflows_the_remaining_elements_are_still_judged():
     off[1:] += 0.25  # finite elements off by far more than eager's (exact) result
     with pytest.raises(CheckFailure, match="RMS error"):
         judge(off, reference, eager)
+
+
+def test_the_infinity_a_float64_result_rounds_to_is_no_error_but_an_overflow_float16_can_hold_is():
+    # Found by `opforge fuzz` on affine_leaky_swish: float16's largest is 65504, and 65600 rounds to inf.
+    got = torch.tensor([math.inf, 1.0], dtype=torch.float16)
+    check_result(
+        "result",
+        got,
+        torch.tensor([65600.0, 1.0], dtype=torch.float64),
+        Rule(FLOAT16, lowp=False),
+        torch.float16,
+        "cpu",
+    )
+    with pytest.raises(CheckFailure, match="1 of 2 elements differ"):
+        check_result(
+            "result",
+            got,
+            torch.tensor([65000.0, 1.0], dtype=torch.float64),
+            Rule(FLOAT16, lowp=False),
+            torch.float16,
+            "cpu",
+        )

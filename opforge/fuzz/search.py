@@ -58,8 +58,10 @@ class Failure:
     message: str
     example: Regression
     verdict: Verdict
-    # When the search first met it, in seconds from its start (the worker's start and the op's build included).
+    # When the search first met it: seconds from its start (the worker's start and the op's build included), and
+    # which example it was (1 for a failure the example database replayed first).
     found_after: float
+    found_at: int
 
     @property
     def key(self) -> str:
@@ -160,7 +162,7 @@ class _Search:
         self.spec, self.options, self.worker, self.report, self.progress = spec, options, worker, report, progress
         self.start = start
         self.deadline = start + options.budget
-        self.first_seen: dict[str, float] = {}
+        self.first_seen: dict[str, tuple[float, int]] = {}
         self.found: dict[str, Failure] = {}
         # The last failing example of each new failure in this pass: hypothesis only tries smaller examples once
         # one fails, so the last is the smallest so far (even when shrinking is cut short by the budget).
@@ -229,8 +231,8 @@ class _Search:
             reject()
         key = failure_key(verdict)
         if verdict.status == FAIL and key not in self.found:
-            found_after = self.first_seen.setdefault(key, now - self.start)
-            self.latest[key] = Failure(verdict.oracle, verdict.message, example, verdict, found_after)
+            found_after, found_at = self.first_seen.setdefault(key, (now - self.start, self.report.examples))
+            self.latest[key] = Failure(verdict.oracle, verdict.message, example, verdict, found_after, found_at)
             raise _failure_type(key)(example, verdict)
 
     def _count(self, verdict: Verdict) -> None:
