@@ -31,7 +31,11 @@ def fuzz(
     ] = None,
     seed: Annotated[
         int | None,
-        typer.Option("--seed", help="Seed the search (the same seed, the same examples).", rich_help_panel=EXECUTION),
+        typer.Option(
+            "--seed",
+            help="Seed the search: the same seed, the same examples (hypothesis then leaves its database alone).",
+            rich_help_panel=EXECUTION,
+        ),
     ] = None,
     device: Annotated[
         str | None,

@@ -35,10 +35,13 @@ def judge(loaded: LoadedOp, case: Case, oracles: tuple[str, ...]) -> Verdict:
         return Verdict(DISCARD, message=short(exc))
     try:
         outputs_of(loaded, native, inputs)
-    except Exception as exc:
-        if _is_cuda_fault(exc):
-            return Verdict(FAIL, "crash", f"a CUDA error: {short(exc)}")
-        return Verdict(REJECT, message=short(exc))
+    except CheckFailure as failure:
+        raised = failure.__cause__
+        if raised is None:  # it returned, with a kernel launch's error left pending
+            return Verdict(FAIL, "correctness", failure.message)
+        if _is_cuda_fault(raised):
+            return Verdict(FAIL, "crash", f"a CUDA error: {short(raised)}")
+        return Verdict(REJECT, message=short(raised))
     context = CheckContext(loaded, 0)
     for oracle in oracles:
         verdict = _ORACLES[oracle](context, native, case)
@@ -47,7 +50,7 @@ def judge(loaded: LoadedOp, case: Case, oracles: tuple[str, ...]) -> Verdict:
     return Verdict(PASS)
 
 
-def _is_cuda_fault(exc: Exception) -> bool:
+def _is_cuda_fault(exc: BaseException) -> bool:
     text = str(exc)
     return "CUDA error" in text or "device-side assert" in text or type(exc).__name__ == "AcceleratorError"
 

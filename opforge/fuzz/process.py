@@ -66,11 +66,11 @@ class FuzzWorker:
         self.child = self._ready()
 
     def run(self, example: Regression, oracles: tuple[str, ...]) -> Verdict:
+        mark = os.fstat(self.stderr.fileno()).st_size  # before the child can write (and crash)
         self._write({"example": asdict(example), "oracles": list(oracles)})
         started = self._next(READY_TIME_LIMIT, "an example's start")
         if started["event"] == "died":
             raise WorkerInternalError(f"the fuzz worker's child died before an example: {started['how']}")
-        mark = os.fstat(self.stderr.fileno()).st_size
         try:
             answer = self._next(self.time_limit, "")
         except TimeoutError:
@@ -85,9 +85,10 @@ class FuzzWorker:
             return Verdict(
                 FAIL, "crash", f"the op's process died: {answer['how']}" + (f"; stderr: {tail}" if tail else "")
             )
-        verdict = _verdict(answer)
-        self._expect_restart_if_gone()
-        return verdict
+        if answer.get("restart"):
+            self._until_died()
+            self.child = self._ready()
+        return _verdict(answer)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -115,14 +116,6 @@ class FuzzWorker:
     def _until_died(self) -> None:
         while self._next(READY_TIME_LIMIT, "a killed child's end")["event"] != "died":
             pass
-
-    def _expect_restart_if_gone(self) -> None:
-        """A child that exits after its verdict (a sticky CUDA error) is replaced before the next example."""
-        readable, _, _ = select.select([self._fd], [], [], 0)
-        if readable or self._buffer:
-            event = self._next(READY_TIME_LIMIT, "")
-            if event["event"] == "died":
-                self.child = self._ready()
 
     @property
     def _fd(self) -> int:

@@ -164,8 +164,9 @@ class _Search:
         self.deadline = start + options.budget
         self.first_seen: dict[str, tuple[float, int]] = {}
         self.found: dict[str, Failure] = {}
-        # The last failing example of each new failure in this pass: hypothesis only tries smaller examples once
-        # one fails, so the last is the smallest so far (even when shrinking is cut short by the budget).
+        # Each new failure of this pass at its last failing example: what is reported when the budget cuts
+        # hypothesis's shrinking short (it then raises no minimal example); otherwise hypothesis's own minimal one
+        # replaces it.
         self.latest: dict[str, Failure] = {}
 
     def run(self) -> None:
@@ -246,26 +247,39 @@ class _Search:
         self.progress(report, self.deadline - time.monotonic())
 
     def _collect(self, test: Callable[[], None]) -> None:
-        """Run one pass. Its failures are in self.latest already: what hypothesis raises about them (one, a group,
-        a flaky one when the budget cut a replay short) is dropped; anything else is opforge's own error."""
+        """Run one pass. The minimal examples hypothesis raises (one failure, or a group of them) replace the pass's
+        last ones; a flaky report (the budget cut a replay short) keeps those; anything else is opforge's error."""
         from hypothesis.errors import Flaky, Unsatisfiable
 
         try:
             test()
-        except (FoundFailure, Flaky, Unsatisfiable):
+        except FoundFailure as failure:
+            self._minimal([failure])
+        except (Flaky, Unsatisfiable):
             pass  # Unsatisfiable: every example of the pass was outside the domain; the next pass draws others
         except BaseExceptionGroup as group:
-            _raise_other(group)
+            self._minimal(_found_in(group))
+
+    def _minimal(self, failures: list[FoundFailure]) -> None:
+        for failure in failures:
+            key = failure_key(failure.verdict)
+            found_after, found_at = self.first_seen[key]
+            verdict = failure.verdict
+            self.latest[key] = Failure(verdict.oracle, verdict.message, failure.example, verdict, found_after, found_at)
 
     def _out_of_examples(self) -> bool:
         limit = self.options.max_examples
         return limit is not None and self.report.examples >= limit
 
 
-def _raise_other(group: BaseExceptionGroup[Any]) -> None:
-    """Re-raise the first exception of a group (nested too) that is not a failure the search found."""
+def _found_in(group: BaseExceptionGroup[Any]) -> list[FoundFailure]:
+    """The failures of a group (nested too); any other exception in it is re-raised."""
+    found: list[FoundFailure] = []
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):
-            _raise_other(exc)
-        elif not isinstance(exc, FoundFailure):
+            found += _found_in(exc)
+        elif isinstance(exc, FoundFailure):
+            found.append(exc)
+        else:
             raise exc
+    return found

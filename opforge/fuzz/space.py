@@ -25,7 +25,6 @@ from opforge.spec.model import OpSpec, Regression, ScalarInput
 # smallest failing size of a bug that depends on a size's remainder (a vector loop's tail): it shrinks `blocks` to 0
 # and keeps `rest`, where shrinking the plain number (halving, subtracting 1 or 2) stops at the first size that
 # passes (1175 -> 587 for a tail bug at sizes 8k + 7).
-BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MAX_SIZE = 4096
 DEFAULT_MAX_NUMEL = 2**20
 # The storage offsets tried: every alignment of a 16-byte vector load for every element size down to 2 bytes.
@@ -42,11 +41,21 @@ class Space:
     sampled: bool
 
 
+def size_limit(max_numel: int) -> int:
+    """The largest size of one dimension: MAX_SIZE, or `max_numel` itself when a run raises it past the default
+    (a 1-D input past a kernel's grid cap: `--max-numel 33554432`)."""
+    return MAX_SIZE if max_numel <= DEFAULT_MAX_NUMEL else max_numel
+
+
 @st.composite
-def sizes(draw: Any) -> int:
-    """A dimension size, 0 to MAX_SIZE."""
-    block = draw(st.sampled_from(BLOCKS))
-    return int(draw(st.integers(0, MAX_SIZE // block)) * block + draw(st.integers(0, block - 1)))
+def sizes(draw: Any, limit: int = MAX_SIZE) -> int:
+    """A dimension size, 0 to `limit`; blocks up to a sixteenth of it."""
+    block = draw(st.sampled_from(_powers_of_two(limit // 16) or (1,)))
+    return int(draw(st.integers(0, limit // block)) * block + draw(st.integers(0, block - 1)))
+
+
+def _powers_of_two(limit: int) -> tuple[int, ...]:
+    return tuple(2**k for k in range(max(0, limit).bit_length()))
 
 
 def examples(spec: OpSpec, space: Space, device: str, max_numel: int) -> st.SearchStrategy[Regression]:
@@ -83,7 +92,7 @@ def _renamed(
     one dimension of one input set to 1: a broadcast the reference may accept (not for an op that writes into an
     argument, whose shape follows the inputs')."""
     distinct = sorted({size for _, shape in pairing for size in shape if size > 1})
-    renamed = {size: draw(sizes()) for size in distinct}
+    renamed = {size: draw(sizes(size_limit(max_numel))) for size in distinct}
 
     def shapes_now() -> list[list[int]]:
         return [[renamed.get(size, size) for size in shape] for _, shape in pairing]

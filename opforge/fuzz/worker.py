@@ -8,7 +8,8 @@ one that has made a CUDA context cannot hand it to them. Each child makes its ow
 
 Protocol, one JSON object per line: the parent sends {"spec", "cuda_arch"} first, then one {"example", "oracles"}
 per example; this process answers "loaded" (the search space) or "error", each child "ready" (its pid), then per
-example "start" (before running it, so a crash is charged to it) and "verdict"; "died" when a child died.
+example "start" (before running it, so a crash is charged to it) and "verdict" (saying whether the child now exits
+for a fresh one); "died" when a child died.
 """
 
 from __future__ import annotations
@@ -88,9 +89,12 @@ def _serve(loaded: LoadedOp, channel: int) -> None:
         kept = Regression(**{**example, "shapes": shapes, "values": tuple(map(tuple, example["values"]))})
         _send(channel, {"event": "start"})
         verdict = judge(loaded, kept_case(loaded.spec, kept, "fuzz"), tuple(request["oracles"]))
-        _send(channel, {"event": "verdict", **asdict(verdict)})
-        if device_error() is not None:
-            os._exit(3)  # a sticky CUDA error: the next example needs a fresh child
+        # A sticky CUDA error (an illegal address) leaves this child's context unusable: the next example needs a
+        # fresh child, and the parent is told so with the verdict.
+        restart = device_error() is not None
+        _send(channel, {"event": "verdict", **asdict(verdict), "restart": restart})
+        if restart:
+            os._exit(3)
     sys.stdout.flush()
     os._exit(0)
 

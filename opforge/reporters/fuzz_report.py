@@ -105,7 +105,7 @@ def _render_failure(report: FuzzReport, failure: Failure) -> None:
     values = ", ".join(f"{name}={value!r}" for name, value in example.values)
     rule = example.fill or "as the spec samples them"
     console.print(Text(f"  values: {rule}{'; ' + values if values else ''}; seed {example.seed}"))
-    console.print(Text(f"  repro: {repro_command(report.spec_path, example)}", style="dim"))
+    console.print(Text(f"  repro: {repro_command(report.spec_path, example)}", style="dim"), soft_wrap=True)
 
 
 def render_replay(verdict: Verdict, oracles: tuple[str, ...]) -> None:
