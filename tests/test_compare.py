@@ -105,3 +105,51 @@ def test_the_infinity_a_float64_result_rounds_to_is_no_error_but_an_overflow_flo
             torch.float16,
             "cpu",
         )
+
+
+def _eight_lane_sum(values):
+    """A correct float32 reduction's order: eight lanes summed left to right, then the lanes pairwise."""
+    lanes = torch.zeros(8, dtype=torch.float32)
+    for row in values.view(-1, 8):
+        lanes = lanes + row
+    while lanes.numel() > 1:
+        lanes = lanes[0::2] + lanes[1::2]
+    return lanes[0]
+
+
+def test_a_float32_sum_may_be_off_by_a_plain_order_sums_error_but_not_by_a_lost_term():
+    # Found by `opforge fuzz` on tests/fixtures/real_ops/row_sum: torch's cascade sum of equal values is within a few
+    # ulps, an eight-lane order 16 times further off (here 0.0076 against 0.00005 on a sum of 800).
+    values = torch.full((8000,), 0.1, dtype=torch.float32)
+    reference = values.double().sum()
+    float32 = Rule(Tolerance(atol=1e-5, rtol=1.3e-6), lowp=True)
+    got = _eight_lane_sum(values)
+    check_result(
+        "result",
+        got,
+        reference,
+        float32,
+        torch.float32,
+        "cpu",
+        baseline=Baseline("float32", lambda: {"result": values.sum()}, 8000),
+    )
+    with pytest.raises(CheckFailure, match="exceeds the"):  # judged as an elementwise result, it is not close enough
+        check_result(
+            "result",
+            got,
+            reference,
+            float32,
+            torch.float32,
+            "cpu",
+            baseline=Baseline("float32", lambda: {"result": values.sum()}, 1),
+        )
+    with pytest.raises(CheckFailure, match="exceeds the"):
+        check_result(
+            "result",
+            got - values[0],
+            reference,
+            float32,
+            torch.float32,
+            "cpu",
+            baseline=Baseline("float32", lambda: {"result": values.sum()}, 8000),
+        )

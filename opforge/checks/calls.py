@@ -215,7 +215,8 @@ def output_baseline(loaded: LoadedOp, inputs: CaseInputs, case_dtype: str) -> Ba
         named = dict(zip(output_names(loaded), outputs))
         return named | {f"{name}{MUTATED}": value for name, value in new_values.items()}
 
-    return Baseline(case_dtype, compute)
+    sizes = [a.numel() for a in (*inputs.args, *inputs.kwargs.values()) if hasattr(a, "numel")]
+    return Baseline(case_dtype, compute, max(sizes, default=0))
 
 
 def compare_with_reference(
