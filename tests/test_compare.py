@@ -117,39 +117,21 @@ def _eight_lane_sum(values):
     return lanes[0]
 
 
+def judge_sum(got, values, terms):
+    """A float32 row sum judged against float64 with torch's own float32 sum as the baseline."""
+    float32 = Rule(Tolerance(atol=1e-5, rtol=1.3e-6), lowp=True)
+    baseline = Baseline("float32", lambda: {"result": values.sum()}, terms)
+    check_result("result", got, values.double().sum(), float32, torch.float32, "cpu", baseline=baseline)
+
+
 def test_a_float32_sum_may_be_off_by_a_plain_order_sums_error_but_not_by_a_lost_term():
     # Found by `opforge fuzz` on tests/fixtures/real_ops/row_sum: torch's cascade sum of equal values is within a few
     # ulps, an eight-lane order 16 times further off (here 0.0076 against 0.00005 on a sum of 800).
-    values = torch.full((8000,), 0.1, dtype=torch.float32)
-    reference = values.double().sum()
-    float32 = Rule(Tolerance(atol=1e-5, rtol=1.3e-6), lowp=True)
-    got = _eight_lane_sum(values)
-    check_result(
-        "result",
-        got,
-        reference,
-        float32,
-        torch.float32,
-        "cpu",
-        baseline=Baseline("float32", lambda: {"result": values.sum()}, 8000),
-    )
+    equal = torch.full((8000,), 0.1, dtype=torch.float32)
+    judge_sum(_eight_lane_sum(equal), equal, 8000)
     with pytest.raises(CheckFailure, match="exceeds the"):  # judged as an elementwise result, it is not close enough
-        check_result(
-            "result",
-            got,
-            reference,
-            float32,
-            torch.float32,
-            "cpu",
-            baseline=Baseline("float32", lambda: {"result": values.sum()}, 1),
-        )
+        judge_sum(_eight_lane_sum(equal), equal, 1)
+    signs = torch.rand(8000, generator=torch.Generator().manual_seed(0)).mul(2).sub(1).to(torch.float32)
+    judge_sum(_eight_lane_sum(signs), signs, 8000)
     with pytest.raises(CheckFailure, match="exceeds the"):
-        check_result(
-            "result",
-            got - values[0],
-            reference,
-            float32,
-            torch.float32,
-            "cpu",
-            baseline=Baseline("float32", lambda: {"result": values.sum()}, 8000),
-        )
+        judge_sum(_eight_lane_sum(signs) - signs[-1], signs, 8000)
