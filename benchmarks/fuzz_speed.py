@@ -17,7 +17,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from opforge.fuzz.search import FuzzOptions, fuzz  # noqa: E402
+from opforge.fuzz.options import FuzzOptions  # noqa: E402
+from opforge.fuzz.search import fuzz  # noqa: E402
 from opforge.spec.load import load_spec  # noqa: E402
 
 FIXTURES = ("doubles_short_tail", "logsumexp_naive", "row_sum_scratch", "row_max_buffered")

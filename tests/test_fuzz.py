@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 
 from opforge.cli import app
 from opforge.errors import SpecError
+from opforge.fuzz.options import FuzzOptions
 from opforge.fuzz.save import save_regressions
-from opforge.fuzz.search import FuzzOptions, fuzz
+from opforge.fuzz.search import fuzz
 from opforge.fuzz.space import Space, examples
 from opforge.results import Status
 from opforge.spec.load import load_spec

@@ -11,8 +11,7 @@ import typer
 
 from opforge.commands.app import EXECUTION, REPORTS, SELECTION, CudaArch, app, guarded, spec_paths
 from opforge.errors import EXIT_FAILED, EXIT_OK, UsageError
-from opforge.fuzz.search import DEFAULT_BUDGET, FuzzOptions
-from opforge.fuzz.space import DEFAULT_MAX_NUMEL
+from opforge.fuzz.options import DEFAULT_BUDGET, DEFAULT_MAX_NUMEL, FuzzOptions
 from opforge.spec.model import KNOWN_DEVICES, OpSpec, Regression
 
 ORACLE_NAMES = ("correctness", "fake", "determinism", "devices")

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opforge.fuzz.options import FuzzOptions
 from opforge.fuzz.process import FuzzWorker
-from opforge.fuzz.space import DEFAULT_MAX_NUMEL, Space, examples
+from opforge.fuzz.space import Space, examples
 from opforge.fuzz.verdict import DISCARD, FAIL, REJECT, Verdict
 from opforge.spec.model import OpSpec, Regression
 
-DEFAULT_BUDGET = 60.0
 # Examples per hypothesis pass: small, so a pass ends soon after the budget does (~0.1 s an example here), large
 # enough that each pass still explores (hypothesis spends its first examples on the simplest ones).
 PASS_EXAMPLES = 25
@@ -30,24 +30,9 @@ SHRINK_GRACE = 30.0
 # One example's limit before it counts as a hang: the largest examples (2^20 elements through every oracle) take
 # ~2 s here.
 EXAMPLE_TIME_LIMIT = 30.0
-DATABASE = Path(".opforge") / "fuzz"
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found]
-
-
-@dataclass(frozen=True)
-class FuzzOptions:
-    budget: float = DEFAULT_BUDGET
-    max_examples: int | None = None
-    seed: int | None = None
-    device: str = "cpu"
-    oracles: tuple[str, ...] = ()  # empty: every oracle that applies
-    max_numel: int = DEFAULT_MAX_NUMEL
-    cuda_arch: str | None = None
-    database: Path = DATABASE
-    # Stop once a failure is found (and shrunk), instead of searching on for others until the budget runs out.
-    exit_first: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from opforge.cases import FILL_RULES, FILL_SPECIALS, LAYOUT_FAMILY, layout_applies
+from opforge.fuzz.options import DEFAULT_MAX_NUMEL
 from opforge.schema import mutated_names
 from opforge.spec.model import OpSpec, Regression, ScalarInput
 
@@ -26,7 +27,6 @@ from opforge.spec.model import OpSpec, Regression, ScalarInput
 # and keeps `rest`, where shrinking the plain number (halving, subtracting 1 or 2) stops at the first size that
 # passes (1175 -> 587 for a tail bug at sizes 8k + 7).
 MAX_SIZE = 4096
-DEFAULT_MAX_NUMEL = 2**20
 # The storage offsets tried: every alignment of a 16-byte vector load for every element size down to 2 bytes.
 MAX_OFFSET = 7
 
