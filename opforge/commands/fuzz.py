@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -13,6 +13,9 @@ from opforge.commands.app import EXECUTION, REPORTS, SELECTION, CudaArch, app, g
 from opforge.errors import EXIT_FAILED, EXIT_OK, UsageError
 from opforge.fuzz.options import DEFAULT_BUDGET, DEFAULT_MAX_NUMEL, FuzzOptions
 from opforge.spec.model import KNOWN_DEVICES, OpSpec, Regression
+
+if TYPE_CHECKING:
+    from opforge.fuzz.search import FuzzReport
 
 ORACLE_NAMES = ("correctness", "fake", "determinism", "devices")
 _PASTE = "Paste the repro's --example as fuzz printed it."
@@ -128,7 +131,7 @@ def fuzz(
     guarded(body)
 
 
-def _save(spec: OpSpec, report: Any) -> None:
+def _save(spec: OpSpec, report: FuzzReport) -> None:
     from opforge.fuzz.save import save_regressions
     from opforge.reporters import console as out
     from opforge.reporters.fuzz_report import example_json

@@ -43,7 +43,7 @@ class Failure:
     message: str
     example: Regression
     verdict: Verdict
-    # When the search first met it: seconds from its start (the worker's start and the op's build included), and
+    # When the search first met it: seconds from its start (the op loaded and built), and
     # which example it was (1 for a failure the example database replayed first).
     found_after: float
     found_at: int
@@ -101,9 +101,10 @@ def _failure_type(key: str) -> type[FoundFailure]:
 
 
 def fuzz(spec: OpSpec, options: FuzzOptions, progress: Progress | None = None) -> FuzzReport:
-    """Search until the budget or --max-examples runs out. Raises LoadFailed when the op does not load."""
-    start = time.monotonic()
+    """Search until the budget or --max-examples runs out; the budget starts once the op is loaded (and built).
+    Raises LoadFailed when the op does not load."""
     worker = FuzzWorker(spec.path, options.cuda_arch, EXAMPLE_TIME_LIMIT)
+    start = time.monotonic()
     try:
         oracles = options.oracles or _applicable(spec, options.device)
         report = FuzzReport(spec.name, spec.path, options.device, oracles)
