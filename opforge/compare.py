@@ -187,6 +187,8 @@ def lowp_verdict(got: Any, expected: Any, eager: Any, tol: Tolerance, label: str
     to the reference. On the other elements its RMS error against `expected` must be within the allowed multiple of
     the baseline's on those same elements, or (in float32) within what a plain float32 sum of `terms` inputs per
     element may be off by (float32_sum_error)."""
+    import torch
+
     differ = ~_same(got, eager)
     if not bool(differ.any()):
         return None
@@ -195,7 +197,11 @@ def lowp_verdict(got: Any, expected: Any, eager: Any, tol: Tolerance, label: str
     op_errors = _errors(got, expected).masked_fill(rounds_to_infinity(got, expected), 0.0)
     baseline_errors = _errors(eager, expected)
     edge = differ & baseline_errors.isinf()
-    stray = int((edge & ~(_close(got, eager, tol) | _close(got, expected, tol))).sum())
+    # Where eager's own result is NaN for a finite reference, its arithmetic broke down (a float16 LSTM's gates
+    # overflowing into inf - inf): there is nothing to be as accurate as, so the op passes there whatever it
+    # returns. Found by `opforge fuzz` on tests/fixtures/real_ops/lstm_cell with magnitudes of 256 in float16.
+    broke_down = edge & torch.isnan(eager.detach().to("cpu"))
+    stray = int((edge & ~broke_down & ~(_close(got, eager, tol) | _close(got, expected, tol))).sum())
     rest = differ & ~edge
     op_error, baseline_error = _rms(op_errors[rest]), _rms(baseline_errors[rest])
     allowed = lowp_multiplier(got.dtype, int(rest.sum())) * baseline_error

@@ -135,3 +135,12 @@ def test_a_float32_sum_may_be_off_by_a_plain_order_sums_error_but_not_by_a_lost_
     judge_sum(_eight_lane_sum(signs), signs, 8000)
     with pytest.raises(CheckFailure, match="exceeds the"):
         judge_sum(_eight_lane_sum(signs) - signs[-1], signs, 8000)
+
+
+def test_where_eager_breaks_down_into_nan_for_a_finite_reference_the_op_passes_there_but_nowhere_else():
+    # Found by `opforge fuzz` on tests/fixtures/real_ops/lstm_cell: float16 gates of magnitude 2^19 overflow in eager.
+    reference = torch.tensor([-1.0, 0.5, 0.25], dtype=torch.float64)
+    eager = torch.tensor([math.nan, 0.5, 0.25], dtype=torch.float16)
+    judge(torch.tensor([-0.0, 0.5, 0.25], dtype=torch.float16), reference, eager)
+    with pytest.raises(CheckFailure, match="RMS error"):
+        judge(torch.tensor([-0.0, 0.5, 0.125], dtype=torch.float16), reference, eager)
