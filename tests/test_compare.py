@@ -144,3 +144,12 @@ def test_where_eager_breaks_down_into_nan_for_a_finite_reference_the_op_passes_t
     judge(torch.tensor([-0.0, 0.5, 0.25], dtype=torch.float16), reference, eager)
     with pytest.raises(CheckFailure, match="RMS error"):
         judge(torch.tensor([-0.0, 0.5, 0.125], dtype=torch.float16), reference, eager)
+
+
+def test_two_units_of_roundoff_pass_however_exact_eager_is_but_four_do_not():
+    # Found by `opforge fuzz` on tests/fixtures/real_ops/lstm_cell in float16 (eager exact where h is all 0).
+    exact = torch.linspace(1.0, 1.5, 9, dtype=torch.float64).to(torch.float16)
+    ulp = torch.finfo(torch.float16).eps
+    judge((exact.double() + 2 * ulp).to(torch.float16), exact.double(), exact)
+    with pytest.raises(CheckFailure, match="RMS error"):
+        judge((exact.double() + 4 * ulp).to(torch.float16), exact.double(), exact)
