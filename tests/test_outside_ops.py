@@ -240,10 +240,11 @@ def test_per_device_dtypes_name_exactly_the_specs_devices(tmp_path):
 
 
 def test_an_unclaimed_dtype_works_only_when_every_case_passes():
-    """row_sum_half_in_half adds float16 in float16: right on a 7-element row, off on long ones. The note says
-    how close it came instead of "works"; float32-accumulating int dtypes do work everywhere."""
+    """row_sum_half_in_half adds float16 in float16: right on a 7-element row, within two units of roundoff on
+    65-element rows (compare.roundoff_error), off on the 300-element ones. The note says how close it came instead
+    of "works"; float32-accumulating int dtypes do work everywhere."""
     report = run_spec(OUTSIDE / "row_sum_half_in_half.yaml", checks=("dtypes",))
     notes = {r.case_id.split("-")[0]: r.message for r in report.results if r.message}
-    assert "fails 7 of the spec's 15 cases" in notes["float16"] and "float16-cpu-contiguous-x=5x300" in notes["float16"]
+    assert "fails 4 of the spec's 15 cases" in notes["float16"] and "float16-cpu-contiguous-x=5x300" in notes["float16"]
     assert "works on all 15 cases of the spec" in notes["int64"]
     assert not report.failed
