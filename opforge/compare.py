@@ -224,7 +224,7 @@ def roundoff_error(dtype: Any, expected: Any, where: Any) -> float:
 
     if not dtype.is_floating_point:
         return 0.0
-    return ROUNDOFF_ULPS * torch.finfo(dtype).eps * _rms(expected.detach().to("cpu", torch.float64)[where])
+    return ROUNDOFF_ULPS * torch.finfo(dtype).eps * _finite_rms(expected, where)
 
 
 def float32_sum_error(dtype: Any, terms: int, expected: Any, where: Any) -> float:
@@ -239,7 +239,7 @@ def float32_sum_error(dtype: Any, terms: int, expected: Any, where: Any) -> floa
 
     if dtype != torch.float32 or terms <= 1:
         return 0.0
-    magnitude = _rms(expected.detach().to("cpu", torch.float64)[where])
+    magnitude = _finite_rms(expected, where)
     return FLOAT32_SUM_ERROR * terms * torch.finfo(torch.float32).eps * magnitude
 
 
@@ -260,6 +260,15 @@ def lowp_multiplier(dtype: Any, numel: int) -> float:
     if small is not None:
         return small
     return LOWP_MULTIPLIER if dtype in (torch.float16, torch.bfloat16) else FULL_MULTIPLIER
+
+
+def _finite_rms(values: Any, where: Any) -> float:
+    """The RMS magnitude of `values` at `where`, over its finite elements (an infinite expected value must not
+    make an infinite allowance)."""
+    import torch
+
+    v = values.detach().to("cpu", torch.float64)
+    return _rms(v[where & torch.isfinite(v)])
 
 
 def _rms(errors: Any) -> float:

@@ -153,3 +153,11 @@ def test_two_units_of_roundoff_pass_however_exact_eager_is_but_four_do_not():
     judge((exact.double() + 2 * ulp).to(torch.float16), exact.double(), exact)
     with pytest.raises(CheckFailure, match="RMS error"):
         judge((exact.double() + 4 * ulp).to(torch.float16), exact.double(), exact)
+
+
+def test_an_infinite_expected_value_gives_no_infinite_allowance():
+    # The roundoff allowances scale with the output's magnitude: an expected -inf must not make NaN acceptable.
+    reference = torch.tensor([-math.inf, 1.0, 2.0], dtype=torch.float64)
+    eager = reference.to(torch.float16)
+    with pytest.raises(CheckFailure, match="RMS error inf"):
+        judge(torch.tensor([math.nan, 1.0, 2.0], dtype=torch.float16), reference, eager)
