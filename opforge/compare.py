@@ -208,15 +208,16 @@ def lowp_verdict(got: Any, expected: Any, eager: Any, tol: Tolerance, label: str
     rest = differ & ~edge
     op_error, baseline_error = _rms(op_errors[rest]), _rms(baseline_errors[rest])
     allowed = lowp_multiplier(got.dtype, int(rest.sum())) * baseline_error
-    floors = (float32_sum_error(got.dtype, terms, expected, rest), roundoff_error(got.dtype, expected, rest))
+    magnitude = _finite_rms(expected, rest)
+    floors = (float32_sum_error(got.dtype, terms, magnitude), roundoff_error(got.dtype, magnitude))
     allowed = max(allowed, *floors) + tol.atol / 10
     if stray == 0 and op_error <= allowed:
         return None
     return LowpVerdict(op_error, baseline_error, allowed, label, stray)
 
 
-def roundoff_error(dtype: Any, expected: Any, where: Any) -> float:
-    """ROUNDOFF_ULPS units of roundoff of the RMS magnitude of `expected` at `where`: what an op may be off by in
+def roundoff_error(dtype: Any, magnitude: float) -> float:
+    """ROUNDOFF_ULPS units of roundoff of an output's RMS `magnitude`: what an op may be off by in
     its dtype whatever the baseline's luck. Found by `opforge fuzz` on tests/fixtures/real_ops/lstm_cell in float16:
     with h all 0 the baseline's products vanish exactly and its error fell to a tenth of an ulp, while the op (one
     addmm order) stayed within 2 ulps of every element, 14.6 times the baseline's RMS error on 12 elements."""
@@ -224,10 +225,10 @@ def roundoff_error(dtype: Any, expected: Any, where: Any) -> float:
 
     if not dtype.is_floating_point:
         return 0.0
-    return ROUNDOFF_ULPS * torch.finfo(dtype).eps * _finite_rms(expected, where)
+    return ROUNDOFF_ULPS * torch.finfo(dtype).eps * magnitude
 
 
-def float32_sum_error(dtype: Any, terms: int, expected: Any, where: Any) -> float:
+def float32_sum_error(dtype: Any, terms: int, magnitude: float) -> float:
     """What a correct float32 sum of `terms` values in plain order may be off by: FLOAT32_SUM_ERROR * terms units of
     roundoff of the RMS magnitude of `expected` at `where`; 0 for other dtypes. A float32 reduction may be that far
     off however accurate the baseline happens to be (torch's cascade sum of 1,560 equal values is within 2 ulps,
@@ -239,7 +240,6 @@ def float32_sum_error(dtype: Any, terms: int, expected: Any, where: Any) -> floa
 
     if dtype != torch.float32 or terms <= 1:
         return 0.0
-    magnitude = _finite_rms(expected, where)
     return FLOAT32_SUM_ERROR * terms * torch.finfo(torch.float32).eps * magnitude
 
 

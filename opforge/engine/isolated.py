@@ -491,11 +491,17 @@ def _with_stderr(how: str, worker: _Worker) -> str:
     return f"{how}. Last lines of its stderr:\n{tail}" if tail else f"{how}. It wrote nothing to stderr."
 
 
-def _worker_env(environ: dict[str, str], jobs: int) -> dict[str, str]:
+def with_this_opforge(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` for a worker process that imports this opforge, wherever it came from (an install, a checkout, a
+    test's sys.path)."""
     env = dict(environ)
-    # The worker imports this opforge, wherever it came from (an install, a checkout, a test's sys.path).
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _worker_env(environ: dict[str, str], jobs: int) -> dict[str, str]:
+    env = with_this_opforge(environ)
     if jobs > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(threads_per_worker(jobs, os.cpu_count()))
     return env

@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from opforge.engine.isolated import describe_exit, with_this_opforge
 from opforge.errors import OpforgeError, WorkerInternalError
 from opforge.fuzz.verdict import FAIL, Verdict
 from opforge.results import mismatch_from_json
@@ -45,15 +46,12 @@ class FuzzWorker:
     def __init__(self, spec_path: Path, cuda_arch: str | None, time_limit: float):
         self.time_limit = time_limit
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept for the worker's life, closed by close())
-        package_root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "opforge.fuzz.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,
-            env=env,
+            env=with_this_opforge(os.environ),
             start_new_session=True,  # Ctrl-C reaches the parent only; close() kills the whole group
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -141,7 +139,8 @@ class FuzzWorker:
             chunk = os.read(self._fd, READ_CHUNK)
             if not chunk:
                 raise WorkerInternalError(
-                    f"the fuzz worker ended ({_returncode(self.proc)}): {self._stderr_since(0) or 'no output'}"
+                    f"the fuzz worker ended ({describe_exit(self.proc.wait(timeout=5))}): "
+                    f"{self._stderr_since(0) or 'no output'}"
                 )
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
@@ -161,8 +160,3 @@ def _verdict(answer: dict[str, Any]) -> Verdict:
     return Verdict(
         answer["status"], answer["oracle"], answer["message"], mismatch_from_json(mismatch) if mismatch else None
     )
-
-
-def _returncode(proc: subprocess.Popen[bytes]) -> str:
-    code = proc.wait(timeout=5)
-    return f"signal {-code}" if code < 0 else f"exit code {code}"

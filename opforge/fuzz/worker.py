@@ -22,6 +22,7 @@ import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from opforge.engine.isolated import describe_exit
 from opforge.errors import OpforgeError
 from opforge.results import strict_json
 
@@ -49,7 +50,7 @@ def main() -> None:
         _, status = os.waitpid(pid, 0)
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
             return  # the parent closed our stdin: the search is over
-        _send(channel, {"event": "died", "how": _how_it_died(status)})
+        _send(channel, {"event": "died", "how": describe_exit(os.waitstatus_to_exitcode(status))})
 
 
 def _load(spec_path: str, cuda_arch: str | None) -> LoadedOp:
@@ -113,13 +114,6 @@ def _read_line(fd: int) -> str:
 
 def _send(channel: int, event: dict[str, Any]) -> None:
     os.write(channel, (json.dumps(strict_json(event), allow_nan=False) + "\n").encode())
-
-
-def _how_it_died(status: int) -> str:
-    if os.WIFSIGNALED(status):
-        number = os.WTERMSIG(status)
-        return f"{signal.Signals(number).name} (signal {number})"
-    return f"exit status {os.WEXITSTATUS(status)}"
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ class Live:
 
     def __init__(self) -> None:
         self._line = "starting the worker (and building the op)"
+        self._status: Any = None
 
     def update(self, report: FuzzReport, seconds_left: float) -> None:
         failures = len({f.key for f in report.failures})
@@ -62,7 +64,6 @@ class Live:
 
     @contextmanager
     def shown(self) -> Iterator[Live]:
-        self._status = None
         if out.console.is_terminal:
             with out.console.status(self._line) as status:
                 self._status = status
@@ -149,16 +150,10 @@ def _failure_json(report: FuzzReport, failure: Failure) -> dict[str, Any]:
         "values": example.fill or "spec",
         "arguments": dict(example.values),
         "seed": example.seed,
-        "mismatch": failure.verdict.mismatch,
+        "mismatch": asdict(failure.verdict.mismatch) if failure.verdict.mismatch else None,
         "repro": repro_command(report.spec_path, example),
     }
 
 
 def write_fuzz_json(path: Path, report: FuzzReport) -> None:
-    from dataclasses import asdict
-
-    data = fuzz_json(report)
-    for failure in data["failures"]:
-        if failure["mismatch"] is not None:
-            failure["mismatch"] = asdict(failure["mismatch"])
-    write_atomically(path, dumps_json(data))
+    write_atomically(path, dumps_json(fuzz_json(report)))
