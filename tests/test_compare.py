@@ -153,3 +153,40 @@ def test_an_infinite_expected_value_gives_no_infinite_allowance():
     eager = reference.to(torch.float16)
     with pytest.raises(CheckFailure, match="RMS error inf"):
         judge(torch.tensor([math.nan, 1.0, 2.0], dtype=torch.float16), reference, eager)
+
+
+def gated(x, w):
+    """sigmoid of a long random-sign dot product per row: ill-conditioned where the gate is large and negative (the
+    output's relative error is the gate's absolute error)."""
+    return torch.sigmoid((x * w).sum(-1))
+
+
+def test_an_ill_conditioned_element_may_be_off_by_what_rounding_its_inputs_costs_but_no_more():
+    # Found by `opforge fuzz` on tests/fixtures/real_ops/lstm_cell in bfloat16: the op rounds a 2,585-term gate once
+    # more than eager does, and eager happened to be almost exact.
+    from opforge.checks.calls import perturbed_arguments
+
+    generator = torch.Generator().manual_seed(0)
+    x, w = (torch.rand(4000, 1024, generator=generator, dtype=torch.float64).mul(4).sub(2) for _ in range(2))
+    gates = (x * w).sum(-1)
+    rows = (gates < -16) & (gates > -32)  # a bfloat16 ulp of the gate is 1/8 here: 2-5% of the output
+    x, w = x[rows].to(torch.bfloat16).double(), w[rows].to(torch.bfloat16).double()
+    expected = gated(x, w)
+    lucky_eager = expected.to(torch.bfloat16)  # eager rounding only once, by luck
+    op = torch.sigmoid((x * w).sum(-1).to(torch.bfloat16).double()).to(torch.bfloat16)  # the gate rounded too
+    bfloat16 = Rule(Tolerance(atol=1e-12, rtol=1.6e-2), lowp=True)  # outputs of 1e-7 to 1e-14: rtol decides
+
+    def judge_gated(got, perturbed):
+        baseline = Baseline("bfloat16", lambda: {"result": lucky_eager}, 1024, perturbed)
+        check_result("result", got, expected, bfloat16, torch.bfloat16, "cpu", baseline=baseline)
+
+    def perturbed(scale, draw):
+        return {"result": gated(*perturbed_arguments(((x, w), {}), scale, draw)[0])}
+
+    with pytest.raises(CheckFailure, match="exceeds the"):
+        judge_gated(op, None)  # without the inputs' conditioning it fails: the test bites
+    judge_gated(op, perturbed)
+    wrong = op.clone()
+    wrong[::7] *= 2  # a wrong value is far past what rounding the inputs moves it
+    with pytest.raises(CheckFailure, match="exceeds the"):
+        judge_gated(wrong, perturbed)

@@ -205,6 +205,30 @@ def test_the_command_reports_json_saves_the_case_and_check_then_fails_on_it(tmp_
     assert check.exit_code == 1 and "1 of 7 elements differ" in check.output
 
 
+KNOWN_TAIL_BUG = (
+    "xfail:\n  - {check: correctness, dtype: float32, strict: false, reason: 'the tail bug, reported upstream'}\n"
+)
+TAIL_EXAMPLE = '{"dtype": "float32", "device": "cpu", "layout": "offset:3", "shapes": {"x": [7]}, "seed": 5}'
+
+
+def test_a_failure_the_spec_declares_in_xfail_is_known_not_new(tmp_path):
+    path = fixture_copy(tmp_path, "doubles_short_tail")
+    new = invoke("fuzz", str(path), "--example", TAIL_EXAMPLE)
+    assert new.exit_code == 1 and "FAIL correctness" in new.output, new.output
+    path.write_text(path.read_text() + KNOWN_TAIL_BUG)
+    known = invoke("fuzz", str(path), "--example", TAIL_EXAMPLE)
+    assert known.exit_code == 0, known.output
+    assert "known correctness: expected failure (the tail bug, reported upstream)" in known.output.replace("\n", "")
+
+
+@pytest.mark.slow
+def test_a_search_counts_declared_failures_and_reports_none(tmp_path):
+    path = fixture_copy(tmp_path, "doubles_short_tail")
+    path.write_text(path.read_text() + KNOWN_TAIL_BUG)
+    report = fuzz(load_spec(path), FuzzOptions(budget=60, max_examples=100, seed=0, database=tmp_path / "db"))
+    assert report.failures == [] and report.known > 0, [f.message for f in report.failures]
+
+
 def json_repro(command: str) -> list[str]:
     import shlex
 

@@ -168,13 +168,17 @@ def _gradient_baseline(
     args, kwargs = arguments
     positions = [a.name for a in loaded.arguments]
 
-    def compute() -> dict[str, Any]:
-        wrt = [args[positions.index(n)] if positions.index(n) < len(args) else kwargs[n] for n in names]
-        outputs, _ = split_reference(loaded, as_tuple(loaded.reference(*args, **kwargs)))
-        grads = gradients(list(outputs[: len(grad_outs)]), wrt, [g.detach().cpu() for g in grad_outs])
+    def grads_at(call_args: tuple[Any, ...], call_kwargs: dict[str, Any], wide: bool) -> dict[str, Any]:
+        wrt = [call_args[positions.index(n)] if positions.index(n) < len(call_args) else call_kwargs[n] for n in names]
+        outputs, _ = split_reference(loaded, as_tuple(loaded.reference(*call_args, **call_kwargs)))
+        seeds = [g.detach().cpu() for g in grad_outs]
+        grads = gradients(list(outputs[: len(grad_outs)]), wrt, [g.double() if wide else g for g in seeds])
         return {f"grad[{n}]": g for n, g in zip(names, grads) if g is not None}
 
-    return Baseline(dtype, compute)
+    def perturbed(scale: float, draw: int) -> dict[str, Any]:
+        return grads_at(*perturbed_arguments((args, kwargs), scale, draw), wide=True)
+
+    return Baseline(dtype, lambda: grads_at(args, kwargs, wide=False), perturbed=perturbed)
 
 
 def gradients(outputs: list[Any], wrt: list[Any], grad_outputs: list[Any]) -> tuple[Any, ...]:
@@ -204,19 +208,63 @@ def reference_in_op_dtypes(loaded: LoadedOp, inputs: CaseInputs) -> tuple[tuple[
     return args, kwargs
 
 
-def output_baseline(loaded: LoadedOp, inputs: CaseInputs, case_dtype: str) -> Baseline:
-    """The reference computed in the case's dtype, by the names against_reference gives the compared values. Its
-    arguments are taken now, before the op or the reference has run (either may write its arguments)."""
-    args, kwargs = reference_in_op_dtypes(loaded, inputs)
+def perturbed_arguments(
+    arguments: tuple[tuple[Any, ...], dict[str, Any]], scale: float, draw: int
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Fresh float64 (complex128) copies of the floating tensor arguments, each element multiplied by
+    1 + scale * r with r uniform in [-1, 1] from a generator seeded by `draw`, keeping requires_grad: the inputs of
+    Baseline.spread's float64 reference runs. Other arguments as they are."""
+    import torch
 
-    def compute() -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(draw)
+
+    def perturb(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or not (value.is_floating_point() or value.is_complex()):
+            return value
+        wide = value.detach().to(torch.complex128 if value.is_complex() else torch.float64, copy=True)
+        if scale:
+            noise = torch.rand(wide.shape, generator=generator, dtype=torch.float64).mul_(2).sub_(1)
+            wide = wide * (1 + scale * noise)
+        return wide.requires_grad_(value.requires_grad)
+
+    args, kwargs = arguments
+    return tuple(perturb(a) for a in args), {k: perturb(v) for k, v in kwargs.items()}
+
+
+def output_baseline(loaded: LoadedOp, inputs: CaseInputs, case_dtype: str) -> Baseline:
+    """The reference computed in the case's dtype, by the names against_reference gives the compared values, and
+    in float64 on perturbed inputs (Baseline.spread). Its arguments are taken now, before the op or the reference
+    has run (either may write its arguments), and every call gets copies of them."""
+    arguments = reference_in_op_dtypes(loaded, inputs)
+
+    def named_results(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         result = loaded.reference(*args, **kwargs)
         outputs, new_values = split_reference(loaded, as_tuple(result) if result is not None else ())
         named = dict(zip(output_names(loaded), outputs))
         return named | {f"{name}{MUTATED}": value for name, value in new_values.items()}
 
+    def compute() -> dict[str, Any]:
+        args, kwargs = arguments
+        return named_results(*_copies(args, kwargs))
+
+    def perturbed(scale: float, draw: int) -> dict[str, Any]:
+        return named_results(*perturbed_arguments(arguments, scale, draw))
+
     sizes = [a.numel() for a in (*inputs.args, *inputs.kwargs.values()) if hasattr(a, "numel")]
-    return Baseline(case_dtype, compute, max(sizes, default=0))
+    return Baseline(case_dtype, compute, max(sizes, default=0), perturbed)
+
+
+def _copies(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Tensors cloned (keeping requires_grad), the rest as they are: a reference that writes its arguments leaves
+    the originals for the next call."""
+    import torch
+
+    def copy(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        return value.detach().clone().requires_grad_(value.requires_grad)
+
+    return tuple(copy(a) for a in args), {k: copy(v) for k, v in kwargs.items()}
 
 
 def compare_with_reference(

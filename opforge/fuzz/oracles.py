@@ -11,6 +11,7 @@ and then the oracles, the same code `opforge check` runs (its comparison rules, 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from opforge.cases import Case
 from opforge.checks.base import CheckContext
@@ -18,7 +19,7 @@ from opforge.checks.calls import call_reference, inputs_for, outputs_of
 from opforge.checks.catalog import CATALOG
 from opforge.checks.opcheck import outcome
 from opforge.engine.tasks import check_verdicts
-from opforge.fuzz.verdict import DISCARD, FAIL, PASS, REJECT, Verdict
+from opforge.fuzz.verdict import DISCARD, FAIL, KNOWN, PASS, REJECT, Verdict
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, short
 from opforge.results import Status
@@ -46,8 +47,23 @@ def judge(loaded: LoadedOp, case: Case, oracles: tuple[str, ...]) -> Verdict:
     for oracle in oracles:
         verdict = _ORACLES[oracle](context, native, case)
         if verdict is not None:
-            return verdict
+            return _declared(loaded, native, case, verdict)
     return Verdict(PASS)
+
+
+# The check (or opcheck sub-test) an xfail names for each oracle's failures.
+_XFAIL_CHECKS = {"fake": "opcheck:test_faketensor"}
+
+
+def _declared(loaded: LoadedOp, implementation: Implementation, case: Case, verdict: Verdict) -> Verdict:
+    """A failure the spec's xfail entries declare for this check and case becomes `known`: `opforge check` would
+    report it as XFAIL, so fuzz must not report it as new (torchvision's upstream bugs, say). Crashes and hangs
+    are never declared."""
+    check = _XFAIL_CHECKS.get(verdict.oracle, verdict.oracle)
+    xfail = loaded.spec.xfail_for(implementation.name, check, case.dtype, case.device, case.layout, case.id)
+    if xfail is None:
+        return verdict
+    return replace(verdict, status=KNOWN, message=f"expected failure ({xfail.reason}): {verdict.message}")
 
 
 def _is_cuda_fault(exc: BaseException) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 from opforge.fuzz.options import FuzzOptions
 from opforge.fuzz.process import FuzzWorker
 from opforge.fuzz.space import Space, examples
-from opforge.fuzz.verdict import DISCARD, FAIL, REJECT, Verdict
+from opforge.fuzz.verdict import DISCARD, FAIL, KNOWN, REJECT, Verdict
 from opforge.spec.model import OpSpec, Regression
 
 # Examples per hypothesis pass: small, so a pass ends soon after the budget does (~0.1 s an example here), large
@@ -63,6 +63,8 @@ class FuzzReport:
     rejected: int = 0  # the reference refused them: outside the domain
     op_rejects: int = 0  # the op refused a call the reference took (a narrower domain)
     first_reject: str = ""
+    known: int = 0  # failures the spec's xfail entries declare
+    first_known: str = ""
     failures: list[Failure] = field(default_factory=list)
     seconds: float = 0.0
     budget_ran_out: bool = False
@@ -230,6 +232,9 @@ class _Search:
         elif verdict.status == REJECT:
             report.op_rejects += 1
             report.first_reject = report.first_reject or verdict.message
+        elif verdict.status == KNOWN:
+            report.known += 1
+            report.first_known = report.first_known or verdict.message
         self.progress(report, self.deadline - time.monotonic())
 
     def _collect(self, test: Callable[[], None]) -> None:

@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 from opforge.results import Mismatch
 
-PASS, FAIL, REJECT, DISCARD = "pass", "fail", "reject", "discard"
+PASS, FAIL, KNOWN, REJECT, DISCARD = "pass", "fail", "known", "reject", "discard"
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """pass; fail (which oracle, why: "crash" and "hang" when the op's process died or stalled); reject (the op
+    """pass; fail (which oracle, why: "crash" and "hang" when the op's process died or stalled); known (a failure
+    the spec's xfail declares for that check and case: counted, not searched for again); reject (the op
     refused a call the reference took: a narrower domain, counted, not a failure); discard (the reference refused
     it: outside the op's domain)."""
 

@@ -90,6 +90,14 @@ def render_fuzz(report: FuzzReport) -> None:
                 style="dim",
             )
         )
+    if report.known:
+        console.print(
+            Text(
+                f"note: {report.known} examples failed as the spec's xfail entries declare "
+                f"(first: {report.first_known.splitlines()[0]})",
+                style="dim",
+            )
+        )
     if report.failures:
         console.print(Text(f"{len(report.failures)} distinct failure(s) found", style="bold red"))
     else:
@@ -115,6 +123,8 @@ def render_replay(verdict: Verdict, oracles: tuple[str, ...]) -> None:
         console.print(Text(f"FAIL {verdict.oracle}: {verdict.message}", style="bold red"))
     elif verdict.status == "pass":
         console.print(Text(f"pass ({', '.join(oracles)})", style="green"))
+    elif verdict.status == "known":
+        console.print(Text(f"known {verdict.oracle}: {verdict.message}", style="yellow"))
     else:
         what = "the reference refused it" if verdict.status == "discard" else "the op refused it"
         console.print(Text(f"{verdict.status}: {what}: {verdict.message}"))
@@ -132,6 +142,7 @@ def fuzz_json(report: FuzzReport) -> dict[str, Any]:
         "examples": report.examples,
         "rejected": report.rejected,
         "op_rejects": report.op_rejects,
+        "known": report.known,
         "seconds": round(report.seconds, 3),
     }
 
