@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from opforge.spec.model import Avoid, OpSpec, Regression, ScalarInput, TensorInput
+from opforge.spec.model import Avoid, OpSpec, Regression, ScalarInput, TensorInput, layout_kind
 
 if TYPE_CHECKING:
     import torch
@@ -85,11 +85,6 @@ class Case:
 
 def _shape_label(shape: tuple[int, ...]) -> str:
     return "x".join(map(str, shape)) if shape else "0d"
-
-
-def layout_kind(layout: str) -> str:
-    """`transposed:0,2` -> `transposed`."""
-    return layout.split(":", 1)[0]
 
 
 def offset_of(layout: str) -> int:

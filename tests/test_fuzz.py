@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,11 +18,13 @@ from typer.testing import CliRunner
 from opforge.cli import app
 from opforge.errors import SpecError
 from opforge.fuzz.options import FuzzOptions
+from opforge.fuzz.process import FuzzWorker
 from opforge.fuzz.save import save_regressions
 from opforge.fuzz.search import fuzz
 from opforge.fuzz.space import Space, examples
 from opforge.results import Status
 from opforge.spec.load import load_spec
+from opforge.spec.model import Regression
 
 FUZZ_OPS = FIXTURES / "fuzz_ops"
 runner = CliRunner()
@@ -203,6 +206,43 @@ def test_the_command_reports_json_saves_the_case_and_check_then_fails_on_it(tmp_
     assert replay.exit_code == 1 and "FAIL correctness" in replay.output
     check = invoke("check", str(path), "--check", "correctness", "-k", "regression0")
     assert check.exit_code == 1 and "1 of 7 elements differ" in check.output
+
+
+SEVEN = Regression("float32", "cpu", "contiguous", (("x", (7,)),), (), "", 0)
+
+
+@pytest.mark.slow
+def test_an_op_that_never_returns_is_a_hang_and_the_next_example_gets_a_fresh_child():
+    # A limit of 9 s: a fresh child's first call of a custom op takes ~1 s here, under a third of it.
+    worker = FuzzWorker(FIXTURES / "hangs.yaml", None, time_limit=9.0)
+    try:
+        verdict = worker.run(SEVEN, ("correctness",))
+        assert (verdict.status, verdict.oracle) == ("fail", "hang"), verdict
+        assert worker.run(replace(SEVEN, shapes=(("x", (5,)),)), ("correctness",)).status == "pass"
+    finally:
+        worker.close()
+
+
+@pytest.mark.slow
+def test_a_reference_too_slow_to_judge_discards_the_example_and_is_no_hang_of_the_op(tmp_path):
+    # Found on torchvision's roi_align: its float64 reference on 36.7 M outputs ran past the example's limit, and
+    # fuzz called the op (a second's work) hung.
+    shutil.copy(FIXTURES / "broken_ops.py", tmp_path / "broken_ops.py")
+    (tmp_path / "slow_reference.py").write_text(
+        "import time\n\nimport broken_ops\n\n\ndef reference(x):\n"
+        "    if x.numel() == 7:\n        time.sleep(30)\n    return broken_ops.reference(x)\n"
+    )
+    spec = (FIXTURES / "good.yaml").read_text().replace("python: [broken_ops]", "python: [broken_ops, slow_reference]")
+    (tmp_path / "good.yaml").write_text(
+        spec.replace("reference: broken_ops:reference", "reference: slow_reference:reference")
+    )
+    worker = FuzzWorker(tmp_path / "good.yaml", None, time_limit=9.0)
+    try:
+        verdict = worker.run(SEVEN, ("correctness",))
+        assert verdict.status == "discard" and "too costly to judge" in verdict.message, verdict
+        assert worker.run(replace(SEVEN, shapes=(("x", (5,)),)), ("correctness",)).status == "pass"
+    finally:
+        worker.close()
 
 
 KNOWN_TAIL_BUG = (

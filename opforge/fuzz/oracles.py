@@ -10,6 +10,7 @@ and then the oracles, the same code `opforge check` runs (its comparison rules, 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -27,15 +28,23 @@ from opforge.results import Status
 ORACLES = ("correctness", "fake", "determinism", "devices")
 
 
-def judge(loaded: LoadedOp, case: Case, oracles: tuple[str, ...]) -> Verdict:
+def judge(
+    loaded: LoadedOp, case: Case, oracles: tuple[str, ...], took: Callable[[str, float], None] = lambda *_: None
+) -> Verdict:
+    """The example's verdict. `took` hears how long the reference's first call took ("reference", before the op
+    runs) and the op's ("op"): the parent times the op's call alone for a hang, and sizes the rest's limit by both."""
     native = loaded.implementations[0]
+    started = time.monotonic()
     try:
         inputs = inputs_for(loaded, case, 0)
         call_reference(loaded, inputs)
     except Exception as exc:  # the reference (or a spec generator) refuses the call: not the op's domain
         return Verdict(DISCARD, message=short(exc))
+    took("reference", time.monotonic() - started)
+    started = time.monotonic()
     try:
         outputs_of(loaded, native, inputs)
+        took("op", time.monotonic() - started)
     except CheckFailure as failure:
         raised = failure.__cause__
         if raised is None:  # it returned, with a kernel launch's error left pending
@@ -57,10 +66,22 @@ _XFAIL_CHECKS = {"fake": "opcheck:test_faketensor"}
 
 def _declared(loaded: LoadedOp, implementation: Implementation, case: Case, verdict: Verdict) -> Verdict:
     """A failure the spec's xfail entries declare for this check and case becomes `known`: `opforge check` would
-    report it as XFAIL, so fuzz must not report it as new (torchvision's upstream bugs, say). Crashes and hangs
-    are never declared."""
-    check = _XFAIL_CHECKS.get(verdict.oracle, verdict.oracle)
-    xfail = loaded.spec.xfail_for(implementation.name, check, case.dtype, case.device, case.layout, case.id)
+    report it as XFAIL, so fuzz must not report it as new (torchvision's upstream bugs, say). An example with a
+    special value in an input (NAME=one|row|all:S) is also what the special_values check's entries declare (roi_pool
+    skipping NaN). Crashes and hangs are never declared, as in `opforge check`."""
+    checks = [_XFAIL_CHECKS.get(verdict.oracle, verdict.oracle)]
+    if "=" in case.fill:  # a special value written into an input: what the special_values check's xfails declare
+        checks.append("special_values")
+    spec = loaded.spec
+    matrix_id = replace(case, fill="").id  # the ids xfail globs are written against have no fill
+    xfail = next(
+        (
+            x
+            for check in checks
+            if (x := spec.xfail_for(implementation.name, check, case.dtype, case.device, case.layout, matrix_id))
+        ),
+        None,
+    )
     if xfail is None:
         return verdict
     return replace(verdict, status=KNOWN, message=f"expected failure ({xfail.reason}): {verdict.message}")

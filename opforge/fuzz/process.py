@@ -18,7 +18,7 @@ from typing import Any
 
 from opforge.engine.isolated import describe_exit, with_this_opforge
 from opforge.errors import OpforgeError, WorkerInternalError
-from opforge.fuzz.verdict import FAIL, Verdict
+from opforge.fuzz.verdict import DISCARD, FAIL, Verdict
 from opforge.results import mismatch_from_json
 from opforge.spec.model import Regression
 
@@ -27,6 +27,14 @@ LOAD_TIME_LIMIT = 900.0
 # A fork of the loaded worker answers "ready" in ~0.1 s here; a machine under load gets more.
 READY_TIME_LIMIT = 60.0
 READ_CHUNK = 65536
+# An example whose reference and first op call take more than this share of the example's limit is too costly to
+# judge (a discard, not a hang): torchvision's roi_align on 3,200 rois of 1,910 transposed channels (36.7 M outputs)
+# took 4.6 s in its float64 reference and 17 s in the op here, and its oracles 80 s more.
+COSTLY_SHARE = 1 / 3
+# How many more calls of the reference and the op together the oracles may make after the first (correctness,
+# the baseline in the dtype and Baseline.spread's five float64 runs, fake, determinism's two, devices): the rest of
+# the example may take the limit plus that many times the first calls' time.
+ORACLE_CALLS = 12
 # Enough of a dead child's stderr to show the fault and the frames above the op's call.
 STDERR_TAIL = 600
 
@@ -69,14 +77,22 @@ class FuzzWorker:
         started = self._next(READY_TIME_LIMIT, "an example's start")
         if started["event"] == "died":
             raise WorkerInternalError(f"the fuzz worker's child died before an example: {started['how']}")
-        try:
-            answer = self._next(self.time_limit, "")
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.child, signal.SIGKILL)
-            self._until_died()
-            self.child = self._ready()
-            return Verdict(FAIL, "hang", f"the op ran past the {self.time_limit:g} s limit of one example")
+        answer = self._within(self.time_limit * COSTLY_SHARE)
+        if answer is None:
+            return self._abandoned(DISCARD, "", f"the reference ran past {self.time_limit * COSTLY_SHARE:g} s")
+        if answer["event"] == "reference":
+            reference_seconds = float(answer["seconds"])
+            answer = self._within(self.time_limit)
+            if answer is None:
+                return self._abandoned(FAIL, "hang", f"the op ran past the {self.time_limit:g} s limit of one call")
+            if answer["event"] == "op":
+                cost = reference_seconds + float(answer["seconds"])
+                if cost > self.time_limit * COSTLY_SHARE:
+                    return self._abandoned(DISCARD, "", f"the reference and one call of the op took {cost:.3g} s")
+                answer = self._within(self.time_limit + ORACLE_CALLS * cost)
+                if answer is None:
+                    limit = self.time_limit + ORACLE_CALLS * cost
+                    return self._abandoned(FAIL, "hang", f"the op ran past the {limit:.3g} s limit of this example")
         if answer["event"] == "died":
             tail = self._stderr_since(mark)
             self.child = self._ready()
@@ -110,6 +126,21 @@ class FuzzWorker:
             raise WorkerInternalError(f"the fuzz worker sent {ready['event']!r} where a fresh child was expected")
         pid: int = ready["pid"]
         return pid
+
+    def _within(self, limit: float) -> dict[str, Any] | None:
+        """The child's next event, or None when it sent none within `limit` seconds."""
+        try:
+            return self._next(limit, "")
+        except TimeoutError:
+            return None
+
+    def _abandoned(self, status: str, oracle: str, why: str) -> Verdict:
+        """The example stopped where it was (its child killed, a fresh one ready): a hang, or too costly to judge."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.child, signal.SIGKILL)
+        self._until_died()
+        self.child = self._ready()
+        return Verdict(status, oracle, why if status == FAIL else f"{why}: too costly to judge")
 
     def _until_died(self) -> None:
         while self._next(READY_TIME_LIMIT, "a killed child's end")["event"] != "died":

@@ -89,7 +89,12 @@ def _serve(loaded: LoadedOp, channel: int) -> None:
         shapes = tuple((name, tuple(shape)) for name, shape in example["shapes"])
         kept = Regression(**{**example, "shapes": shapes, "values": tuple(map(tuple, example["values"]))})
         _send(channel, {"event": "start"})
-        verdict = judge(loaded, kept_case(loaded.spec, kept, "fuzz"), tuple(request["oracles"]))
+        verdict = judge(
+            loaded,
+            kept_case(loaded.spec, kept, "fuzz"),
+            tuple(request["oracles"]),
+            lambda event, seconds: _send(channel, {"event": event, "seconds": seconds}),
+        )
         # A sticky CUDA error (an illegal address) leaves this child's context unusable: the next example needs a
         # fresh child, and the parent is told so with the verdict.
         restart = device_error() is not None

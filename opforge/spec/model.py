@@ -151,7 +151,7 @@ class XFail:
             and (self.implementation is None or self.implementation == implementation)
             and (self.dtype is None or self.dtype == dtype)
             and (self.device is None or self.device == device)
-            and (self.layout is None or _layout_kind(layout) in _LAYOUT_FAMILIES.get(self.layout, (self.layout,)))
+            and (self.layout is None or layout_kind(layout) in _LAYOUT_FAMILIES.get(self.layout, (self.layout,)))
             and (self.case is None or fnmatch.fnmatchcase(case_id, self.case))
         )
 
@@ -159,9 +159,9 @@ class XFail:
 _LAYOUT_FAMILIES = {"noncontiguous": ("transposed", "strided")}
 
 
-def _layout_kind(layout: str) -> str:
-    """A regression case's or fuzz example's layout names its parameter (offset:3, transposed:0,2): an xfail names
-    the kind."""
+def layout_kind(layout: str) -> str:
+    """`transposed:0,2` -> `transposed`: a regression case's or fuzz example's layout names its parameter, an
+    xfail names the kind."""
     return layout.split(":", 1)[0]
 
 
