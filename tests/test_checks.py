@@ -403,8 +403,9 @@ def test_multi_gpu_flags_a_result_on_another_device_than_the_inputs():
         require_device("result", torch.empty(3, device="meta"), torch.device("cpu"))
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided", "expanded"])
 def test_multi_gpu_moves_inputs_with_their_exact_strides(layout):
+    # expanded (stride 0): found by `opforge fuzz --device cuda`, whose devices oracle could not copy one.
     import torch
 
     from opforge.cases import CaseInputs, in_layout

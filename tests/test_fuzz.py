@@ -273,3 +273,19 @@ def json_repro(command: str) -> list[str]:
     import shlex
 
     return shlex.split(command)[1:]
+
+
+def test_an_oracle_that_raises_is_that_oracles_failure_not_a_dead_worker(monkeypatch):
+    # Found on the GPU: the devices oracle could not copy an expanded input, and the child died as if the op crashed.
+    from opforge.cases import kept_case
+    from opforge.fuzz import oracles
+    from opforge.loading import load_op
+
+    def raising(*_):
+        raise RuntimeError("boom")
+
+    spec = load_spec(FUZZ_OPS / "doubles.yaml")
+    monkeypatch.setitem(oracles._ORACLES, "determinism", raising)
+    verdict = oracles.judge(load_op(spec, None), kept_case(spec, SEVEN, "fuzz"), ("correctness", "determinism"))
+    assert (verdict.status, verdict.oracle) == ("fail", "determinism")
+    assert "raised RuntimeError: boom" in verdict.message

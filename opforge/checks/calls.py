@@ -176,7 +176,7 @@ def _gradient_baseline(
         return {f"grad[{n}]": g for n, g in zip(names, grads) if g is not None}
 
     def perturbed(scale: float, draw: int) -> dict[str, Any]:
-        return grads_at(*perturbed_arguments((args, kwargs), scale, draw), wide=True)
+        return grads_at(*_perturbed_call(loaded, (args, kwargs), scale, draw), wide=True)
 
     return Baseline(dtype, lambda: grads_at(args, kwargs, wide=False), perturbed=perturbed)
 
@@ -209,26 +209,43 @@ def reference_in_op_dtypes(loaded: LoadedOp, inputs: CaseInputs) -> tuple[tuple[
 
 
 def perturbed_arguments(
-    arguments: tuple[tuple[Any, ...], dict[str, Any]], scale: float, draw: int
+    arguments: tuple[tuple[Any, ...], dict[str, Any]],
+    scale: float,
+    draw: int,
+    exact: frozenset[str] = frozenset(),
+    positional_names: tuple[str, ...] = (),
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Fresh float64 (complex128) copies of the floating tensor arguments, each element multiplied by
     1 + scale * r with r uniform in [-1, 1] from a generator seeded by `draw`, keeping requires_grad: the inputs of
-    Baseline.spread's float64 reference runs. Other arguments as they are."""
+    Baseline.spread's float64 reference runs. The arguments named in `exact` (positional ones by
+    `positional_names`) and the other arguments as they are."""
     import torch
 
     generator = torch.Generator().manual_seed(draw)
 
-    def perturb(value: Any) -> Any:
+    def perturb(value: Any, name: str) -> Any:
         if not isinstance(value, torch.Tensor) or not (value.is_floating_point() or value.is_complex()):
             return value
         wide = value.detach().to(torch.complex128 if value.is_complex() else torch.float64, copy=True)
-        if scale:
+        if scale and name not in exact:
             noise = torch.rand(wide.shape, generator=generator, dtype=torch.float64).mul_(2).sub_(1)
             wide = wide * (1 + scale * noise)
         return wide.requires_grad_(value.requires_grad)
 
     args, kwargs = arguments
-    return tuple(perturb(a) for a in args), {k: perturb(v) for k, v in kwargs.items()}
+    names = (*positional_names, *[""] * (len(args) - len(positional_names)))
+    return tuple(perturb(a, n) for a, n in zip(args, names)), {k: perturb(v, k) for k, v in kwargs.items()}
+
+
+def _perturbed_call(
+    loaded: LoadedOp, arguments: tuple[tuple[Any, ...], dict[str, Any]], scale: float, draw: int
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """perturbed_arguments with the inputs a spec generator makes kept exact: structured values (boxes on a grid,
+    sorted indices) that no rounding of the op's moves. Perturbing an roi's corners excused torchvision's roi_align
+    computing its sample positions in float16 (8x eager's error): geometry is exact in the inputs, so its error is
+    the op's."""
+    generated = frozenset(t.name for t in loaded.spec.tensor_inputs() if t.generator is not None)
+    return perturbed_arguments(arguments, scale, draw, generated, tuple(a.name for a in loaded.arguments))
 
 
 def output_baseline(loaded: LoadedOp, inputs: CaseInputs, case_dtype: str) -> Baseline:
@@ -248,7 +265,7 @@ def output_baseline(loaded: LoadedOp, inputs: CaseInputs, case_dtype: str) -> Ba
         return named_results(*_copies(args, kwargs))
 
     def perturbed(scale: float, draw: int) -> dict[str, Any]:
-        return named_results(*perturbed_arguments(arguments, scale, draw))
+        return named_results(*_perturbed_call(loaded, arguments, scale, draw))
 
     sizes = [a.numel() for a in (*inputs.args, *inputs.kwargs.values()) if hasattr(a, "numel")]
     return Baseline(case_dtype, compute, max(sizes, default=0), perturbed)
@@ -363,6 +380,12 @@ def on_device(inputs: CaseInputs, device: Any) -> CaseInputs:
     def move(value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
             return value
+        broadcast = [d for d in range(value.dim()) if value.stride(d) == 0 and value.size(d) > 1]
+        if broadcast:  # an expanded input: no copy can write its repeated elements, so move one and expand it again
+            narrowed = value
+            for d in broadcast:
+                narrowed = narrowed.narrow(d, 0, 1)
+            return move(narrowed).expand(value.size())
         moved = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=device)
         return moved.copy_(value.detach())
 

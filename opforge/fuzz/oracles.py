@@ -54,7 +54,10 @@ def judge(
         return Verdict(REJECT, message=short(raised))
     context = CheckContext(loaded, 0)
     for oracle in oracles:
-        verdict = _ORACLES[oracle](context, native, case)
+        try:
+            verdict = _ORACLES[oracle](context, native, case)
+        except Exception as exc:  # as `opforge check` makes a check that raises an ERROR row, not a dead worker
+            verdict = Verdict(FAIL, oracle, f"the {oracle} oracle raised {short(exc)}")
         if verdict is not None:
             return _declared(loaded, native, case, verdict)
     return Verdict(PASS)

@@ -35,7 +35,9 @@ COSTLY_SHARE = 1 / 3
 # the baseline in the dtype and Baseline.spread's five float64 runs, fake, determinism's two, devices): the rest of
 # the example may take the limit plus that many times the first calls' time.
 ORACLE_CALLS = 12
-# Enough of a dead child's stderr to show the fault and the frames above the op's call.
+# Enough of a dead child's stderr to show the fault (its first line) and a traceback's last frames and exception
+# (its end): the two parts of it kept.
+STDERR_HEAD = 200
 STDERR_TAIL = 600
 
 
@@ -183,7 +185,10 @@ class FuzzWorker:
         text = self.stderr.read().decode(errors="replace")
         self.stderr.seek(0, os.SEEK_END)
         lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return " | ".join(lines)[:STDERR_TAIL]
+        text = " | ".join(lines)
+        if len(text) <= STDERR_HEAD + STDERR_TAIL:
+            return text
+        return f"{text[:STDERR_HEAD]} ... {text[-STDERR_TAIL:]}"
 
 
 def _verdict(answer: dict[str, Any]) -> Verdict:
