@@ -7,6 +7,7 @@ Nothing here imports torch at module level: an isolated run's parent stays torch
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,17 @@ if TYPE_CHECKING:
     from opforge.engine.plan import Plan
     from opforge.loading import LoadedOp
     from opforge.reporters.base import Reporter
+
+
+# `opforge check`'s default worker count is one per core up to this many: each worker imports torch and loads the
+# op (~3 s, ~0.5 GB, a CUDA context per GPU it uses), so on a large machine more workers than an op has checks
+# worth splitting cost more than they save. Measured on 2 cores only (leaky_swish warm: 33.1 s with one worker,
+# 22.5 s with two, docs/performance.md).
+AUTO_JOBS_LIMIT = 4
+
+
+def auto_jobs() -> int:
+    return max(1, min(os.cpu_count() or 1, AUTO_JOBS_LIMIT))
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,8 @@ def test_cli_timeout_overrides_the_spec(tmp_path):
 def test_interrupt_writes_an_incomplete_report_and_exits_130(tmp_path, signum, mode):
     marker, report_path = tmp_path / "hanging", tmp_path / "r.json"
     env = {**os.environ, "OPFORGE_TEST_MARKER": str(marker), "NO_COLOR": "1"}
-    timeout = [] if mode else ["--timeout", "300"]
+    # One worker: the second op has not started when the first hangs (with more, its rows would be in the report).
+    timeout = [] if mode else ["--timeout", "300", "-j", "1"]
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -422,3 +423,29 @@ def test_a_raising_reference_errors_its_cases_and_the_others_still_run(tmp_path)
     }
     error = next(r for r in report.results if r.status == Status.ERROR)
     assert "ZeroDivisionError: the reference divided by zero" in error.message
+
+
+def test_the_last_op_shares_its_tasks_between_the_free_workers_and_reports_as_one_worker_would(tmp_path, monkeypatch):
+    from opforge.engine import isolated
+
+    parts = []
+    spawn = isolated._Worker.__init__
+
+    def recording(self, job, env):
+        parts.append((job.part, job.parts))
+        spawn(self, job, env)
+
+    monkeypatch.setattr(isolated._Worker, "__init__", recording)
+    spec = str(FIXTURES / "segfaults.yaml")
+    for jobs in ("1", "2"):
+        result = invoke("check", spec, "-k", "contiguous", "-j", jobs, "--json", f"j{jobs}.json")
+        assert result.exit_code == 1, result.output
+
+    def rows(name):
+        [op] = json.loads((tmp_path / name).read_text())["ops"]
+        return [(r["id"], r["status"]) for r in op["results"]]
+
+    assert rows("j2.json") == rows("j1.json")
+    assert ("segfaults/native::correctness[float32-cpu-contiguous-x=7]", "crash") in rows("j2.json")
+    # -j 1: one worker, then a fresh one after the crash; -j 2: both parts, and the crashed part's fresh worker.
+    assert parts[:2] == [(0, 1), (0, 1)] and {(0, 2), (1, 2)} <= set(parts[2:])

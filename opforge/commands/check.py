@@ -13,6 +13,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from opforge import session
 from opforge.checks.catalog import CATALOG
 from opforge.commands.app import (
     EXECUTION,
@@ -95,15 +96,17 @@ def check(
         ),
     ] = None,
     jobs: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--jobs",
             "-j",
-            help="Check this many ops at once, each in its own process (each with its own share of the GPUs where "
-            "there are several).",
+            help="Worker processes at once, each with its own share of the GPUs where there are several: ops run "
+            "side by side, and the last op's checks are shared between the free workers. Default: one per core, "
+            f"at most {session.AUTO_JOBS_LIMIT}.",
+            show_default=False,
             rich_help_panel=EXECUTION,
         ),
-    ] = 1,
+    ] = None,
     no_isolation: Annotated[
         bool,
         typer.Option(
@@ -127,7 +130,6 @@ def check(
     """
 
     def body() -> int:
-        from opforge import session
         from opforge.engine.plan import Filters, RunSettings
         from opforge.reporters.lastfailed import LastFailedReport
         from opforge.reporters.terminal import TerminalReport
@@ -144,7 +146,8 @@ def check(
         files = file_reporters(reports)
         only_ids, paths = _selection(last_failed, ops or [], all_specs)
         filters = dataclasses.replace(filters, ids=only_ids)
-        options = session.RunOptions(filters, settings, cuda_arch, not no_isolation, jobs, timeout)
+        workers = 1 if no_isolation else jobs or session.auto_jobs()
+        options = session.RunOptions(filters, settings, cuda_arch, not no_isolation, workers, timeout)
         terminal = TerminalReport(verbose)
         with _sigterm_interrupts():
             try:
@@ -181,13 +184,13 @@ def _sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _validate_run_options(timeout: float | None, jobs: int, no_isolation: bool) -> None:
+def _validate_run_options(timeout: float | None, jobs: int | None, no_isolation: bool) -> None:
     if timeout is not None and not 0 < timeout < float("inf"):
         raise UsageError("--timeout", "a number of seconds > 0", repr(timeout), "Write e.g. --timeout 600.")
-    if jobs < 1:
+    if jobs is not None and jobs < 1:
         raise UsageError("--jobs", "a number of processes >= 1", repr(jobs), "Write e.g. -j 2.")
-    if no_isolation and (jobs > 1 or timeout is not None):
-        option = "--jobs" if jobs > 1 else "--timeout"
+    if no_isolation and ((jobs or 1) > 1 or timeout is not None):
+        option = "--jobs" if (jobs or 1) > 1 else "--timeout"
         raise UsageError(
             option,
             "worker processes",

@@ -239,6 +239,15 @@ class _OpRun:
     # When the worker closed its protocol pipe without `done`: it is dying, and its exit status says how.
     dying_since: float | None = None
     started: float = field(default_factory=time.monotonic)
+    # Several workers may share an op's tasks (the last op of a run, while slots are free): this one runs those
+    # whose index % parts == part. Part 0 loads first (a cold build happens once); the others wait in `waiting`, their
+    # slots reserved, and start from its plan.
+    part: int = 0
+    parts: int = 1
+    waiting: list[_OpRun] = field(default_factory=list)
+
+    def owns(self, index: int) -> bool:
+        return index % self.parts == self.part
 
     @property
     def worker(self) -> _Worker:
@@ -247,7 +256,7 @@ class _OpRun:
         return self.spawned
 
     def remaining(self) -> bool:
-        return self.tasks is not None and self.next_index < len(self.tasks)
+        return self.tasks is not None and any(map(self.owns, range(self.next_index, len(self.tasks))))
 
     def deadline(self) -> float:
         if self.dying_since is not None:
@@ -276,6 +285,7 @@ class Supervisor:
         self.events = events
         self.pending = deque(specs)
         self.active: dict[int, _OpRun] = {}
+        self.reserved: set[int] = set()  # slots of parts waiting for their op's first part to load
         self.stopped = False
         environ = dict(os.environ if environ is None else environ)
         self.env = _worker_env(environ, isolation.jobs)
@@ -301,22 +311,45 @@ class Supervisor:
                 op.worker.close()
 
     def _fill_slots(self) -> None:
-        while self.pending and not self.stopped and len(self.active) < self.isolation.jobs:
-            slot = min(set(range(self.isolation.jobs)) - set(self.active))
+        while self.pending and not self.stopped:
+            free = sorted(set(range(self.isolation.jobs)) - set(self.active) - self.reserved)
+            if not free:
+                return
             spec = self.pending.popleft()
-            op = _OpRun(
-                spec, OpReport(op=spec.name, spec_path=str(spec.path)), time_limit(spec, self.isolation.timeout), slot
-            )
+            # The last op takes every free slot: its tasks split between that many workers.
+            slots = free if not self.pending else free[:1]
+            report, limit = OpReport(op=spec.name, spec_path=str(spec.path)), time_limit(spec, self.isolation.timeout)
+            parts = [_OpRun(spec, report, limit, slot, part=i, parts=len(slots)) for i, slot in enumerate(slots)]
+            op = parts[0]
+            op.waiting = parts[1:]
+            self.reserved.update(slots[1:])
             self.run.ops.append(op.report)
-            self.active[slot] = op
+            self.active[op.slot] = op
             self._spawn(op)
+
+    def _start_waiting_parts(self, op: _OpRun) -> None:
+        for part in op.waiting:
+            part.tasks, part.started = op.tasks, op.started
+            self.reserved.discard(part.slot)
+            self.active[part.slot] = part
+            self._spawn(part)
+        op.waiting = []
 
     def _spawn(self, op: _OpRun) -> None:
         env = dict(self.env)
         gpus = self.gpus[op.slot]
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpus
-        job = Job(str(op.spec.path), self.filters, self.settings, op.next_index, op.limit, self.isolation.cuda_arch)
+        job = Job(
+            str(op.spec.path),
+            self.filters,
+            self.settings,
+            op.next_index,
+            op.limit,
+            self.isolation.cuda_arch,
+            op.part,
+            op.parts,
+        )
         op.spawned = _Worker(job, env)
         op.in_flight, op.since, op.progressed, op.dying_since = None, time.monotonic(), False, None
 
@@ -376,13 +409,14 @@ class Supervisor:
             self.events.planned(op.spec.name, len(event.skipped) + sum(len(t.results) for t in op.tasks))
             for result in event.skipped:
                 self._add(op, result)
+            self._start_waiting_parts(op)
         elif op.tasks is None or event.count != len(op.tasks):
             how = (
                 f"a fresh worker planned {event.count} rows where the first one planned "
                 f"{len(op.tasks or ())}: what it can run changed (a GPU lost after a fault?), so this row and the "
                 "op's other remaining rows did not run"
             )
-            for index in range(op.next_index, len(op.tasks or ())):
+            for index in filter(op.owns, range(op.next_index, len(op.tasks or ()))):
                 self._lost_row(op, index, Status.CRASH, how, seconds=0.0)
             self._finish(op)
 
@@ -470,8 +504,19 @@ class Supervisor:
         op.worker.close()
         op.report.seconds = time.monotonic() - op.started
         del self.active[op.slot]
+        self.reserved.difference_update(part.slot for part in op.waiting)  # its first part never loaded
+        op.waiting = []
+        if op.parts > 1 and not any(other.report is op.report for other in self.active.values()):
+            in_task_order(op.report, op.tasks or ())
         if stops_run(self.settings, op.report.results):
             self.stopped = True
+
+
+def in_task_order(report: OpReport, tasks: tuple[TaskHeader, ...]) -> None:
+    """An op's results as one worker would have reported them (the load row and the skipped results first, then
+    task by task), however its parts' results interleaved: a report that does not depend on which worker ran what."""
+    position = {(t.implementation, t.case_id, name): i for i, t in enumerate(tasks) for name in t.results}
+    report.results.sort(key=lambda r: position.get((r.implementation, r.case_id, r.check), -1))
 
 
 def stderr_excerpt(text: str, lines: int = STDERR_TAIL_LINES) -> str:

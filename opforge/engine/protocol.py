@@ -13,7 +13,8 @@ from opforge.results import CaseResult, result_from_json, result_json
 
 @dataclass(frozen=True)
 class Job:
-    """One op for a worker: its spec, from which task to go on, and the row's time limit."""
+    """One op (or one part of its tasks) for a worker: its spec, from which task to go on, and the row's time
+    limit."""
 
     spec: str
     filters: Filters
@@ -21,6 +22,9 @@ class Job:
     start: int
     time_limit: float
     cuda_arch: str | None = None
+    # One of `parts` workers that share an op's tasks: it runs those whose index % parts == part.
+    part: int = 0
+    parts: int = 1
 
     def to_line(self) -> str:
         return (

@@ -40,13 +40,18 @@ def run_tasks(
     filters: Filters,
     settings: RunSettings,
     start: int = 0,
+    part: tuple[int, int] = (0, 1),
     on_start: Callable[[int], None] = lambda index: None,
     on_results: Callable[[int, list[CaseResult]], None] = lambda index, results: None,
     after_row: Callable[[int], bool] = lambda index: True,
 ) -> bool:
-    """Run the tasks from `start` on. `after_row` returns False to stop (a worker whose device became
-    unusable). Returns whether the rows ran to the end, i.e. neither -x nor `after_row` stopped them."""
+    """Run the tasks from `start` on, those of `part` (K, N): index % N == K. `after_row` returns False to stop (a
+    worker whose device became unusable). Returns whether the rows ran to the end, i.e. neither -x nor `after_row`
+    stopped them."""
+    own, parts = part
     for index in range(start, len(plan.tasks)):
+        if index % parts != own:
+            continue
         on_start(index)
         results = run_task(context, plan.tasks[index], filters)
         on_results(index, results)

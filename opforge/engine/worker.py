@@ -72,7 +72,7 @@ def run(job: Job, send: Send) -> None:
     loaded = load_checked(spec, job.cuda_arch, on_step=lambda message: send(Step(message)))
     plan = plan_op(loaded, filters, settings)
     start_cuda(plan)
-    if job.start == 0:
+    if job.start == 0 and job.part == 0:
         headers = tuple(
             TaskHeader(
                 implementation=row.implementation.name,
@@ -111,6 +111,7 @@ def run(job: Job, send: Send) -> None:
         filters,
         settings,
         job.start,
+        part=(job.part, job.parts),
         on_start=lambda index: send(Start(index)),
         on_results=finish_row,
         after_row=device_usable,
