@@ -48,6 +48,8 @@ class RunOptions:
     isolation: bool = True
     jobs: int = 1
     timeout: float | None = None
+    # Whether each of the `jobs` workers gets its own share of the GPUs (an explicit -j) or all of them.
+    split_gpus: bool = True
 
 
 def run(paths: list[Path], options: RunOptions, reporters: list[Reporter]) -> tuple[RunReport, int]:
@@ -66,7 +68,7 @@ def run(paths: list[Path], options: RunOptions, reporters: list[Reporter]) -> tu
         if options.isolation:
             from opforge.engine.isolated import Isolation, run_isolated
 
-            isolation = Isolation(jobs=options.jobs, timeout=options.timeout, cuda_arch=options.cuda_arch)
+            isolation = Isolation(options.jobs, options.timeout, options.cuda_arch, options.split_gpus)
             run_isolated(specs, options.filters, options.settings, isolation, report, events)
         else:
             from opforge.engine.inprocess import run_in_process

@@ -346,6 +346,13 @@ def test_worker_slots_get_disjoint_gpu_sets():
     assert gpus_per_slot(3, []) == [None, None, None]
 
 
+def test_an_explicit_jobs_splits_the_gpus_and_the_default_count_shares_them_all():
+    run, environ = RunReport(environment={}), {"CUDA_VISIBLE_DEVICES": "0,1"}
+    split = Supervisor([], Filters(), RunSettings(), Isolation(jobs=2), run, Events(), environ=environ)
+    shared = Supervisor([], Filters(), RunSettings(), Isolation(jobs=2, split_gpus=False), run, Events(), environ)
+    assert split.gpus == ["0", "1"] and shared.gpus == [None, None]  # None: the environment's, both GPUs
+
+
 def test_a_slot_too_small_for_multi_gpu_is_noted():
     spec = load_spec(REPO / "specs" / "leaky_swish.yaml")
     assert "multi_gpu" in spec.checks and "cuda" in spec.devices

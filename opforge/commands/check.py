@@ -102,7 +102,7 @@ def check(
             "-j",
             help="Worker processes at once, each with its own share of the GPUs where there are several: ops run "
             "side by side, and the last op's checks are shared between the free workers. Default: one per core, "
-            f"at most {session.AUTO_JOBS_LIMIT}.",
+            f"at most {session.AUTO_JOBS_LIMIT}, every one seeing every GPU.",
             show_default=False,
             rich_help_panel=EXECUTION,
         ),
@@ -147,7 +147,7 @@ def check(
         only_ids, paths = _selection(last_failed, ops or [], all_specs)
         filters = dataclasses.replace(filters, ids=only_ids)
         workers = 1 if no_isolation else jobs or session.auto_jobs()
-        options = session.RunOptions(filters, settings, cuda_arch, not no_isolation, workers, timeout)
+        options = session.RunOptions(filters, settings, cuda_arch, not no_isolation, workers, timeout, jobs is not None)
         terminal = TerminalReport(verbose)
         with _sigterm_interrupts():
             try:

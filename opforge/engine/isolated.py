@@ -95,6 +95,9 @@ class Isolation:
     jobs: int = 1
     timeout: float | None = None  # --timeout: overrides every spec's `timeout:`
     cuda_arch: str | None = None
+    # An explicit -j gives each worker its own share of the GPUs; the default worker count shares them all (so a
+    # machine with two GPUs still runs multi_gpu, which needs both in one worker).
+    split_gpus: bool = True
 
 
 def time_limit(spec: OpSpec, override: float | None) -> float:
@@ -289,7 +292,7 @@ class Supervisor:
         self.stopped = False
         environ = dict(os.environ if environ is None else environ)
         self.env = _worker_env(environ, isolation.jobs)
-        gpus = visible_gpus(environ) if isolation.jobs > 1 else []
+        gpus = visible_gpus(environ) if isolation.jobs > 1 and isolation.split_gpus else []
         self.gpus = gpus_per_slot(isolation.jobs, gpus)
         note = multi_gpu_note(specs, filters, self.gpus)
         if note:
