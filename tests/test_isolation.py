@@ -456,3 +456,6 @@ def test_the_last_op_shares_its_tasks_between_the_free_workers_and_reports_as_on
     assert ("segfaults/native::correctness[float32-cpu-contiguous-x=7]", "crash") in rows("j2.json")
     # -j 1: one worker, then a fresh one after the crash; -j 2: both parts, and the crashed part's fresh worker.
     assert parts[:2] == [(0, 1), (0, 1)] and {(0, 2), (1, 2)} <= set(parts[2:])
+    parts.clear()  # one task: the second part has nothing to run, and no worker starts for it
+    assert invoke("check", spec, "-k", "contiguous-x=0d", "-j", "2").exit_code == 0
+    assert parts == [(0, 2)]

@@ -334,8 +334,9 @@ class Supervisor:
         for part in op.waiting:
             part.tasks, part.started = op.tasks, op.started
             self.reserved.discard(part.slot)
-            self.active[part.slot] = part
-            self._spawn(part)
+            if part.remaining():  # an op with fewer tasks than parts leaves some without work: no worker for them
+                self.active[part.slot] = part
+                self._spawn(part)
         op.waiting = []
 
     def _spawn(self, op: _OpRun) -> None:
