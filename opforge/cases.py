@@ -116,6 +116,12 @@ def layout_error(layout: str) -> str | None:
     return "offset:K (K > 0 elements) or transposed:I,J (two dims); the other kinds take no parameter"
 
 
+def writes_special(fill: str) -> bool:
+    """Whether `fill` writes a special value into an input (NAME=one|row|all:S), rather than a rule over its
+    sampled values."""
+    return fill.rpartition("=")[2].partition(":")[0] in SPECIAL_FILLS
+
+
 def fill_error(fill: str, tensor_names: tuple[str, ...]) -> str | None:
     """Why `fill` is not a rule fill_values knows, or None."""
     name, _, rule = fill.rpartition("=")

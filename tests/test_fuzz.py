@@ -261,6 +261,26 @@ def test_a_failure_the_spec_declares_in_xfail_is_known_not_new(tmp_path):
     assert "known correctness: expected failure (the tail bug, reported upstream)" in known.output.replace("\n", "")
 
 
+def test_a_special_value_example_is_known_to_the_special_values_checks_xfail(tmp_path):
+    # torchvision's roi_pool declares its NaN-skipping max under special_values; fuzz meets it as a correctness
+    # failure of an example with a NaN in its input.
+    path = fixture_copy(tmp_path, "logsumexp_naive")
+    example = json.dumps(
+        {
+            "dtype": "float32",
+            "device": "cpu",
+            "layout": "contiguous",
+            "shapes": {"x": [7]},
+            "fill": "x=one:inf@0",
+            "seed": 1,
+        }
+    )
+    assert invoke("fuzz", str(path), "--example", example).exit_code == 1
+    path.write_text(path.read_text() + "xfail:\n  - {check: special_values, strict: false, reason: inf gives NaN}\n")
+    known = invoke("fuzz", str(path), "--example", example)
+    assert known.exit_code == 0 and "known correctness: expected failure (inf gives NaN)" in known.output, known.output
+
+
 @pytest.mark.slow
 def test_a_search_counts_declared_failures_and_reports_none(tmp_path):
     path = fixture_copy(tmp_path, "doubles_short_tail")

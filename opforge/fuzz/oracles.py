@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from opforge.cases import Case
+from opforge.cases import Case, writes_special
 from opforge.checks.base import CheckContext
 from opforge.checks.calls import call_reference, inputs_for, outputs_of
 from opforge.checks.catalog import CATALOG
@@ -73,7 +73,7 @@ def _declared(loaded: LoadedOp, implementation: Implementation, case: Case, verd
     special value in an input (NAME=one|row|all:S) is also what the special_values check's entries declare (roi_pool
     skipping NaN). Crashes and hangs are never declared, as in `opforge check`."""
     checks = [_XFAIL_CHECKS.get(verdict.oracle, verdict.oracle)]
-    if "=" in case.fill:  # a special value written into an input: what the special_values check's xfails declare
+    if writes_special(case.fill):  # what the special_values check's xfails declare
         checks.append("special_values")
     spec = loaded.spec
     matrix_id = replace(case, fill="").id  # the ids xfail globs are written against have no fill

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from opforge.engine.isolated import describe_exit, with_this_opforge
+from opforge.engine.isolated import describe_exit, stderr_excerpt, with_this_opforge
 from opforge.errors import OpforgeError, WorkerInternalError
 from opforge.fuzz.verdict import DISCARD, FAIL, Verdict
 from opforge.results import mismatch_from_json
@@ -35,10 +35,6 @@ COSTLY_SHARE = 1 / 3
 # the baseline in the dtype and Baseline.spread's five float64 runs, fake, determinism's two, devices): the rest of
 # the example may take the limit plus that many times the first calls' time.
 ORACLE_CALLS = 12
-# Enough of a dead child's stderr to show the fault (its first line) and a traceback's last frames and exception
-# (its end): the two parts of it kept.
-STDERR_HEAD = 200
-STDERR_TAIL = 600
 
 
 class LoadFailed(OpforgeError):
@@ -79,22 +75,9 @@ class FuzzWorker:
         started = self._next(READY_TIME_LIMIT, "an example's start")
         if started["event"] == "died":
             raise WorkerInternalError(f"the fuzz worker's child died before an example: {started['how']}")
-        answer = self._within(self.time_limit * COSTLY_SHARE)
-        if answer is None:
-            return self._abandoned(DISCARD, "", f"the reference ran past {self.time_limit * COSTLY_SHARE:g} s")
-        if answer["event"] == "reference":
-            reference_seconds = float(answer["seconds"])
-            answer = self._within(self.time_limit)
-            if answer is None:
-                return self._abandoned(FAIL, "hang", f"the op ran past the {self.time_limit:g} s limit of one call")
-            if answer["event"] == "op":
-                cost = reference_seconds + float(answer["seconds"])
-                if cost > self.time_limit * COSTLY_SHARE:
-                    return self._abandoned(DISCARD, "", f"the reference and one call of the op took {cost:.3g} s")
-                answer = self._within(self.time_limit + ORACLE_CALLS * cost)
-                if answer is None:
-                    limit = self.time_limit + ORACLE_CALLS * cost
-                    return self._abandoned(FAIL, "hang", f"the op ran past the {limit:.3g} s limit of this example")
+        answer = self._timed_answer()
+        if isinstance(answer, Verdict):
+            return answer
         if answer["event"] == "died":
             tail = self._stderr_since(mark)
             self.child = self._ready()
@@ -128,6 +111,31 @@ class FuzzWorker:
             raise WorkerInternalError(f"the fuzz worker sent {ready['event']!r} where a fresh child was expected")
         pid: int = ready["pid"]
         return pid
+
+    def _timed_answer(self) -> dict[str, Any] | Verdict:
+        """The child's last event on an example, each phase under its own limit: the first reference call (past a
+        share of the limit the example is too costly), the op's first call (past the limit it hangs), the oracles
+        (the limit plus ORACLE_CALLS times the first calls' time). An example stopped on the way is its Verdict."""
+        costly = self.time_limit * COSTLY_SHARE
+        answer = self._within(costly)
+        if answer is None:
+            return self._abandoned(DISCARD, "", f"the reference ran past {costly:g} s")
+        if answer["event"] != "reference":  # the reference refused the call, or the child died
+            return answer
+        reference_seconds = float(answer["seconds"])
+        answer = self._within(self.time_limit)
+        if answer is None:
+            return self._abandoned(FAIL, "hang", f"the op ran past the {self.time_limit:g} s limit of one call")
+        if answer["event"] != "op":  # the op refused the call, or its process died
+            return answer
+        cost = reference_seconds + float(answer["seconds"])
+        if cost > costly:
+            return self._abandoned(DISCARD, "", f"the reference and one call of the op took {cost:.3g} s")
+        limit = self.time_limit + ORACLE_CALLS * cost
+        answer = self._within(limit)
+        if answer is None:
+            return self._abandoned(FAIL, "hang", f"the op ran past the {limit:.3g} s limit of this example")
+        return answer
 
     def _within(self, limit: float) -> dict[str, Any] | None:
         """The child's next event, or None when it sent none within `limit` seconds."""
@@ -184,11 +192,9 @@ class FuzzWorker:
         self.stderr.seek(mark)
         text = self.stderr.read().decode(errors="replace")
         self.stderr.seek(0, os.SEEK_END)
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        text = " | ".join(lines)
-        if len(text) <= STDERR_HEAD + STDERR_TAIL:
-            return text
-        return f"{text[:STDERR_HEAD]} ... {text[-STDERR_TAIL:]}"
+        # What `opforge check` quotes of a dead worker (faulthandler's account of a fatal signal, else the last
+        # lines: a traceback's exception), on one line.
+        return " | ".join(line.strip() for line in stderr_excerpt(text).splitlines() if line.strip())
 
 
 def _verdict(answer: dict[str, Any]) -> Verdict:
