@@ -32,6 +32,14 @@ class PassNote:
         self.message = message
 
 
+class PassDetail:
+    """A pass with a detail too routine for the summary, for whoever looks closer (`-v`, the JSON report): how many
+    graphs torch.compile built for the row."""
+
+    def __init__(self, detail: str):
+        self.detail = detail
+
+
 class ReferenceFailure(Exception):
     """The spec's reference (not the op) failed. Becomes an ERROR result."""
 
@@ -41,7 +49,7 @@ class CheckSkipped(Exception):
     with the message as its reason."""
 
 
-Outcome = CheckFailure | PassNote | None
+Outcome = CheckFailure | PassNote | PassDetail | None
 
 
 def short(exc: BaseException) -> str:

@@ -75,6 +75,8 @@ class CaseResult:
     repro: str | None = None
     # Distinct warnings raised while the case ran (a missing autograd kernel, a deprecated API): often the clue.
     warnings: tuple[str, ...] = ()
+    # What a pass adds for `-v` (outcomes.PassDetail).
+    detail: str = ""
 
     @property
     def full_id(self) -> str:

@@ -9,6 +9,8 @@ from conftest import FIXTURES, REPO, describe, failures_by_check, requires_cuda,
 
 from opforge.checks.base import OptIns
 from opforge.checks.dtypes import TRIED_DTYPES
+from opforge.engine.plan import Filters, RunSettings, check_context, plan_op
+from opforge.engine.tasks import run_task
 from opforge.loading import load_op
 from opforge.results import Status
 from opforge.spec.load import load_spec
@@ -126,6 +128,29 @@ def test_float64_through_float32_fails_gradcheck_in_float64_only():
     failed = failures_by_check(run_spec(FIXTURES / "float32_compute.yaml", checks=("gradcheck", "correctness")))
     assert {r.dtype for r in failed["gradcheck"]} == {"float64"}
     assert "correctness" not in {c for c, rows in failed.items() if any(r.dtype == "float32" for r in rows)}
+
+
+def test_compile_rows_of_one_dtype_share_one_function_and_one_worker():
+    # leaky_swish's float32 rows build 6 + 3 + 3 + 1 graphs for one function (each shape has a rank of its own), past
+    # dynamo's 8 per function: fullgraph=True would fail the last rows had each row not made room for its calls.
+    loaded = load_op(load_spec(REPO / "specs" / "leaky_swish.yaml"))
+    filters = Filters(dtypes=("float32", "float64"), devices=("cpu",), checks=("compile", "correctness"))
+    plan = plan_op(loaded, filters, RunSettings())
+    compile_groups = {(t.implementation.name, t.case.dtype): t.group for t in plan.tasks if t.check.name == "compile"}
+    groups = [t.group for t in plan.tasks]
+    assert len(set(compile_groups.values())) == 4 and len(set(groups)) == len(compile_groups) + sum(
+        t.check.name != "compile" for t in plan.tasks
+    )
+    context = check_context(loaded, RunSettings())
+    native = [t for t in plan.tasks if t.check.name == "compile" and t.implementation.name == "native"]
+    float32 = [t for t in native if t.case.dtype == "float32"]
+    results = [r for task in float32 for r in run_task(context, task, filters)]
+    assert all(r.status == Status.PASS for r in results), describe(results)
+    built = [int(r.detail.split()[0]) for r in results]
+    assert sum(built) > 8 and all(r.detail.endswith("shapes") or r.detail.endswith("shape") for r in results)
+    # The same rows again in this run: every graph is reused.
+    again = [r for task in float32 for r in run_task(context, task, filters)]
+    assert [r.detail.split()[0] for r in again] == ["0"] * len(float32), describe(again)
 
 
 def test_graph_break_fails_compile_for_that_implementation_only():

@@ -7,8 +7,8 @@ a missing or unknown row into an ERROR row, so a typo cannot turn a failure into
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opforge.cases import layout_kind
@@ -78,6 +78,8 @@ class CheckContext:
     # end its own work first (a child process of its own); None in process.
     time_limit: float | None = None
     opt_ins: OptIns = OptIns()
+    # What a check keeps between its rows in this process for this op (see Check.shares_work), by its own keys.
+    shared: dict[Hashable, Any] = field(default_factory=dict, compare=False)
 
 
 Outcomes = dict[str, Outcome]
@@ -137,6 +139,9 @@ class Check:
     section: SpecSection | None = None
     # It also visits dtypes the spec does not claim (the terminal folds those into one column).
     visits_unclaimed_dtypes: bool = False
+    # Its cases with the same key (per implementation) reuse work kept in CheckContext.shared, so one worker runs
+    # them all (compile: one compiled function per dtype and device); None: every case stands alone.
+    shares_work: Callable[[Case], Hashable] | None = None
 
     def result_names(self) -> tuple[str, ...]:
         return self.results or (self.name,)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from opforge.checks.catalog import CATALOG
 from opforge.engine.events import Events
-from opforge.engine.plan import Filters, RunSettings, load_result
+from opforge.engine.plan import Filters, RunSettings, load_result, part_of
 from opforge.engine.protocol import (
     Done,
     End,
@@ -242,15 +242,15 @@ class _OpRun:
     # When the worker closed its protocol pipe without `done`: it is dying, and its exit status says how.
     dying_since: float | None = None
     started: float = field(default_factory=time.monotonic)
-    # Several workers may share an op's tasks (the last op of a run, while slots are free): this one runs those
-    # whose index % parts == part. Part 0 loads first (a cold build happens once); the others wait in `waiting`, their
-    # slots reserved, and start from its plan.
+    # Several workers may share an op's tasks (the last op of a run, while slots are free): this one runs those of
+    # its part (plan.part_of: a task group's work is reused in one process). Part 0 loads first (a cold build happens
+    # once); the others wait in `waiting`, their slots reserved, and start from its plan.
     part: int = 0
     parts: int = 1
     waiting: list[_OpRun] = field(default_factory=list)
 
     def owns(self, index: int) -> bool:
-        return index % self.parts == self.part
+        return self.tasks is not None and part_of(self.tasks[index].group, self.parts) == self.part
 
     @property
     def worker(self) -> _Worker:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -126,6 +126,29 @@ class Task:
     implementation: Implementation
     check: Check
     case: Case
+    # Tasks whose check reuses work between them in one process share a group (see work_groups); workers that
+    # split an op's tasks split them by group.
+    group: int = 0
+
+    def part(self, parts: int) -> int:
+        return part_of(self.group, parts)
+
+
+def part_of(group: int, parts: int) -> int:
+    """Which of `parts` workers sharing an op's tasks runs those of `group`."""
+    return group % parts
+
+
+def work_groups(tasks: list[Task]) -> list[Task]:
+    """The tasks with their groups, numbered in task order: those whose check shares work between its cases (compile:
+    one compiled function per implementation, dtype and device) by the check's key, every other task alone."""
+    numbers: dict[object, int] = {}
+    grouped = []
+    for index, task in enumerate(tasks):
+        shared = task.check.shares_work
+        key = (task.check.name, task.implementation.name, shared(task.case)) if shared else index
+        grouped.append(replace(task, group=numbers.setdefault(key, len(numbers))))
+    return grouped
 
 
 @dataclass
@@ -192,6 +215,7 @@ def plan_op(loaded: LoadedOp, filters: Filters, settings: RunSettings) -> Plan:
                         for dtype in claimed
                     )
                     plan.skipped += _kept(filters, spec, skips)
+    plan.tasks = work_groups(plan.tasks)
     return plan
 
 

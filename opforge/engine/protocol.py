@@ -22,7 +22,7 @@ class Job:
     start: int
     time_limit: float
     cuda_arch: str | None = None
-    # One of `parts` workers that share an op's tasks: it runs those whose index % parts == part.
+    # One of `parts` workers that share an op's tasks: it runs those whose Task.part(parts) == part.
     part: int = 0
     parts: int = 1
 
@@ -48,6 +48,7 @@ class TaskHeader:
     device: str
     seed: int
     results: tuple[str, ...]
+    group: int  # Task.group: the parent splits an op's tasks between workers as they do
 
 
 class Event:

@@ -15,7 +15,7 @@ from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes
 from opforge.checks.catalog import CATALOG
 from opforge.engine.plan import Filters, Plan, RunSettings, Task, reported_results
-from opforge.outcomes import CheckFailure, CheckSkipped, PassNote, ReferenceFailure, short
+from opforge.outcomes import CheckFailure, CheckSkipped, PassDetail, PassNote, ReferenceFailure, short
 from opforge.results import CaseResult, Mismatch, Status, result_id
 from opforge.spec.model import OpSpec
 
@@ -27,6 +27,7 @@ class Verdict:
     status: Status
     message: str = ""
     mismatch: Mismatch | None = None
+    detail: str = ""
 
 
 def stops_run(settings: RunSettings, results: list[CaseResult]) -> bool:
@@ -45,12 +46,12 @@ def run_tasks(
     on_results: Callable[[int, list[CaseResult]], None] = lambda index, results: None,
     after_row: Callable[[int], bool] = lambda index: True,
 ) -> bool:
-    """Run the tasks from `start` on, those of `part` (K, N): index % N == K. `after_row` returns False to stop (a
-    worker whose device became unusable). Returns whether the rows ran to the end, i.e. neither -x nor `after_row`
-    stopped them."""
+    """Run the tasks from `start` on, those of `part` (K, N): whose Task.part(N) is K. `after_row` returns False to
+    stop (a worker whose device became unusable). Returns whether the rows ran to the end, i.e. neither -x nor
+    `after_row` stopped them."""
     own, parts = part
     for index in range(start, len(plan.tasks)):
-        if index % parts != own:
+        if plan.tasks[index].part(parts) != own:
             continue
         on_start(index)
         results = run_task(context, plan.tasks[index], filters)
@@ -89,6 +90,7 @@ def run_task(ctx: CheckContext, row: Task, filters: Filters) -> list[CaseResult]
                 seconds=seconds,
                 message=verdict.message,
                 mismatch=verdict.mismatch,
+                detail=verdict.detail,
                 seed=row.case.seed(ctx.base_seed),
                 repro=repro_command(spec, row.implementation.name, name, row.case.id, ctx.base_seed)
                 if verdict.status.failed
@@ -140,12 +142,14 @@ def _outcome_verdict(check: Check, name: str, outcome: object) -> Verdict:
         return Verdict(Status.PASS)
     if isinstance(outcome, PassNote):
         return Verdict(Status.PASS, outcome.message)
+    if isinstance(outcome, PassDetail):
+        return Verdict(Status.PASS, detail=outcome.detail)
     if isinstance(outcome, CheckFailure):
         return Verdict(Status.FAIL, outcome.message, outcome.mismatch)
     return Verdict(
         Status.ERROR,
-        f"the check {check.name} returned {type(outcome).__name__} for row {name}, expected None, a PassNote or a "
-        "CheckFailure: a bug in the check",
+        f"the check {check.name} returned {type(outcome).__name__} for row {name}, expected None, a PassNote or "
+        "PassDetail, or a CheckFailure: a bug in the check",
     )
 
 

@@ -81,6 +81,7 @@ def run(job: Job, send: Send) -> None:
                 device=row.case.device,
                 seed=row.case.seed(settings.seed),
                 results=tuple(reported_results(filters, spec, row)),
+                group=row.group,
             )
             for row in plan.tasks
         )

@@ -246,9 +246,10 @@ def _render_op_notes(op: OpReport, verbose: bool) -> None:
         )
     if verbose:
         for r in op.results:
+            said = "" if r.status.failed else (r.message or r.detail)
             console.print(
                 f"  {_LABEL[r.status]:5s} {r.full_id}  [dim]{r.seconds * 1e3:.1f} ms[/dim]"
-                + (f"  {r.message.splitlines()[0]}" if r.message and not r.status.failed else "")
+                + (f"  {said.splitlines()[0]}" if said else "")
             )
 
 
