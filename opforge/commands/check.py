@@ -189,8 +189,9 @@ def _validate_run_options(timeout: float | None, jobs: int | None, no_isolation:
         raise UsageError("--timeout", "a number of seconds > 0", repr(timeout), "Write e.g. --timeout 600.")
     if jobs is not None and jobs < 1:
         raise UsageError("--jobs", "a number of processes >= 1", repr(jobs), "Write e.g. -j 2.")
-    if no_isolation and ((jobs or 1) > 1 or timeout is not None):
-        option = "--jobs" if (jobs or 1) > 1 else "--timeout"
+    parallel = jobs is not None and jobs > 1
+    if no_isolation and (parallel or timeout is not None):
+        option = "--jobs" if parallel else "--timeout"
         raise UsageError(
             option,
             "worker processes",

@@ -130,9 +130,6 @@ class Task:
     # split an op's tasks split them by group.
     group: int = 0
 
-    def part(self, parts: int) -> int:
-        return part_of(self.group, parts)
-
 
 def part_of(group: int, parts: int) -> int:
     """Which of `parts` workers sharing an op's tasks runs those of `group`."""

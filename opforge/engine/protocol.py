@@ -22,7 +22,7 @@ class Job:
     start: int
     time_limit: float
     cuda_arch: str | None = None
-    # One of `parts` workers that share an op's tasks: it runs those whose Task.part(parts) == part.
+    # One of `parts` workers that share an op's tasks: it runs those whose plan.part_of(group, parts) == part.
     part: int = 0
     parts: int = 1
 

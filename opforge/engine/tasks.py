@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes
 from opforge.checks.catalog import CATALOG
-from opforge.engine.plan import Filters, Plan, RunSettings, Task, reported_results
+from opforge.engine.plan import Filters, Plan, RunSettings, Task, part_of, reported_results
 from opforge.outcomes import CheckFailure, CheckSkipped, PassDetail, PassNote, ReferenceFailure, short
 from opforge.results import CaseResult, Mismatch, Status, result_id
 from opforge.spec.model import OpSpec
@@ -46,12 +46,12 @@ def run_tasks(
     on_results: Callable[[int, list[CaseResult]], None] = lambda index, results: None,
     after_row: Callable[[int], bool] = lambda index: True,
 ) -> bool:
-    """Run the tasks from `start` on, those of `part` (K, N): whose Task.part(N) is K. `after_row` returns False to
-    stop (a worker whose device became unusable). Returns whether the rows ran to the end, i.e. neither -x nor
-    `after_row` stopped them."""
+    """Run the tasks from `start` on, those of `part` (K, N): whose part_of(group, N) is K. `after_row` returns
+    False to stop (a worker whose device became unusable). Returns whether the rows ran to the end, i.e. neither -x
+    nor `after_row` stopped them."""
     own, parts = part
     for index in range(start, len(plan.tasks)):
-        if plan.tasks[index].part(parts) != own:
+        if part_of(plan.tasks[index].group, parts) != own:
             continue
         on_start(index)
         results = run_task(context, plan.tasks[index], filters)
