@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import FIXTURES, SPECS, in_process, run_spec
 from hypothesis import given, settings
 from typer.testing import CliRunner
@@ -143,6 +144,34 @@ def test_opcheck_on_an_empty_input_with_several_zero_dims_is_a_note_not_a_failur
     faketensor = [r for r in report.results if r.check == "opcheck:test_faketensor"]
     assert {r.status for r in faketensor} == {Status.PASS}
     assert any("clone_input" in r.message for r in faketensor if "0x0x31x0" in r.case_id)
+
+
+CUDA_OOM = "CUDA out of memory. Tried to allocate 78.58 GiB. GPU 0 has a total capacity of 79.18 GiB"
+
+
+@pytest.mark.parametrize(
+    ("shape", "error", "expected"),
+    [
+        # clone_input's bug as CUDA reports it (seen on an H100, affine_leaky_swish) and as the CPU allocator does.
+        ((928, 0, 3373, 3373), torch.OutOfMemoryError(CUDA_OOM), "note"),
+        ((928, 0, 3373, 3373), RuntimeError("DefaultCPUAllocator: can't allocate memory: 84372788912 bytes"), "note"),
+        ((0, 0, 31, 0), RuntimeError("Trying to create tensor with negative dimension -1"), "note"),
+        # The copy needs little: an allocation failure there is the op's own, as is any other error.
+        ((0, 7), torch.OutOfMemoryError(CUDA_OOM), "failure"),
+        ((928, 0, 3373, 3373), RuntimeError("fake returned strides (1,) for shape (2,)"), "failure"),
+    ],
+)
+def test_opcheck_blames_clone_input_only_for_its_own_allocation_failure(shape, error, expected):
+    from opforge.cases import CaseInputs
+    from opforge.checks.opcheck import CLONE_BUG_NOTE, outcome
+    from opforge.outcomes import CheckFailure, PassNote
+
+    x = torch.empty(shape, dtype=torch.float64)
+    verdict = outcome(error, CaseInputs((x, 0.1), {}, (x, 0.1), {}, ("x",)))
+    if expected == "note":
+        assert isinstance(verdict, PassNote) and verdict.message == CLONE_BUG_NOTE
+    else:
+        assert isinstance(verdict, CheckFailure), verdict
 
 
 def test_an_example_that_is_not_json_is_a_usage_error():
