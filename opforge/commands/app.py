@@ -20,8 +20,8 @@ from opforge.reporters.base import NotWritten, Reporter, ReportFormat
 from opforge.spec.load import find_spec, list_specs
 from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES
 
-# What a value looks like, for the help's type column. typer 0.29 shows Python annotations there (`<bool>`,
-# `<list[str]>`); a user wants nothing for a flag and a word for a value, as click used to show.
+# What a value looks like, for the help's type column. typer 0.29 (pyproject pins it) shows Python types there
+# (`<bool>`, `<list[str]>`); a user wants nothing for a flag and a word for a value, as click used to show.
 _VALUE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "path": "PATH", "file": "PATH"}
 
 
