@@ -179,6 +179,23 @@ def test_an_example_that_is_not_json_is_a_usage_error():
     assert result.exit_code == 2 and "--example: expected JSON" in result.output
 
 
+@pytest.mark.parametrize(
+    ("example", "fragment"),
+    [
+        ('{"shapes": {"y": [7]}, "seed": 1}', "--example example.shapes: expected a shape for each tensor input (x)"),
+        ('{"shapes": {"x": [7]}, "seed": -1}', "--example example.seed: expected an integer >= 0"),
+        ('{"shapes": {"x": [7]}, "layout": "sideways"}', "--example example.layout"),
+        ('{"shapes": {"x": [7]}, "dtype": "float128"}', "--example example.dtype"),
+    ],
+)
+def test_an_example_is_read_as_a_regression_entry_is(example, fragment):
+    """--example and `regressions:` share one reader: a repro that names no input of the op, or a bad seed, layout
+    or dtype, is a usage error naming the key, before anything runs."""
+    result = invoke("fuzz", str(FUZZ_OPS / "doubles.yaml"), "--example", example)
+    assert result.exit_code == 2, result.output
+    assert fragment in " ".join(result.output.split()), result.output
+
+
 # ---------------------------------------------------------------------------- the search on outside-written ops
 
 BUGS = {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -12,13 +11,12 @@ import typer
 from opforge.commands.app import EXECUTION, REPORTS, SELECTION, CudaArch, app, guarded, spec_paths
 from opforge.errors import EXIT_FAILED, EXIT_OK, UsageError
 from opforge.fuzz.options import DEFAULT_BUDGET, DEFAULT_MAX_NUMEL, FuzzOptions
-from opforge.spec.model import KNOWN_DEVICES, OpSpec, Regression
+from opforge.spec.model import KNOWN_DEVICES, OpSpec
 
 if TYPE_CHECKING:
     from opforge.fuzz.search import FuzzReport
 
 ORACLE_NAMES = ("correctness", "fake", "determinism", "devices")
-_PASTE = "Paste the repro's --example as fuzz printed it."
 
 
 @app.command()
@@ -99,6 +97,7 @@ def fuzz(
         from opforge.fuzz.search import replay
         from opforge.reporters.fuzz_report import Live, render_fuzz, render_replay, write_fuzz_json
         from opforge.spec.load import load_spec
+        from opforge.spec.regressions import read_example
 
         [spec_path] = spec_paths([op], False)
         spec = load_spec(spec_path)
@@ -114,7 +113,7 @@ def fuzz(
             exit_first=exit_first,
         )
         if example is not None:
-            kept = _example(example, spec, chosen)
+            kept = read_example(example, spec, chosen)
             verdict, oracles = replay(spec, kept, options)
             render_replay(verdict, oracles)
             return EXIT_FAILED if verdict.status == "fail" else EXIT_OK
@@ -172,31 +171,3 @@ def _positive(value: float, option: str) -> float:
     if not value > 0:
         raise UsageError(option, "a number > 0", repr(value), f"Give e.g. {option} 60.")
     return value
-
-
-def _example(text: str, spec: OpSpec, device: str) -> Regression:
-    """An --example (a failure's repro): the regression mapping fuzz prints, read as a spec would read it."""
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise UsageError(
-            "--example", "JSON", f"invalid JSON ({exc})", "Paste the repro's --example as printed."
-        ) from None
-    if not isinstance(data, dict):
-        raise UsageError("--example", "a JSON object", type(data).__name__, _PASTE)
-    from opforge.cases import fill_error, layout_error
-
-    kept = Regression(
-        dtype=data.get("dtype", spec.dtypes[0]),
-        device=data.get("device", device),
-        layout=data.get("layout", "contiguous"),
-        shapes=tuple((name, tuple(shape)) for name, shape in data.get("shapes", {}).items()),
-        values=tuple(data.get("values", {}).items()),
-        fill=data.get("fill", ""),
-        seed=int(data.get("seed", 0)),
-        sample=data.get("sample"),
-    )
-    why = layout_error(kept.layout) or (fill_error(kept.fill, tuple(dict(kept.shapes))) if kept.fill else None)
-    if why:
-        raise UsageError("--example", why, text, _PASTE)
-    return kept

@@ -3,23 +3,50 @@ each run from then on by every check that runs each case of the matrix, with the
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from opforge.cases import fill_error, layout_error
-from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES, Input, Regression, ScalarInput, TensorInput
-from opforge.spec.reader import Node, Reader, describe, list_of, one_of, read_scalar, read_shape, read_str
+from opforge.errors import SpecError, UsageError
+from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES, Input, OpSpec, Regression, ScalarInput, TensorInput
+from opforge.spec.reader import Node, Reader, compose, describe, list_of, one_of, read_scalar, read_shape, read_str
 
 _KEYS = ("dtype", "device", "layout", "shapes", "values", "fill", "seed", "sample", "found")
 
 
 def read_regressions(r: Reader, inputs: tuple[Input, ...], sampled: bool) -> tuple[Regression, ...]:
     def read(r: Reader, key: str, node: Node) -> Regression:
-        return _read_regression(r, key, node, inputs, sampled)
+        return _read_regression(r.path, key, node, inputs, sampled)
 
     regressions: tuple[Regression, ...] = r.get("regressions", list_of(read, allow_empty=True), ())
     return regressions
 
 
-def _read_regression(r: Reader, key: str, node: Node, inputs: tuple[Input, ...], sampled: bool) -> Regression:
-    x = Reader(r.path, node, key, _KEYS, required=("dtype", "device", "seed") + (("sample",) if sampled else ()))
+_PASTE = "Paste the repro's --example as fuzz printed it."
+
+
+def read_example(text: str, spec: OpSpec, device: str) -> Regression:
+    """`opforge fuzz --example` (a failure's repro, the mapping fuzz prints) read as a `regressions:` entry is, with
+    the keys a hand-written one may leave out taken from the spec and the run: its first dtype, the device fuzz
+    runs on, contiguous, seed 0."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise UsageError("--example", "JSON", f"invalid JSON ({exc})", _PASTE) from None
+    if not isinstance(data, dict):
+        raise UsageError("--example", "a JSON object", type(data).__name__, _PASTE)
+    defaults = {"dtype": spec.dtypes[0], "device": device, "layout": "contiguous", "seed": 0}
+    path = Path("--example")
+    try:
+        return _read_regression(
+            path, "example", compose(path, json.dumps(defaults | data)), spec.inputs, spec.samples is not None
+        )
+    except SpecError as error:
+        raise UsageError(f"--example {error.key}", error.expected, error.got, error.hint) from None
+
+
+def _read_regression(path: Path, key: str, node: Node, inputs: tuple[Input, ...], sampled: bool) -> Regression:
+    x = Reader(path, node, key, _KEYS, required=("dtype", "device", "seed") + (("sample",) if sampled else ()))
     tensors = tuple(i.name for i in inputs if isinstance(i, TensorInput))
     scalars = {i.name: i for i in inputs if isinstance(i, ScalarInput)}
     layout = x.get("layout", read_str, "contiguous")
