@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from opforge.checks.base import OptIns
+from opforge.checks.base import CheckContext, OptIns
 from opforge.checks.catalog import CATALOG
 from opforge.errors import OpforgeError
 from opforge.results import CaseResult, Status, failure_text
@@ -87,6 +87,7 @@ class _Session:
 
     options: RunOptions
     loaded: dict[Path, LoadedOp] = field(default_factory=dict)
+    contexts: dict[Path, CheckContext] = field(default_factory=dict)
     results: dict[tuple[Path, int], dict[str, CaseResult]] = field(default_factory=dict)
 
     @property
@@ -98,6 +99,7 @@ class _Session:
 
         if path not in self.loaded:
             self.loaded[path] = session.load(path, self.options)
+            self.contexts[path] = session.context(self.loaded[path], self.options)
         return self.loaded[path]
 
     def result(self, path: Path, index: int, row: Task, name: str) -> CaseResult:
@@ -106,7 +108,7 @@ class _Session:
 
         key = (path, index)
         if key not in self.results:
-            self.results[key] = {r.check: r for r in session.run_task(self.loaded[path], row, self.options)}
+            self.results[key] = {r.check: r for r in session.run_task(self.contexts[path], row, self.options)}
         return self.results[key][name]
 
 

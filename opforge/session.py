@@ -1,6 +1,6 @@
 """One run session for every front end: the CLI's `opforge check` runs a whole selection through `run`, the pytest
-plugin (one test item per row) loads, plans and runs rows through `load`, `plan` and `run_task`. Both take the same
-RunOptions, so a run asks the same things of opforge wherever it starts, opt-in checks included.
+plugin (one test item per row) loads, plans and runs rows through `load`, `plan`, `context` and `run_task`. Both
+take the same RunOptions, so a run asks the same things of opforge wherever it starts, opt-in checks included.
 
 Nothing here imports torch at module level: an isolated run's parent stays torch-free (tests/test_structure.py).
 """
@@ -13,13 +13,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from opforge.engine.plan import Filters, RunSettings, Task, load_checked, plan_op, unasked_checks, unlisted_checks
+from opforge.engine.plan import (
+    Filters,
+    RunSettings,
+    Task,
+    check_context,
+    load_checked,
+    plan_op,
+    unasked_checks,
+    unlisted_checks,
+)
 from opforge.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, OpforgeError
 from opforge.results import CaseResult, RunReport
 from opforge.spec.load import load_spec
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:
+    from opforge.checks.base import CheckContext
     from opforge.engine.plan import Plan
     from opforge.loading import LoadedOp
     from opforge.reporters.base import Reporter
@@ -141,9 +151,14 @@ def plan(loaded: LoadedOp, options: RunOptions) -> Plan:
     return plan_op(loaded, options.filters, options.settings)
 
 
-def run_task(loaded: LoadedOp, row: Task, options: RunOptions) -> list[CaseResult]:
+def context(loaded: LoadedOp, options: RunOptions) -> CheckContext:
+    """What the tasks of one op run with. Tasks that share work (compile's one function per dtype and device) find
+    it here, so a caller keeps one context per op for all its tasks, as the engine's workers do."""
+    return check_context(loaded, options.settings)
+
+
+def run_task(context: CheckContext, row: Task, options: RunOptions) -> list[CaseResult]:
     """One task in this process: a result per result it reports."""
-    from opforge.engine.plan import check_context
     from opforge.engine.tasks import run_task as run_one
 
-    return run_one(check_context(loaded, options.settings), row, options.filters)
+    return run_one(context, row, options.filters)

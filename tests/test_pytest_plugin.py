@@ -120,3 +120,24 @@ def test_one_item_is_selected_by_its_node_id(specs):
     result = run(specs, "--opforge", node, "-v")
     result.stdout.fnmatch_lines(["good.yaml::good/native::correctness?float64-cpu-contiguous-x=7? PASSED*"])
     assert result.parseoutcomes()["passed"] == 1, result.stdout.str()
+
+
+def test_an_ops_items_run_in_one_context_so_compile_rows_share_their_function():
+    """As in the engine's workers, the compile rows of one (implementation, dtype, device) find the function an
+    earlier item compiled: one torch.compile per dtype, not one per item (and no dynamo reset in between)."""
+    from opforge import session as run_session
+    from opforge.engine.plan import Filters
+    from opforge.pytest_plugin import _Session
+    from opforge.results import Status
+    from opforge.session import RunOptions
+
+    path = REPO / "specs" / "leaky_swish.yaml"
+    filters = Filters(dtypes=("float32",), devices=("cpu",), checks=("compile",), keyword="native")
+    session = _Session(RunOptions(filters=filters, isolation=False))
+    loaded = session.load(path)
+    tasks = list(enumerate(run_session.plan(loaded, session.options).tasks))
+    assert len(tasks) > 1
+    results = [session.result(path, index, task, "compile") for index, task in tasks]
+    assert all(r.status == Status.PASS for r in results), [r.message for r in results]
+    assert list(session.contexts) == [path] and len(session.contexts[path].shared) == 1
+    assert sum(int(r.detail.split()[0]) for r in results) > 8  # past dynamo's 8 graphs per function
