@@ -293,9 +293,9 @@ def test_a_reference_too_slow_to_judge_discards_the_example_and_is_no_hang_of_th
         worker.close()
 
 
-KNOWN_TAIL_BUG = (
-    "xfail:\n  - {check: correctness, dtype: float32, strict: false, reason: 'the tail bug, reported upstream'}\n"
-)
+# Every dtype: the bug is in float64 too, and one full-suite run's seeded search met it there within 100 examples
+# (not reproduced alone: an example judged by time, a discard or a hang, moves hypothesis's later draws).
+KNOWN_TAIL_BUG = "xfail:\n  - {check: correctness, strict: false, reason: 'the tail bug, reported upstream'}\n"
 TAIL_EXAMPLE = '{"dtype": "float32", "device": "cpu", "layout": "offset:3", "shapes": {"x": [7]}, "seed": 5}'
 
 
