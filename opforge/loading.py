@@ -89,9 +89,9 @@ def load_op(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[str],
 
 def _import_what_a_first_call_imports() -> None:
     """A torch.library op's first call imports torch._dynamo (its kernels run under torch._disable_dynamo): 1.7 s
-    on this 2-core VM, past a 10 s case limit on a loaded GPU machine (16 cores, 14 pytest workers), and a fuzz
-    worker's forked children each paid it again. Loading pays it once instead, under the load's limit, so a case's
-    time limit measures the case."""
+    on this 2-core VM, many times that on a loaded machine, where a worker's trivial first case then ran into its
+    time limit; and a fuzz worker's forked children each paid it again. Loading pays it once instead, under the
+    load's limit, so a case's time limit measures the case."""
     import torch._dynamo  # noqa: F401
 
 

@@ -200,7 +200,7 @@ def test_a_cuda_run_of_a_cpu_only_spec_exits_5():
 
 @pytest.mark.slow
 def test_loading_imports_what_an_ops_first_call_would_so_the_first_case_is_timed_alone():
-    """A torch.library op's first call imports torch._dynamo (1.7 s here, over 10 s on a loaded GPU machine): the
+    """A torch.library op's first call imports torch._dynamo (1.7 s here, many times that on a loaded machine): the
     load pays it, under the load's limit, not the first case under its own (or each forked fuzz child)."""
     code = textwrap.dedent(
         f"""

@@ -1,5 +1,6 @@
 """The spec's `regressions:` list: cases kept because they once broke the op (`opforge fuzz --save` writes them),
-each run from then on by every check that runs each case of the matrix, with the values it was found with."""
+each run from then on by every check that runs each case of the matrix, with the values it was found with; and
+`opforge fuzz --example`, one such entry given on the command line, read the same way."""
 
 from __future__ import annotations
 
