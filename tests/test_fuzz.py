@@ -357,3 +357,11 @@ def test_an_oracle_that_raises_is_that_oracles_failure_not_a_dead_worker(monkeyp
     verdict = oracles.judge(load_op(spec, None), kept_case(spec, SEVEN, "fuzz"), ("correctness", "determinism"))
     assert (verdict.status, verdict.oracle) == ("fail", "determinism")
     assert "raised RuntimeError: boom" in verdict.message
+
+
+def test_a_package_in_the_working_directory_does_not_shadow_opforge_in_the_fuzz_worker(tmp_path):
+    # The fuzz worker starts as the check engine's workers do (opforge.engine.child): `python -m` put the cwd first.
+    (tmp_path / "opforge").mkdir()
+    (tmp_path / "opforge" / "__init__.py").write_text("raise SystemExit('the cwd shadowed opforge')\n")
+    result = invoke("fuzz", str(FUZZ_OPS / "doubles.yaml"), "--max-examples", "3", "--seed", "0")
+    assert result.exit_code == 0, result.output

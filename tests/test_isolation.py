@@ -18,6 +18,7 @@ from conftest import FIXTURES, REPO, requires_cuda
 from typer.testing import CliRunner
 
 from opforge.cli import app
+from opforge.engine.child import describe_exit, stderr_excerpt
 from opforge.engine.events import Events
 from opforge.engine.inprocess import run_op
 from opforge.engine.isolated import (
@@ -25,10 +26,8 @@ from opforge.engine.isolated import (
     Isolation,
     Supervisor,
     _OpRun,
-    describe_exit,
     gpus_per_slot,
     multi_gpu_note,
-    stderr_excerpt,
     threads_per_worker,
     time_limit,
     visible_gpus,

@@ -17,20 +17,17 @@ never imports torch: what it needs to know of the GPUs it asks a child process.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from opforge.checks.catalog import CATALOG
+from opforge.engine.child import ChildProcess, describe_exit, with_this_opforge
 from opforge.engine.events import Events
 from opforge.engine.plan import Filters, RunSettings, load_result, part_of
 from opforge.engine.protocol import (
@@ -61,14 +58,6 @@ DEFAULT_CHECK_TIMEOUT = 300.0
 # minutes (~40 s per .cu file and architecture on the 2-core VM, 2-3 archs per file, several files), so an hour
 # only catches a load (or a pause between rows) that hangs, long before a CI job's own limit (45-60 min) would.
 LOAD_TIME_LIMIT = 3600.0
-# Lines of a worker's stderr quoted in a CRASH/TIMEOUT row: faulthandler's account of a fatal signal (the error line,
-# a blank, the thread header and the innermost frames) fits in 20, and a longer quote buries the row in a CI log.
-STDERR_TAIL_LINES = 20
-# Bytes of stderr read back to find those lines: a chatty op (inductor's logs) can write megabytes, and 64 KiB holds
-# the last 20 lines of any log whose lines are under ~3 KiB.
-STDERR_KEPT_BYTES = 64 * 1024
-# Bytes read from a worker's protocol pipe at once: Linux's default pipe capacity, so one read drains a full pipe.
-READ_CHUNK = 64 * 1024
 # How long a worker that closed its protocol pipe without saying `done` (it is dying) may take to exit before it is
 # killed. Exiting takes milliseconds; CUDA teardown after a fault was the slowest seen (~1-2 s), and a process stuck
 # in it must not hold its op's result for long.
@@ -78,16 +67,6 @@ EXIT_POLL = 0.05
 # Seconds a child may take to import torch and count the GPUs (about 2 s on CI's 2-core VM); past it the run
 # treats the machine as having none, which only costs -j its GPU split.
 GPU_PROBE_TIMEOUT = 60
-# The worker's entry point, run with -c so that sys.path[0] is the '' Python adds (the current directory) and can be
-# dropped: a checkout's or a spec directory's `opforge/` or `torch.py` in the cwd must not shadow the installed ones
-# (PYTHONPATH still comes first). `python -P` does the same, but only from Python 3.11 on.
-_WORKER_BOOTSTRAP = (
-    "import sys\n"
-    "if sys.path and sys.path[0] == '':\n"
-    "    del sys.path[0]\n"
-    "from opforge.engine.worker import main\n"
-    "main()\n"
-)
 
 
 @dataclass(frozen=True)
@@ -159,68 +138,21 @@ def threads_per_worker(jobs: int, cpus: int | None) -> int:
     return max(1, (cpus or 1) // jobs)
 
 
-def describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"{signal.Signals(-returncode).name} (signal {-returncode})"
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit code {returncode}"
-
-
 # ------------------------------------------------------------------------------------------------------ a worker
 
 
-class _Worker:
-    def __init__(self, job: Job, env: dict[str, str]):
-        # Kept open for the worker's life and closed by close(): the tail is read after the worker is gone.
-        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115
-        # Its own session: Ctrl-C at a terminal reaches the parent only, and a timeout kills the worker's whole
-        # process group (inductor's compile workers included).
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_BOOTSTRAP],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            env=env,
-            start_new_session=True,
-        )
-        assert self.proc.stdin is not None and self.proc.stdout is not None  # both asked for as PIPE
-        self.proc.stdin.write(job.to_line().encode())
-        self.proc.stdin.close()
-        self.stdout = self.proc.stdout
-        self._buffer = b""
+class _Worker(ChildProcess):
+    """An op's worker (opforge.engine.worker): its job on stdin, then its events on stdout until it ends."""
 
-    def fileno(self) -> int:
-        return self.stdout.fileno()
+    def __init__(self, job: Job, env: dict[str, str]):
+        super().__init__("opforge.engine.worker", env)
+        self.send(job.to_line())
+        self.stdin.close()
 
     def read_events(self) -> list[Event] | None:
         """The complete events available now; None at end of stream."""
-        chunk = os.read(self.fileno(), READ_CHUNK)
-        if not chunk:
-            return None
-        self._buffer += chunk
-        *lines, self._buffer = self._buffer.split(b"\n")
-        return [decode(line) for line in lines if line.strip()]
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-
-    def close(self) -> None:
-        if self.stdout.closed:
-            return
-        # Whatever the worker left running in its group (compile workers, a stray thread) goes with it.
-        self.kill()
-        self.proc.wait()
-        self.stdout.close()
-        self.stderr.close()
-
-    def stderr_tail(self) -> str:
-        self.stderr.seek(0, os.SEEK_END)
-        size = self.stderr.tell()
-        self.stderr.seek(max(0, size - STDERR_KEPT_BYTES))
-        return stderr_excerpt(self.stderr.read().decode("utf-8", "replace"))
+        lines = self.read_lines()
+        return None if lines is None else [decode(line) for line in lines]
 
 
 # ------------------------------------------------------------------------------------------------- one op's run
@@ -523,30 +455,9 @@ def in_task_order(report: OpReport, tasks: tuple[TaskHeader, ...]) -> None:
     report.results.sort(key=lambda r: position.get((r.implementation, r.case_id, r.check), -1))
 
 
-def stderr_excerpt(text: str, lines: int = STDERR_TAIL_LINES) -> str:
-    """The last lines of a worker's stderr; for a fatal signal, Python's own account of it instead (faulthandler's
-    "Fatal Python error" and the innermost frames, which come first), without the list of extension modules."""
-    all_lines = text.rstrip().splitlines()
-    fatal = next((i for i in range(len(all_lines) - 1, -1, -1) if all_lines[i].startswith("Fatal Python error")), None)
-    if fatal is None:
-        return "\n".join(all_lines[-lines:])
-    report = [line for line in all_lines[fatal:] if line.strip()]
-    report = [line for line in report if not line.startswith(("Extension modules:", "(total:"))]
-    return "\n".join(report[:lines])
-
-
 def _with_stderr(how: str, worker: _Worker) -> str:
-    tail = worker.stderr_tail()
+    tail = worker.stderr_excerpt()
     return f"{how}. Last lines of its stderr:\n{tail}" if tail else f"{how}. It wrote nothing to stderr."
-
-
-def with_this_opforge(environ: Mapping[str, str]) -> dict[str, str]:
-    """`environ` for a worker process that imports this opforge, wherever it came from (an install, a checkout, a
-    test's sys.path)."""
-    env = dict(environ)
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    return env
 
 
 def _worker_env(environ: dict[str, str], jobs: int) -> dict[str, str]:

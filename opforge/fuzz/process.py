@@ -8,15 +8,13 @@ import json
 import os
 import select
 import signal
-import subprocess
-import sys
-import tempfile
 import time
+from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from opforge.engine.isolated import describe_exit, stderr_excerpt, with_this_opforge
+from opforge.engine.child import ChildProcess, describe_exit, with_this_opforge
 from opforge.errors import OpforgeError, WorkerInternalError
 from opforge.fuzz.verdict import DISCARD, FAIL, Verdict
 from opforge.results import mismatch_from_json
@@ -26,7 +24,8 @@ from opforge.spec.model import Regression
 LOAD_TIME_LIMIT = 900.0
 # A fork of the loaded worker answers "ready" in ~0.1 s here; a machine under load gets more.
 READY_TIME_LIMIT = 60.0
-READ_CHUNK = 65536
+# How long the worker may take to end on its own once the search is over (its stdin closed) before it is killed.
+EXIT_GRACE = 5.0
 # An example whose reference and first op call take more than this share of the example's limit is too costly to
 # judge (a discard, not a hang): torchvision's roi_align on 3,200 rois of 1,910 transposed channels (36.7 M outputs)
 # took 4.6 s in its float64 reference and 17 s in the op here, and its oracles 80 s more.
@@ -45,24 +44,15 @@ class LoadFailed(OpforgeError):
         self.exit_code = exit_code
 
 
-class FuzzWorker:
+class FuzzWorker(ChildProcess):
     """One worker process for one op. `run(example)` returns its verdict; a child that dies or outlasts
     `time_limit` in it is a failure ("crash" or "hang") and the next example gets a fresh child."""
 
     def __init__(self, spec_path: Path, cuda_arch: str | None, time_limit: float):
+        super().__init__("opforge.fuzz.worker", with_this_opforge(os.environ))
         self.time_limit = time_limit
-        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept for the worker's life, closed by close())
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "opforge.fuzz.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            env=with_this_opforge(os.environ),
-            start_new_session=True,  # Ctrl-C reaches the parent only; close() kills the whole group
-        )
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self._buffer = b""
-        self._write({"spec": str(spec_path), "cuda_arch": cuda_arch})
+        self._pending: deque[bytes] = deque()
+        self.send(json.dumps({"spec": str(spec_path), "cuda_arch": cuda_arch}))
         loaded = self._next(LOAD_TIME_LIMIT, "loading the op")
         if loaded["event"] == "error":
             raise LoadFailed(loaded["message"], loaded["exit_code"])
@@ -70,8 +60,8 @@ class FuzzWorker:
         self.child = self._ready()
 
     def run(self, example: Regression, oracles: tuple[str, ...]) -> Verdict:
-        mark = os.fstat(self.stderr.fileno()).st_size  # before the child can write (and crash)
-        self._write({"example": asdict(example), "oracles": list(oracles)})
+        mark = self.stderr_size()  # before the child can write (and crash)
+        self.send(json.dumps({"example": asdict(example), "oracles": list(oracles)}))
         started = self._next(READY_TIME_LIMIT, "an example's start")
         if started["event"] == "died":
             raise WorkerInternalError(f"the fuzz worker's child died before an example: {started['how']}")
@@ -89,19 +79,8 @@ class FuzzWorker:
             self.child = self._ready()
         return _verdict(answer)
 
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            with contextlib.suppress(BrokenPipeError):
-                self.proc.stdin.close()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=5)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
-        self.stderr.close()
+    def close(self, grace: float = EXIT_GRACE) -> None:
+        super().close(grace)
 
     # --------------------------------------------------------------------------------------------------- inside
 
@@ -156,45 +135,30 @@ class FuzzWorker:
         while self._next(READY_TIME_LIMIT, "a killed child's end")["event"] != "died":
             pass
 
-    @property
-    def _fd(self) -> int:
-        assert self.proc.stdout is not None
-        return self.proc.stdout.fileno()
-
-    def _write(self, message: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps(message) + "\n").encode())
-        self.proc.stdin.flush()
-
     def _next(self, limit: float, waiting_for: str) -> dict[str, Any]:
         """The next event, within `limit` seconds: TimeoutError past it (when waiting for an example's verdict),
         else the worker's own failure as an internal error."""
         deadline = time.monotonic() + limit
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            readable, _, _ = select.select([self._fd], [], [], max(0.0, left))
+        while not self._pending:
+            readable, _, _ = select.select([self], [], [], max(0.0, deadline - time.monotonic()))
             if not readable:
                 if not waiting_for:
                     raise TimeoutError
                 raise WorkerInternalError(f"the fuzz worker sent nothing for {limit:g} s while {waiting_for}")
-            chunk = os.read(self._fd, READ_CHUNK)
-            if not chunk:
+            lines = self.read_lines()
+            if lines is None:
                 raise WorkerInternalError(
                     f"the fuzz worker ended ({describe_exit(self.proc.wait(timeout=5))}): "
                     f"{self._stderr_since(0) or 'no output'}"
                 )
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        event: dict[str, Any] = json.loads(line)
+            self._pending.extend(lines)
+        event: dict[str, Any] = json.loads(self._pending.popleft())
         return event
 
     def _stderr_since(self, mark: int) -> str:
-        self.stderr.seek(mark)
-        text = self.stderr.read().decode(errors="replace")
-        self.stderr.seek(0, os.SEEK_END)
         # What `opforge check` quotes of a dead worker (faulthandler's account of a fatal signal, else the last
         # lines: a traceback's exception), on one line.
-        return " | ".join(line.strip() for line in stderr_excerpt(text).splitlines() if line.strip())
+        return " | ".join(line.strip() for line in self.stderr_excerpt(mark).splitlines() if line.strip())
 
 
 def _verdict(answer: dict[str, Any]) -> Verdict:

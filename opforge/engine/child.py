@@ -1,0 +1,129 @@
+"""A process opforge runs an op in (the check engine's workers, fuzz's worker): started so that the current
+directory cannot shadow opforge or torch, in a session of its own, its stderr kept for the quote after a death, its
+protocol read as lines from its stdout. Nothing here imports torch."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+# Lines of a worker's stderr quoted in a CRASH/TIMEOUT row: faulthandler's account of a fatal signal (the error line,
+# a blank, the thread header and the innermost frames) fits in 20, and a longer quote buries the row in a CI log.
+STDERR_TAIL_LINES = 20
+# Bytes of stderr read back to find those lines: a chatty op (inductor's logs) can write megabytes, and 64 KiB holds
+# the last 20 lines of any log whose lines are under ~3 KiB.
+STDERR_KEPT_BYTES = 64 * 1024
+# Bytes read from a worker's protocol pipe at once: Linux's default pipe capacity, so one read drains a full pipe.
+READ_CHUNK = 64 * 1024
+
+
+def entry_point(module: str) -> list[str]:
+    """`python -c` running `module.main()`, so that sys.path[0] is the '' Python adds (the current directory) and can
+    be dropped: a checkout's or a spec directory's `opforge/` or `torch.py` in the cwd must not shadow the installed
+    ones (PYTHONPATH still comes first). `python -m` would put the cwd first; `python -P` drops it only from 3.11."""
+    code = f"import sys\nif sys.path and sys.path[0] == '':\n    del sys.path[0]\nfrom {module} import main\nmain()\n"
+    return [sys.executable, "-c", code]
+
+
+class ChildProcess:
+    """A child in its own session: Ctrl-C at a terminal reaches the parent only, and kill() takes its whole process
+    group (inductor's compile workers, fuzz's forked children). Its stderr goes to a file kept until close(), read
+    after it is gone. `environ` is its whole environment (with_this_opforge's, at least)."""
+
+    def __init__(self, module: str, environ: Mapping[str, str]):
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept for the child's life, closed by close())
+        self.proc = subprocess.Popen(
+            entry_point(module),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            env=dict(environ),
+            start_new_session=True,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both asked for as PIPE
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+        self._buffer = b""
+
+    def fileno(self) -> int:
+        return self.stdout.fileno()
+
+    def send(self, line: str) -> None:
+        self.stdin.write(line.encode() + (b"" if line.endswith("\n") else b"\n"))
+        self.stdin.flush()
+
+    def read_lines(self) -> list[bytes] | None:
+        """The complete, non-blank lines readable now (one read: call it when select says so); None at the end of
+        the stream."""
+        chunk = os.read(self.fileno(), READ_CHUNK)
+        if not chunk:
+            return None
+        self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        return [line for line in lines if line.strip()]
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def close(self, grace: float = 0.0) -> None:
+        """Ends the child (after up to `grace` seconds to exit on its own once its stdin is closed) and whatever it
+        left running in its group."""
+        if self.stdout.closed:
+            return
+        if grace and self.proc.poll() is None:
+            with contextlib.suppress(BrokenPipeError):
+                self.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace)
+        self.kill()
+        self.proc.wait()
+        with contextlib.suppress(BrokenPipeError):
+            self.stdin.close()
+        self.stdout.close()
+        self.stderr.close()
+
+    def stderr_size(self) -> int:
+        return os.fstat(self.stderr.fileno()).st_size
+
+    def stderr_excerpt(self, since: int = 0) -> str:
+        """stderr_excerpt of what the child wrote after `since` bytes (at most the last STDERR_KEPT_BYTES)."""
+        self.stderr.seek(max(since, self.stderr_size() - STDERR_KEPT_BYTES))
+        text = self.stderr.read().decode("utf-8", "replace")
+        self.stderr.seek(0, os.SEEK_END)
+        return stderr_excerpt(text)
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"{signal.Signals(-returncode).name} (signal {-returncode})"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def stderr_excerpt(text: str, lines: int = STDERR_TAIL_LINES) -> str:
+    """The last lines of a worker's stderr; for a fatal signal, Python's own account of it instead (faulthandler's
+    "Fatal Python error" and the innermost frames, which come first), without the list of extension modules."""
+    all_lines = text.rstrip().splitlines()
+    fatal = next((i for i in range(len(all_lines) - 1, -1, -1) if all_lines[i].startswith("Fatal Python error")), None)
+    if fatal is None:
+        return "\n".join(all_lines[-lines:])
+    report = [line for line in all_lines[fatal:] if line.strip()]
+    report = [line for line in report if not line.startswith(("Extension modules:", "(total:"))]
+    return "\n".join(report[:lines])
+
+
+def with_this_opforge(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` for a worker process that imports this opforge, wherever it came from (an install, a checkout, a
+    test's sys.path)."""
+    env = dict(environ)
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    return env
