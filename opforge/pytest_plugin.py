@@ -86,7 +86,7 @@ class _Session:
     """The run session's row-at-a-time side (opforge.session), with what this process loaded and ran so far."""
 
     options: RunOptions
-    loaded: dict[Path, LoadedOp] = field(default_factory=dict)
+    # Each loaded op with what its items run with (context.loaded is the op).
     contexts: dict[Path, CheckContext] = field(default_factory=dict)
     results: dict[tuple[Path, int], dict[str, CaseResult]] = field(default_factory=dict)
 
@@ -97,10 +97,9 @@ class _Session:
     def load(self, path: Path) -> LoadedOp:
         from opforge import session
 
-        if path not in self.loaded:
-            self.loaded[path] = session.load(path, self.options)
-            self.contexts[path] = session.context(self.loaded[path], self.options)
-        return self.loaded[path]
+        if path not in self.contexts:
+            self.contexts[path] = session.context(session.load(path, self.options), self.options)
+        return self.contexts[path].loaded
 
     def result(self, path: Path, index: int, row: Task, name: str) -> CaseResult:
         """Runs a task once per process; its other results (opcheck's sub-tests) come from the cache."""

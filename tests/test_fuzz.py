@@ -360,7 +360,7 @@ def test_an_oracle_that_raises_is_that_oracles_failure_not_a_dead_worker(monkeyp
 
 
 def test_a_package_in_the_working_directory_does_not_shadow_opforge_in_the_fuzz_worker(tmp_path):
-    # The fuzz worker starts as the check engine's workers do (opforge.engine.child): `python -m` put the cwd first.
+    # The fuzz worker starts as the check engine's workers do (opforge.child): `python -m` put the cwd first.
     (tmp_path / "opforge").mkdir()
     (tmp_path / "opforge" / "__init__.py").write_text("raise SystemExit('the cwd shadowed opforge')\n")
     result = invoke("fuzz", str(FUZZ_OPS / "doubles.yaml"), "--max-examples", "3", "--seed", "0")

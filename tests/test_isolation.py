@@ -17,8 +17,8 @@ import pytest
 from conftest import FIXTURES, REPO, requires_cuda
 from typer.testing import CliRunner
 
+from opforge.child import describe_exit, stderr_excerpt
 from opforge.cli import app
-from opforge.engine.child import describe_exit, stderr_excerpt
 from opforge.engine.events import Events
 from opforge.engine.inprocess import run_op
 from opforge.engine.isolated import (

@@ -27,7 +27,7 @@ PACKAGE = REPO / "opforge"
 LAYERS = [
     (
         "vocabulary",
-        ["errors", "results", "outcomes", "schema", "environment", "files", "cuda_spin", "shard", "__init__"],
+        ["errors", "results", "outcomes", "schema", "environment", "files", "cuda_spin", "shard", "child", "__init__"],
     ),
     (
         "spec model",

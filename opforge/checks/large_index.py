@@ -25,6 +25,7 @@ from typing import Any
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, Outcomes, SpecSection, SpecSoFar
+from opforge.child import with_this_opforge
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
 from opforge.results import Mismatch
@@ -129,19 +130,13 @@ def run_in_child(job: Job, timeout_s: float = CHILD_TIMEOUT_S) -> CheckFailure |
                 capture_output=True,
                 text=True,
                 timeout=timeout_s,
-                env=_child_env(),
+                env=with_this_opforge(os.environ),
             )
             returncode, stderr = done.returncode, done.stderr
         except subprocess.TimeoutExpired as exc:
             returncode, stderr = None, exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
         records = _records(Path(job.result_path))
     return verdict(records, returncode, stderr, timeout_s)
-
-
-def _child_env() -> dict[str, str]:
-    # The child imports opforge from where the parent did, installed or not.
-    root = str(Path(__file__).resolve().parent.parent.parent)
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
 
 
 def _records(path: Path) -> list[dict[str, Any]]:

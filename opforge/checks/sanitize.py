@@ -30,6 +30,7 @@ from pathlib import Path
 
 from opforge.cases import Case, layout_kind
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, OptIns, Outcomes, Runner
+from opforge.child import with_this_opforge
 from opforge.errors import UsageError
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
@@ -179,11 +180,9 @@ def child_command(executable: str, tool: str, job_path: Path) -> list[str]:
 def child_env() -> dict[str, str]:
     """The caching allocator off (every tensor its own exact-size allocation, so an overrun leaves it), the op's
     sources built with line info (a report names the line), and this opforge importable."""
-    root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
+    env = with_this_opforge(os.environ)
     env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     env["OPFORGE_EXTRA_CUDA_CFLAGS"] = " ".join(filter(None, (env.get("OPFORGE_EXTRA_CUDA_CFLAGS"), "-lineinfo")))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
 
 

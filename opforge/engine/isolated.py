@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from opforge.checks.catalog import CATALOG
-from opforge.engine.child import ChildProcess, describe_exit, with_this_opforge
+from opforge.child import ChildProcess, describe_exit, with_this_opforge
 from opforge.engine.events import Events
 from opforge.engine.plan import Filters, RunSettings, load_result, part_of
 from opforge.engine.protocol import (

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from opforge.engine.child import ChildProcess, describe_exit, with_this_opforge
+from opforge.child import ChildProcess, describe_exit, with_this_opforge
 from opforge.errors import OpforgeError, WorkerInternalError
 from opforge.fuzz.verdict import DISCARD, FAIL, Verdict
 from opforge.results import mismatch_from_json

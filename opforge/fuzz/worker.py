@@ -22,7 +22,7 @@ import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from opforge.engine.child import describe_exit
+from opforge.child import describe_exit
 from opforge.errors import OpforgeError
 from opforge.results import strict_json
 

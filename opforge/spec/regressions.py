@@ -28,15 +28,15 @@ _PASTE = "Paste the repro's --example as fuzz printed it."
 
 def read_example(text: str, spec: OpSpec, device: str) -> Regression:
     """`opforge fuzz --example` (a failure's repro, the mapping fuzz prints) read as a `regressions:` entry is, with
-    the keys a hand-written one may leave out taken from the spec and the run: its first dtype, the device fuzz
-    runs on, contiguous, seed 0."""
+    the keys an entry requires and a hand-written example may leave out taken from the spec and the run: its first
+    dtype, the device fuzz runs on, seed 0."""
     try:
         data = json.loads(text)
     except ValueError as exc:
         raise UsageError("--example", "JSON", f"invalid JSON ({exc})", _PASTE) from None
     if not isinstance(data, dict):
         raise UsageError("--example", "a JSON object", type(data).__name__, _PASTE)
-    defaults = {"dtype": spec.dtypes[0], "device": device, "layout": "contiguous", "seed": 0}
+    defaults = {"dtype": spec.dtypes[0], "device": device, "seed": 0}
     path = Path("--example")
     try:
         return _read_regression(

@@ -76,15 +76,13 @@ class ChildProcess:
         left running in its group."""
         if self.stdout.closed:
             return
+        with contextlib.suppress(BrokenPipeError):
+            self.stdin.close()
         if grace and self.proc.poll() is None:
-            with contextlib.suppress(BrokenPipeError):
-                self.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=grace)
         self.kill()
         self.proc.wait()
-        with contextlib.suppress(BrokenPipeError):
-            self.stdin.close()
         self.stdout.close()
         self.stderr.close()
 
