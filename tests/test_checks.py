@@ -562,9 +562,14 @@ def _small_index_job(implementation, shape=(10_000,)):
 
 
 @pytest.mark.slow
-def test_large_index_child_compares_the_elements_past_the_boundary():
+def test_large_index_child_compares_the_elements_past_the_boundary(tmp_path, monkeypatch):
     from opforge.checks.large_index import run_in_child
 
+    # The child starts as the engine's workers do (opforge.child): an `opforge/` in the cwd does not shadow opforge
+    # (`python -m` put the cwd first, and this child then died before it ran the op).
+    (tmp_path / "opforge").mkdir()
+    (tmp_path / "opforge" / "__init__.py").write_text("raise SystemExit('the cwd shadowed opforge')\n")
+    monkeypatch.chdir(tmp_path)
     assert run_in_child(_small_index_job("good")) is None
     failure = run_in_child(_small_index_job("native"))
     assert failure is not None and failure.mismatch.index[0] >= _small_index_limit()

@@ -135,12 +135,14 @@ def test_an_unknown_sanitizer_tool_is_a_usage_error():
 
 def test_the_sanitizer_child_runs_with_the_caching_allocator_off_and_line_info():
     from opforge.checks.sanitize import child_command, child_env
+    from opforge.child import entry_point
 
     env = child_env()
     assert env["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1" and "-lineinfo" in env["OPFORGE_EXTRA_CUDA_CFLAGS"]
     command = child_command("/opt/cuda/bin/compute-sanitizer", "memcheck", FIXTURES / "job.json")
     assert command[:3] == ["/opt/cuda/bin/compute-sanitizer", "--tool", "memcheck"]
-    assert command[-3:] == ["-m", "opforge.checks.sanitize_child", str(FIXTURES / "job.json")]
+    # The child starts as the engine's workers do, so that the cwd cannot shadow opforge (not `python -m`).
+    assert command[-4:] == [*entry_point("opforge.checks.sanitize_child"), str(FIXTURES / "job.json")]
 
 
 # --------------------------------------------------------------------------------------------------- grid size

@@ -15,9 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -25,7 +23,7 @@ from typing import Any
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, Outcomes, SpecSection, SpecSoFar
-from opforge.child import with_this_opforge
+from opforge.child import describe_exit, entry_point, with_this_opforge
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
 from opforge.results import Mismatch
@@ -126,7 +124,7 @@ def run_in_child(job: Job, timeout_s: float = CHILD_TIMEOUT_S) -> CheckFailure |
         job_path.write_text(json.dumps(asdict(job)))
         try:
             done = subprocess.run(
-                [sys.executable, "-m", "opforge.checks.large_index_child", str(job_path)],
+                [*entry_point("opforge.checks.large_index_child"), str(job_path)],
                 capture_output=True,
                 text=True,
                 timeout=timeout_s,
@@ -162,22 +160,13 @@ def verdict(
             final["message"], Mismatch(**{**mismatch, "index": tuple(mismatch["index"])}) if mismatch else None
         )
     tail = "\n".join(line for line in stderr.splitlines() if line.strip())[-2000:].splitlines()[-STDERR_LINES:]
-    how = f"did not finish within {timeout_s:g} s" if returncode is None else _death(returncode)
+    how = f"did not finish within {timeout_s:g} s" if returncode is None else f"ended with {describe_exit(returncode)}"
     if not any(r.get("stage") == "running" for r in records):
         raise ReferenceFailure(f"the large_index child process {how} before it ran the op:\n" + "\n".join(tail))
     return CheckFailure(
         f"the op {how} on a tensor past 2^31 elements (in a child process of its own, so the run "
         "goes on). An int32 index or size overflows there. Index with int64_t.\n" + "\n".join(tail)
     )
-
-
-def _death(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"killed the process with {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed the process with signal {-returncode}"
-    return f"ended the process with exit code {returncode}"
 
 
 def required_bytes(loaded: LoadedOp, dtype: str, shapes: dict[str, tuple[int, ...]]) -> int:

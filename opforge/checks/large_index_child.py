@@ -222,5 +222,10 @@ def _compare_window(
     )
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """What child.entry_point runs: the job file's path is the one argument."""
     sys.exit(child_main(sys.argv[1]))
+
+
+if __name__ == "__main__":
+    main()

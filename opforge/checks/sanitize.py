@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -30,7 +29,7 @@ from pathlib import Path
 
 from opforge.cases import Case, layout_kind
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, OptIns, Outcomes, Runner
-from opforge.child import with_this_opforge
+from opforge.child import entry_point, with_this_opforge
 from opforge.errors import UsageError
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
@@ -170,9 +169,7 @@ def child_command(executable: str, tool: str, job_path: Path) -> list[str]:
         str(PRINT_LIMIT),
         "--show-backtrace",
         "no",
-        sys.executable,
-        "-m",
-        "opforge.checks.sanitize_child",
+        *entry_point("opforge.checks.sanitize_child"),
         str(job_path),
     ]
 

@@ -69,5 +69,10 @@ def _tensors(value: Any) -> list[Any]:
     return [v for v in values if isinstance(v, torch.Tensor)]
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """What child.entry_point runs: the job file's path is the one argument."""
     sys.exit(child_main(sys.argv[1]))
+
+
+if __name__ == "__main__":
+    main()
