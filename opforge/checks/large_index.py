@@ -3,8 +3,8 @@ the reference. Catches int32 indexing (vLLM #5781 and many more).
 
 Such a kernel usually faults with an illegal memory access past 2^31 (or loops forever when its int index wraps
 around): a sticky CUDA error that ruins the process. So the case runs in a child process of its own
-(`python -m opforge.checks.large_index_child JOB`), which writes its verdict to a file; a child that dies or hangs after
-it started the op is the op's failure.
+(opforge.checks.large_index_child, started by child.entry_point), which writes its verdict to a file; a child that
+dies or hangs after it started the op is the op's failure.
 
 The spec gives the large shape of every tensor input (`large_index: {shapes: {x: [2147487747]}}`); the op is
 assumed elementwise: output element i depends on element i of each input, so the reference runs on windows only.

@@ -1,6 +1,7 @@
 """The child process of the large_index check (opforge.checks.large_index): load the op, run it once on inputs past
 2^31 elements, compare windows of the output with the reference, and write the verdict to the job's result file.
-Run as `python -m opforge.checks.large_index_child JOB`: a fault here ends this process, not the run.
+Its one argument is the job file (started by child.entry_point; `python -m` runs it too): a fault here ends this
+process, not the run.
 """
 
 from __future__ import annotations
