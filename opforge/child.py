@@ -12,6 +12,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import IO
 
 # Lines of a worker's stderr quoted in a CRASH/TIMEOUT row: faulthandler's account of a fatal signal (the error line,
 # a blank, the thread header and the innermost frames) fits in 20, and a longer quote buries the row in a CI log.
@@ -31,31 +32,16 @@ def entry_point(module: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-class ChildProcess:
-    """A child in its own session: Ctrl-C at a terminal reaches the parent only, and kill() takes its whole process
-    group (inductor's compile workers, fuzz's forked children). Its stderr goes to a file kept until close(), read
-    after it is gone. `environ` is its whole environment (with_this_opforge's, at least)."""
+class ChildIO:
+    """What opforge reads of a child: its protocol, as lines from a pipe, and its stderr, from a file kept until
+    close() and read after the child is gone."""
 
-    def __init__(self, module: str, environ: Mapping[str, str]):
-        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept for the child's life, closed by close())
-        self.proc = subprocess.Popen(
-            entry_point(module),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            env=dict(environ),
-            start_new_session=True,
-        )
-        assert self.proc.stdin is not None and self.proc.stdout is not None  # both asked for as PIPE
-        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+    def __init__(self, stdout: IO[bytes], stderr: IO[bytes]):
+        self.stdout, self.stderr = stdout, stderr
         self._buffer = b""
 
     def fileno(self) -> int:
         return self.stdout.fileno()
-
-    def send(self, line: str) -> None:
-        self.stdin.write(line.encode() + (b"" if line.endswith("\n") else b"\n"))
-        self.stdin.flush()
 
     def read_lines(self) -> list[bytes] | None:
         """The complete, non-blank lines readable now (one read: call it when select says so); None at the end of
@@ -66,6 +52,46 @@ class ChildProcess:
         self._buffer += chunk
         *lines, self._buffer = self._buffer.split(b"\n")
         return [line for line in lines if line.strip()]
+
+    def stderr_size(self) -> int:
+        return os.fstat(self.stderr.fileno()).st_size
+
+    def stderr_excerpt(self, since: int = 0) -> str:
+        """stderr_excerpt of what the child wrote after `since` bytes (at most the last STDERR_KEPT_BYTES)."""
+        self.stderr.seek(max(since, self.stderr_size() - STDERR_KEPT_BYTES))
+        text = self.stderr.read().decode("utf-8", "replace")
+        self.stderr.seek(0, os.SEEK_END)
+        return stderr_excerpt(text)
+
+
+class ChildProcess(ChildIO):
+    """A child in its own session: Ctrl-C at a terminal reaches the parent only, and kill() takes its whole process
+    group (inductor's compile workers, fuzz's forked children). Its stderr goes to a file kept until close(), read
+    after it is gone. `environ` is its whole environment (with_this_opforge's, at least)."""
+
+    def __init__(self, module: str, environ: Mapping[str, str]):
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept for the child's life, closed by close())
+        self.proc = subprocess.Popen(
+            entry_point(module),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=dict(environ),
+            start_new_session=True,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both asked for as PIPE
+        super().__init__(self.proc.stdout, stderr)
+        self.stdin = self.proc.stdin
+
+    def send(self, line: str) -> None:
+        self.stdin.write(line.encode() + (b"" if line.endswith("\n") else b"\n"))
+        self.stdin.flush()
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self) -> int:
+        return self.proc.wait()
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -85,16 +111,6 @@ class ChildProcess:
         self.proc.wait()
         self.stdout.close()
         self.stderr.close()
-
-    def stderr_size(self) -> int:
-        return os.fstat(self.stderr.fileno()).st_size
-
-    def stderr_excerpt(self, since: int = 0) -> str:
-        """stderr_excerpt of what the child wrote after `since` bytes (at most the last STDERR_KEPT_BYTES)."""
-        self.stderr.seek(max(since, self.stderr_size() - STDERR_KEPT_BYTES))
-        text = self.stderr.read().decode("utf-8", "replace")
-        self.stderr.seek(0, os.SEEK_END)
-        return stderr_excerpt(text)
 
 
 def describe_exit(returncode: int) -> str:

@@ -34,7 +34,7 @@ from opforge.engine.isolated import (
 )
 from opforge.engine.plan import Filters, RunSettings
 from opforge.engine.protocol import Loaded, TaskHeader
-from opforge.errors import SpecError
+from opforge.errors import SpecError, WorkerInternalError
 from opforge.loading import load_op
 from opforge.results import OpReport, RunReport, Status
 from opforge.spec.load import load_spec
@@ -120,6 +120,56 @@ def test_the_run_completes_fails_and_every_report_says_why(misbehaving_run):
     assert "| ❌ segfaults | 2 | · | · | 1 |" in summary and "| ✅ good | 12 |" in summary
     assert "**CRASH** `segfaults/native::correctness[float32-cpu-contiguous-x=7]`" in summary
     assert "repro: `opforge check" in summary
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        pytest.param("forked", marks=pytest.mark.skipif(sys.platform != "linux", reason="forks workers on Linux only")),
+        "started",
+        "server_did_not_start",
+        "server_died",
+    ],
+)
+def test_forked_and_started_workers_report_alike(tmp_path, monkeypatch, how):
+    """A run forks its workers from a fork server that imported torch once; where it cannot (not Linux, or the
+    server did not start or died), each worker starts as a process of its own. The same rows either way, a crash's fresh
+    worker included."""
+    from opforge.engine import isolated
+    from opforge.engine.forkserver import ForkServer
+
+    started = []
+    start = isolated._Worker.__init__
+
+    def counting(self, job, env):
+        started.append(Path(job.spec).stem)
+        start(self, job, env)
+
+    monkeypatch.setattr(isolated._Worker, "__init__", counting)
+    monkeypatch.setattr(isolated, "forks_workers", lambda: how != "started")
+    if how == "server_did_not_start":
+        monkeypatch.setattr(ForkServer, "wait_ready", lambda self, limit=0: False)
+    if how == "server_died":  # before the first fork: the run goes on without it
+
+        def dead(self, job_line, env):
+            raise WorkerInternalError("the fork server has ended: killed")
+
+        monkeypatch.setattr(ForkServer, "fork", dead)
+    specs = [str(FIXTURES / "segfaults.yaml"), str(FIXTURES / "good.yaml")]
+    result = invoke(
+        "check", *specs, "--check", "correctness", "-k", "float32-cpu-contiguous", "-j", "1", "--json", "r.json"
+    )
+    assert result.exit_code == 1, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert {k: r["status"] for k, r in rows_of(report, "segfaults").items()} == {
+        "x=0d": "pass",
+        "x=7": "crash",
+        "x=5x6": "pass",
+    }
+    assert "SIGSEGV" in rows_of(report, "segfaults")["x=7"]["message"]
+    assert {r["status"] for r in rows_of(report, "good").values()} == {"pass"}
+    # segfaults' worker, its fresh one after the crash, good's: none started as a process when forked.
+    assert started == ([] if how == "forked" else ["segfaults", "segfaults", "good"])
 
 
 def test_cli_timeout_overrides_the_spec(tmp_path):
@@ -435,13 +485,13 @@ def test_the_last_op_shares_its_tasks_between_the_free_workers_and_reports_as_on
     from opforge.engine import isolated
 
     parts = []
-    spawn = isolated._Worker.__init__
+    start = isolated.Supervisor._start
 
-    def recording(self, job, env):
+    def recording(self, job, env, own_gpus):
         parts.append((job.part, job.parts))
-        spawn(self, job, env)
+        return start(self, job, env, own_gpus)
 
-    monkeypatch.setattr(isolated._Worker, "__init__", recording)
+    monkeypatch.setattr(isolated.Supervisor, "_start", recording)
     spec = str(FIXTURES / "segfaults.yaml")
     for jobs in ("1", "2"):
         result = invoke("check", spec, "-k", "contiguous", "-j", jobs, "--json", f"j{jobs}.json")

@@ -1,6 +1,7 @@
 """Running each op's checks in a worker process, so that a crash or a hang costs one row, not the run.
 
-One worker per op (importing torch and loading the op cost seconds: once per op, not per row). The worker streams
+One worker per op (loading the op costs seconds: once per op, not per row), forked from the run's fork server
+(opforge.engine.forkserver), which imports torch once for every worker of the run. The worker streams
 results as it goes (opforge.engine.worker, the typed events of opforge.engine.protocol); the parent knows which
 (check, case) row is in flight, so when the worker dies (SIGSEGV, abort, a fatal signal from a native library) that
 row becomes a CRASH row naming the signal and the tail of the worker's stderr, and when it runs past its time limit
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from opforge.checks.catalog import CATALOG
 from opforge.child import ChildProcess, describe_exit, with_this_opforge
 from opforge.engine.events import Events
+from opforge.engine.forkserver import ForkedWorker, ForkServer
 from opforge.engine.plan import Filters, RunSettings, load_result, part_of
 from opforge.engine.protocol import (
     Done,
@@ -142,17 +144,28 @@ def threads_per_worker(jobs: int, cpus: int | None) -> int:
 
 
 class _Worker(ChildProcess):
-    """An op's worker (opforge.engine.worker): its job on stdin, then its events on stdout until it ends."""
+    """An op's worker (opforge.engine.worker) started as a process of its own: its job on stdin, then its events
+    on stdout until it ends."""
 
     def __init__(self, job: Job, env: dict[str, str]):
         super().__init__("opforge.engine.worker", env)
         self.send(job.to_line())
         self.stdin.close()
 
-    def read_events(self) -> list[Event] | None:
-        """The complete events available now; None at end of stream."""
-        lines = self.read_lines()
-        return None if lines is None else [decode(line) for line in lines]
+
+Worker = _Worker | ForkedWorker
+
+
+def read_events(worker: Worker) -> list[Event] | None:
+    """The complete events available now; None at end of stream."""
+    lines = worker.read_lines()
+    return None if lines is None else [decode(line) for line in lines]
+
+
+def forks_workers() -> bool:
+    """Whether a run forks its workers from a fork server (Linux: Unix sockets that carry descriptors, fork after
+    torch's import as fuzz's worker does) rather than starting each as a process of its own."""
+    return sys.platform == "linux"
 
 
 # ------------------------------------------------------------------------------------------------- one op's run
@@ -168,7 +181,7 @@ class _OpRun:
     next_index: int = 0
     in_flight: int | None = None
     since: float = field(default_factory=time.monotonic)
-    spawned: _Worker | None = None
+    spawned: Worker | None = None
     progressed: bool = False
     done: bool = False
     # When the worker closed its protocol pipe without `done`: it is dying, and its exit status says how.
@@ -185,7 +198,7 @@ class _OpRun:
         return self.tasks is not None and part_of(self.tasks[index].group, self.parts) == self.part
 
     @property
-    def worker(self) -> _Worker:
+    def worker(self) -> Worker:
         if self.spawned is None:
             raise RuntimeError(f"no worker was started for {self.spec.name}")
         return self.spawned
@@ -222,6 +235,9 @@ class Supervisor:
         self.active: dict[int, _OpRun] = {}
         self.reserved: set[int] = set()  # slots of parts waiting for their op's first part to load
         self.stopped = False
+        # Started with the first worker; None when workers start as processes of their own.
+        self.server: ForkServer | None = None
+        self.forking = forks_workers()
         environ = dict(os.environ if environ is None else environ)
         self.env = _worker_env(environ, isolation.jobs)
         gpus = visible_gpus(environ) if isolation.jobs > 1 and isolation.split_gpus else []
@@ -244,6 +260,8 @@ class Supervisor:
         finally:
             for op in self.active.values():
                 op.worker.close()
+            if self.server is not None:
+                self.server.close()
 
     def _fill_slots(self) -> None:
         while self.pending and not self.stopped:
@@ -286,8 +304,26 @@ class Supervisor:
             op.part,
             op.parts,
         )
-        op.spawned = _Worker(job, env)
+        op.spawned = self._start(job, env, own_gpus=gpus is not None)
         op.in_flight, op.since, op.progressed, op.dying_since = None, time.monotonic(), False, None
+
+    def _start(self, job: Job, env: dict[str, str], own_gpus: bool) -> Worker:
+        """A worker forked from the run's fork server (started with the first), else a process of its own: where
+        forking is not available, where the server did not start or has died (a worker that fails the same way
+        reports it as the op's load row), and for a worker with a share of the GPUs of its own, whose
+        CUDA_VISIBLE_DEVICES is in its environment before it imports torch, as it always was (the server's torch is
+        imported before)."""
+        if self.forking and not own_gpus:
+            if self.server is None:
+                self.server = ForkServer(self.env)
+                self.forking = self.server.wait_ready()
+            if self.forking:
+                try:
+                    return self.server.fork(job.to_line(), env)
+                except WorkerInternalError:
+                    self.forking = False
+            self.server.close()
+        return _Worker(job, env)
 
     def _step(self) -> None:
         by_fd = {op.worker.fileno(): op for op in self.active.values() if op.dying_since is None}
@@ -295,7 +331,7 @@ class Supervisor:
         readable, _, _ = select.select(list(by_fd), [], [], wait)
         for fd in readable:
             op = by_fd[fd]
-            events = op.worker.read_events()
+            events = read_events(op.worker)
             if events is None:
                 self._pipe_closed(op)
                 continue
@@ -368,12 +404,12 @@ class Supervisor:
             op.dying_since = time.monotonic()
 
     def _reap(self, op: _OpRun, now: float) -> None:
-        returncode = op.worker.proc.poll()
+        returncode = op.worker.poll()
         if returncode is None:
             if op.dying_since is not None and now < op.dying_since + EXIT_GRACE:
                 return
             op.worker.kill()
-            returncode = op.worker.proc.wait()
+            returncode = op.worker.wait()
         how = f"the worker process died: {describe_exit(returncode)}"
         if op.in_flight is None and not op.progressed:
             self._lost_load(op, Status.CRASH, f"{how} while loading the op")
@@ -384,7 +420,7 @@ class Supervisor:
 
     def _timed_out(self, op: _OpRun) -> None:
         op.worker.kill()
-        op.worker.proc.wait()
+        op.worker.wait()
         if op.in_flight is None:
             self._lost_load(op, Status.TIMEOUT, f"loading the op took over {LOAD_TIME_LIMIT:g} s; it was killed")
             return
@@ -455,7 +491,7 @@ def in_task_order(report: OpReport, tasks: tuple[TaskHeader, ...]) -> None:
     report.results.sort(key=lambda r: position.get((r.implementation, r.case_id, r.check), -1))
 
 
-def _with_stderr(how: str, worker: _Worker) -> str:
+def _with_stderr(how: str, worker: Worker) -> str:
     tail = worker.stderr_excerpt()
     return f"{how}. Last lines of its stderr:\n{tail}" if tail else f"{how}. It wrote nothing to stderr."
 
