@@ -33,7 +33,7 @@ from opforge.engine.isolated import (
     visible_gpus,
 )
 from opforge.engine.plan import Filters, RunSettings
-from opforge.engine.protocol import Loaded, TaskHeader
+from opforge.engine.protocol import Job, Loaded, TaskHeader
 from opforge.errors import SpecError, WorkerInternalError
 from opforge.loading import load_op
 from opforge.results import OpReport, RunReport, Status
@@ -170,6 +170,39 @@ def test_forked_and_started_workers_report_alike(tmp_path, monkeypatch, how):
     assert {r["status"] for r in rows_of(report, "good").values()} == {"pass"}
     # segfaults' worker, its fresh one after the crash, good's: none started as a process when forked.
     assert started == ([] if how == "forked" else ["segfaults", "segfaults", "good"])
+
+
+def _dead(pid: int) -> bool:
+    """Killed: gone, or a zombie (orphaned, it waits for init to reap it)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forks workers on Linux only")
+def test_a_forked_worker_whose_server_died_is_killed_and_its_lost_end_is_an_internal_error():
+    from opforge.child import with_this_opforge
+    from opforge.engine.forkserver import ForkServer
+
+    server = ForkServer(with_this_opforge(os.environ))
+    try:
+        assert server.wait_ready()
+        job = Job(str(FIXTURES / "hangs.yaml"), Filters(keyword="x=7"), RunSettings(), 0, 600.0)
+        worker = server.fork(job.to_line(), with_this_opforge(os.environ))
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait()
+        with pytest.raises(WorkerInternalError, match="the fork server has ended"):
+            worker.close()
+        assert _dead(worker.pid), "the worker outlived its closing"
+    finally:
+        server.close()
 
 
 def test_cli_timeout_overrides_the_spec(tmp_path):

@@ -170,8 +170,9 @@ class ForkedWorker(ChildIO):
         return code
 
     def kill(self) -> None:
-        if self.poll() is not None:
-            return  # reaped: its pid may already name another process
+        with contextlib.suppress(WorkerInternalError):  # with the server gone, its end is unknown: kill it anyway
+            if self.poll() is not None:
+                return  # reaped: its pid may already name another process
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:  # not yet the leader of its own session: it is still the server's child
@@ -183,9 +184,11 @@ class ForkedWorker(ChildIO):
         if self.stdout.closed:
             return
         self.kill()
-        self.wait()
-        self.stdout.close()
-        self.stderr.close()
+        try:
+            self.wait()
+        finally:
+            self.stdout.close()
+            self.stderr.close()
 
 
 # ------------------------------------------------------------------------------------------ the server's side
