@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import importlib
 import json
 import os
 import select
@@ -220,16 +221,21 @@ def main() -> None:
         _send(control, {"event": "forked", "pid": pid})
 
 
-def _preload() -> None:
-    """What every worker imports before its op: torch, torch._dynamo (an op's first call imports it) and the
-    checks (opforge.engine.worker's imports)."""
-    import torch._dynamo  # noqa: F401
+# What every worker imports before its op: torch, torch._dynamo (an op's first call imports it) and the checks
+# (opforge.engine.worker's imports).
+_PRELOADED = (
+    "torch._dynamo",
+    "opforge.engine.plan",
+    "opforge.engine.tasks",
+    "opforge.engine.worker",
+    "opforge.environment",
+    "opforge.loading",
+)
 
-    import opforge.engine.plan
-    import opforge.engine.tasks
-    import opforge.engine.worker
-    import opforge.environment
-    import opforge.loading  # noqa: F401
+
+def _preload() -> None:
+    for module in _PRELOADED:
+        importlib.import_module(module)
 
 
 def _report_exits(control: socket.socket) -> None:
