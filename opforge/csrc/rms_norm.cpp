@@ -14,6 +14,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
+#include <cmath>
 #include <vector>
 
 #include "elementwise.h"
@@ -52,17 +53,19 @@ acc_t add_lanes(acc_t (&lanes)[kLanes]) {
   return lanes[0];
 }
 
-template <typename acc_t>
-acc_t sum_of_squares(const acc_t* x, int64_t n) {
-  acc_t lanes[kLanes] = {};
+template <typename sum_t, typename acc_t>
+sum_t sum_of_squares(const acc_t* x, int64_t n) {
+  sum_t lanes[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int64_t l = 0; l < kLanes; ++l) {
-      lanes[l] += x[i + l] * x[i + l];
+      const auto v = static_cast<sum_t>(x[i + l]);
+      lanes[l] += v * v;
     }
   }
   for (int64_t l = 0; i + l < n; ++l) {
-    lanes[l] += x[i + l] * x[i + l];
+    const auto v = static_cast<sum_t>(x[i + l]);
+    lanes[l] += v * v;
   }
   return add_lanes(lanes);
 }
@@ -94,6 +97,19 @@ acc_t inverse_rms(acc_t sum_xx, int64_t n, acc_t eps) {
   return acc_t(1) / std::sqrt(sum_xx / static_cast<acc_t>(n) + eps);
 }
 
+// A row's 1 / rms. Its squares are summed in acc_t and, only when that sum overflows, again in double: a float32 or
+// bfloat16 row holding a value past ~1.8e19 squares to inf in float, and the row came out as zeros (as F.rms_norm's
+// and the spec's reference run in float32 still do), where its norm is finite: rows 3e30 and +-3.4e38 of width 1,
+// weight 1, gave 0 and now +-1 (tests/ops/test_rms_norm.py). An ordinary row pays one isfinite per row.
+template <typename acc_t>
+acc_t row_inverse_rms(const acc_t* x, int64_t n, acc_t eps) {
+  const acc_t sum = sum_of_squares<acc_t>(x, n);
+  if (std::isfinite(sum)) {
+    return inverse_rms(sum, n, eps);
+  }
+  return static_cast<acc_t>(inverse_rms(sum_of_squares<double>(x, n), n, static_cast<double>(eps)));
+}
+
 // The weight as acc_t, widened once per call rather than once per row.
 template <typename scalar_t, typename acc_t>
 const acc_t* widened_weight(const at::Tensor& weight, std::vector<acc_t>& storage) {
@@ -118,7 +134,7 @@ void forward_rows(const scalar_t* x, const at::Tensor& weight, scalar_t* y, Rows
     std::vector<acc_t> scratch(std::is_same_v<scalar_t, acc_t> ? 0 : n);
     for (int64_t row = begin; row < end; ++row) {
       const acc_t* xr = widened(x + row * n, n, scratch.data());
-      const acc_t r = inverse_rms(sum_of_squares(xr, n), n, e);
+      const acc_t r = row_inverse_rms(xr, n, e);
       if constexpr (std::is_same_v<scalar_t, acc_t>) {
         scalar_t* yr = y + row * n;
         for (int64_t i = 0; i < n; ++i) {

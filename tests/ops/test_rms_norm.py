@@ -57,6 +57,23 @@ def test_forward_matches_reference(dtype, atol, rtol, x_shape, w_shape, device, 
     assert_close("y", y, reference(x.double().cpu(), w.double().cpu(), eps), atol, rtol)
 
 
+# Rows whose squares overflow float (past ~1.8e19, which float32 and bfloat16 hold): their norm is finite. "max" is
+# the dtype's largest value.
+HUGE_ROWS = [[3e30], ["-max"], ["max"], [2e19], [1.0], [3e30, -1e30, 2.0, 5e29, 0.0, 1.0, -7e29]]
+
+
+@pytest.mark.parametrize("dtype, atol, rtol", [DTYPES[0], DTYPES[3]], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("row", HUGE_ROWS, ids=str)
+def test_a_row_whose_squares_overflow_float_is_normalized_not_zeroed(dtype, atol, rtol, row):
+    # The CPU kernel only: the CUDA kernel still sums in float (specs/rms_norm.yaml's xfail), as F.rms_norm does.
+    largest = torch.finfo(dtype).max
+    values = [{"max": largest, "-max": -largest}.get(v, v) for v in row]
+    x = torch.tensor([values], dtype=torch.float64).to(dtype)
+    w = sampled((len(row),), dtype, low=0.5, high=2.0)
+    y = rms_norm(x, w, EPS)
+    assert_close("y", y, reference(x.double(), w.double(), EPS), atol, rtol)
+
+
 def test_default_eps_is_1e_6():
     x, w = sampled((3, 8), torch.float64), sampled((8,), torch.float64)
     assert torch.equal(rms_norm(x, w), rms_norm(x, w, 1e-6))
