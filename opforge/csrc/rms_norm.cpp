@@ -70,23 +70,23 @@ sum_t sum_of_squares(const acc_t* x, int64_t n) {
   return add_lanes(lanes);
 }
 
-// sum(x^2) and sum(g * w * x) in one pass over the row.
-template <typename acc_t>
-void backward_sums(const acc_t* g, const acc_t* x, const acc_t* w, int64_t n, acc_t& xx, acc_t& gwx) {
-  acc_t lanes_xx[kLanes] = {};
-  acc_t lanes_gwx[kLanes] = {};
+// sum(x^2) and sum(g * w * x) in one pass over the row, in sum_t.
+template <typename sum_t, typename acc_t>
+void backward_sums(const acc_t* g, const acc_t* x, const acc_t* w, int64_t n, sum_t& xx, sum_t& gwx) {
+  sum_t lanes_xx[kLanes] = {};
+  sum_t lanes_gwx[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int64_t l = 0; l < kLanes; ++l) {
-      const acc_t xv = x[i + l];
+      const auto xv = static_cast<sum_t>(x[i + l]);
       lanes_xx[l] += xv * xv;
-      lanes_gwx[l] += g[i + l] * w[i + l] * xv;
+      lanes_gwx[l] += static_cast<sum_t>(g[i + l]) * static_cast<sum_t>(w[i + l]) * xv;
     }
   }
   for (int64_t l = 0; i + l < n; ++l) {
-    const acc_t xv = x[i + l];
+    const auto xv = static_cast<sum_t>(x[i + l]);
     lanes_xx[l] += xv * xv;
-    lanes_gwx[l] += g[i + l] * w[i + l] * xv;
+    lanes_gwx[l] += static_cast<sum_t>(g[i + l]) * static_cast<sum_t>(w[i + l]) * xv;
   }
   xx = add_lanes(lanes_xx);
   gwx = add_lanes(lanes_gwx);
@@ -167,6 +167,25 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return y;
 }
 
+// A row's r = 1 / rms and c = r^2 * sum(g * w * x) / n, from sums in acc_t or, when the squares overflow it (a
+// bfloat16 row past ~1.8e19; float32's backward sums in double already), from sums in double, as the forward does
+// (row_inverse_rms): such a row's gradient came out NaN.
+template <typename acc_t>
+void row_backward_factors(const acc_t* g, const acc_t* x, const acc_t* w, int64_t n, acc_t eps, acc_t& r, acc_t& c) {
+  acc_t xx, gwx;
+  backward_sums(g, x, w, n, xx, gwx);
+  if (std::isfinite(xx)) {
+    r = inverse_rms(xx, n, eps);
+    c = r * r * gwx / static_cast<acc_t>(n);
+    return;
+  }
+  double wide_xx, wide_gwx;
+  backward_sums(g, x, w, n, wide_xx, wide_gwx);
+  const double wide_r = inverse_rms(wide_xx, n, static_cast<double>(eps));
+  r = static_cast<acc_t>(wide_r);
+  c = static_cast<acc_t>(wide_r * wide_r * wide_gwx / static_cast<double>(n));
+}
+
 // grad_x for the rows [begin, end) and, when `partial` is given, their sum of grad * x * r added to it (in row
 // order, one value per column).
 template <typename scalar_t, typename acc_t>
@@ -180,10 +199,8 @@ void backward_rows(const scalar_t* g, const scalar_t* x, const acc_t* w, scalar_
   for (int64_t row = begin; row < end; ++row) {
     const acc_t* gr = widened(g + row * n, n, g_scratch);
     const acc_t* xr = widened(x + row * n, n, x_scratch);
-    acc_t xx, gwx;
-    backward_sums(gr, xr, w, n, xx, gwx);
-    const acc_t r = inverse_rms(xx, n, eps);
-    const acc_t c = r * r * gwx / static_cast<acc_t>(n);
+    acc_t r, c;
+    row_backward_factors(gr, xr, w, n, eps, r, c);
     acc_t* out = out_scratch;
     if constexpr (kWide) {
       out = gx + row * n;

@@ -74,6 +74,19 @@ def test_a_row_whose_squares_overflow_float_is_normalized_not_zeroed(dtype, atol
     assert_close("y", y, reference(x.double(), w.double(), EPS), atol, rtol)
 
 
+@pytest.mark.parametrize("dtype, atol, rtol", [DTYPES[0], DTYPES[3]], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("row", HUGE_ROWS, ids=str)
+def test_the_gradient_of_a_row_whose_squares_overflow_float_is_finite_and_right(dtype, atol, rtol, row):
+    largest = torch.finfo(dtype).max
+    values = [{"max": largest, "-max": -largest}.get(v, v) for v in row]
+    x = torch.tensor([values], dtype=torch.float64).to(dtype)
+    w, grad = sampled((len(row),), dtype, low=0.5, high=2.0), sampled((1, len(row)), dtype)
+    grad_x, grad_w = _backward(grad, x, w, EPS)
+    expected_x, expected_w = reference_grads(x, w, grad)
+    assert_close("grad_x", grad_x, expected_x, atol, rtol)
+    assert_close("grad_weight", grad_w, expected_w, atol, rtol)
+
+
 def test_default_eps_is_1e_6():
     x, w = sampled((3, 8), torch.float64), sampled((8,), torch.float64)
     assert torch.equal(rms_norm(x, w), rms_norm(x, w, 1e-6))
