@@ -62,14 +62,19 @@ def test_forward_matches_reference(dtype, atol, rtol, x_shape, w_shape, device, 
 HUGE_ROWS = [[3e30], ["-max"], ["max"], [2e19], [1.0], [3e30, -1e30, 2.0, 5e29, 0.0, 1.0, -7e29]]
 
 
+def huge_row(row, dtype):
+    """One of HUGE_ROWS as a 1-row x of `dtype`, with a weight (and a gradient) of ordinary values."""
+    largest = torch.finfo(dtype).max
+    values = [{"max": largest, "-max": -largest}.get(v, v) for v in row]
+    x = torch.tensor([values], dtype=torch.float64).to(dtype)
+    return x, sampled((len(row),), dtype, low=0.5, high=2.0), sampled((1, len(row)), dtype)
+
+
 @pytest.mark.parametrize("dtype, atol, rtol", [DTYPES[0], DTYPES[3]], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("row", HUGE_ROWS, ids=str)
 def test_a_row_whose_squares_overflow_float_is_normalized_not_zeroed(dtype, atol, rtol, row):
     # The CPU kernel only: the CUDA kernel still sums in float (specs/rms_norm.yaml's xfail), as F.rms_norm does.
-    largest = torch.finfo(dtype).max
-    values = [{"max": largest, "-max": -largest}.get(v, v) for v in row]
-    x = torch.tensor([values], dtype=torch.float64).to(dtype)
-    w = sampled((len(row),), dtype, low=0.5, high=2.0)
+    x, w, _ = huge_row(row, dtype)
     y = rms_norm(x, w, EPS)
     assert_close("y", y, reference(x.double(), w.double(), EPS), atol, rtol)
 
@@ -77,10 +82,7 @@ def test_a_row_whose_squares_overflow_float_is_normalized_not_zeroed(dtype, atol
 @pytest.mark.parametrize("dtype, atol, rtol", [DTYPES[0], DTYPES[3]], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("row", HUGE_ROWS, ids=str)
 def test_the_gradient_of_a_row_whose_squares_overflow_float_is_finite_and_right(dtype, atol, rtol, row):
-    largest = torch.finfo(dtype).max
-    values = [{"max": largest, "-max": -largest}.get(v, v) for v in row]
-    x = torch.tensor([values], dtype=torch.float64).to(dtype)
-    w, grad = sampled((len(row),), dtype, low=0.5, high=2.0), sampled((1, len(row)), dtype)
+    x, w, grad = huge_row(row, dtype)
     grad_x, grad_w = _backward(grad, x, w, EPS)
     expected_x, expected_w = reference_grads(x, w, grad)
     assert_close("grad_x", grad_x, expected_x, atol, rtol)
