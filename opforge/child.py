@@ -57,11 +57,7 @@ class ChildIO:
         return os.fstat(self.stderr.fileno()).st_size
 
     def stderr_excerpt(self, since: int = 0) -> str:
-        """stderr_excerpt of what the child wrote after `since` bytes (at most the last STDERR_KEPT_BYTES)."""
-        self.stderr.seek(max(since, self.stderr_size() - STDERR_KEPT_BYTES))
-        text = self.stderr.read().decode("utf-8", "replace")
-        self.stderr.seek(0, os.SEEK_END)
-        return stderr_excerpt(text)
+        return file_excerpt(self.stderr, since)
 
 
 class ChildProcess(ChildIO):
@@ -71,14 +67,7 @@ class ChildProcess(ChildIO):
 
     def __init__(self, module: str, environ: Mapping[str, str]):
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept for the child's life, closed by close())
-        self.proc = subprocess.Popen(
-            entry_point(module),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=dict(environ),
-            start_new_session=True,
-        )
+        self.proc = start_in_session(module, environ, subprocess.PIPE, subprocess.PIPE, stderr)
         assert self.proc.stdin is not None and self.proc.stdout is not None  # both asked for as PIPE
         super().__init__(self.proc.stdout, stderr)
         self.stdin = self.proc.stdin
@@ -104,13 +93,39 @@ class ChildProcess(ChildIO):
             return
         with contextlib.suppress(BrokenPipeError):
             self.stdin.close()
-        if grace and self.proc.poll() is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=grace)
-        self.kill()
-        self.proc.wait()
+        end_session(self.proc, grace)
         self.stdout.close()
         self.stderr.close()
+
+
+def start_in_session(
+    module: str, environ: Mapping[str, str], stdin: int | IO[bytes], stdout: int | IO[bytes], stderr: IO[bytes]
+) -> subprocess.Popen[bytes]:
+    """`module`'s main() (entry_point) in a session of its own: Ctrl-C at a terminal reaches the parent only, and
+    end_session's kill takes whatever it started. `environ` is its whole environment."""
+    return subprocess.Popen(
+        entry_point(module), stdin=stdin, stdout=stdout, stderr=stderr, env=dict(environ), start_new_session=True
+    )
+
+
+def end_session(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """Ends a child started by start_in_session, after up to `grace` seconds to exit on its own, and whatever it
+    left running in its process group."""
+    if grace and proc.poll() is None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def file_excerpt(file: IO[bytes], since: int = 0) -> str:
+    """stderr_excerpt of what a child wrote to `file` after `since` bytes (at most the last STDERR_KEPT_BYTES); the
+    file is left positioned at its end."""
+    file.seek(max(since, os.fstat(file.fileno()).st_size - STDERR_KEPT_BYTES))
+    text = file.read().decode("utf-8", "replace")
+    file.seek(0, os.SEEK_END)
+    return stderr_excerpt(text)
 
 
 def describe_exit(returncode: int) -> str:

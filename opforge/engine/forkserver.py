@@ -32,7 +32,7 @@ import traceback
 from collections.abc import Mapping
 from typing import IO, Any
 
-from opforge.child import STDERR_KEPT_BYTES, ChildIO, entry_point, stderr_excerpt
+from opforge.child import ChildIO, end_session, file_excerpt, start_in_session
 from opforge.errors import WorkerInternalError
 
 # Bytes of one request: the job line (filters, settings, paths) and the environment, far under this.
@@ -62,13 +62,8 @@ class ForkServer:
         # is_available() without initializing CUDA, should anything imported ask it: a forked worker could not use
         # a CUDA context made here. Workers get the run's own environment back.
         server_env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-        self.proc = subprocess.Popen(
-            entry_point("opforge.engine.forkserver"),
-            stdin=theirs.fileno(),
-            stdout=subprocess.DEVNULL,
-            stderr=self.stderr,
-            env=server_env,
-            start_new_session=True,
+        self.proc = start_in_session(
+            "opforge.engine.forkserver", server_env, theirs.fileno(), subprocess.DEVNULL, self.stderr
         )
         theirs.close()
         self.socket = ours
@@ -112,11 +107,7 @@ class ForkServer:
         if self.socket.fileno() == -1:
             return
         self.socket.close()  # the server ends when it reads the end of its socket
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=EXIT_GRACE)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        end_session(self.proc, EXIT_GRACE)
         self.last_words = self._stderr_tail()
         self.stderr.close()
 
@@ -150,8 +141,7 @@ class ForkServer:
             self.exits[int(message["pid"])] = int(message["code"])
 
     def _stderr_tail(self) -> str:
-        self.stderr.seek(max(0, os.fstat(self.stderr.fileno()).st_size - STDERR_KEPT_BYTES))
-        return stderr_excerpt(self.stderr.read().decode("utf-8", "replace")) or "it wrote nothing to stderr"
+        return file_excerpt(self.stderr) or "it wrote nothing to stderr"
 
 
 class ForkedWorker(ChildIO):
