@@ -12,7 +12,9 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
+
+from opforge.errors import WorkerInternalError
 
 # Lines of a worker's stderr quoted in a CRASH/TIMEOUT row: faulthandler's account of a fatal signal (the error line,
 # a blank, the thread header and the innermost frames) fits in 20, and a longer quote buries the row in a CI log.
@@ -60,17 +62,35 @@ class ChildIO:
         return file_excerpt(self.stderr, since)
 
 
+class Process(Protocol):
+    """What opforge needs of a started child: subprocess.Popen's pid, returncode, poll() and wait(), or a fork
+    server's ForkedProcess's."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class Forker(Protocol):
+    """A fork server (opforge.engine.forkserver.ForkServer): `module`'s main() in a child forked on the given
+    descriptors. Raises WorkerInternalError where it cannot."""
+
+    def spawn(self, module: str, environ: Mapping[str, str], stdin: int, stdout: int, stderr: int) -> Process: ...
+
+
 class ChildProcess(ChildIO):
     """A child in its own session: Ctrl-C at a terminal reaches the parent only, and kill() takes its whole process
     group (inductor's compile workers, fuzz's forked children). Its stderr goes to a file kept until close(), read
-    after it is gone. `environ` is its whole environment (with_this_opforge's, at least)."""
+    after it is gone. `environ` is its whole environment (with_this_opforge's, at least). Forked by `forker` where
+    one is given and can (it imported torch already), else started as a process of its own."""
 
-    def __init__(self, module: str, environ: Mapping[str, str]):
+    def __init__(self, module: str, environ: Mapping[str, str], forker: Forker | None = None):
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept for the child's life, closed by close())
-        self.proc = start_in_session(module, environ, subprocess.PIPE, subprocess.PIPE, stderr)
-        assert self.proc.stdin is not None and self.proc.stdout is not None  # both asked for as PIPE
-        super().__init__(self.proc.stdout, stderr)
-        self.stdin = self.proc.stdin
+        self.proc, self.stdin, stdout = _forked(forker, module, environ, stderr) or _started(module, environ, stderr)
+        super().__init__(stdout, stderr)
 
     def send(self, line: str) -> None:
         self.stdin.write(line.encode() + (b"" if line.endswith("\n") else b"\n"))
@@ -83,8 +103,7 @@ class ChildProcess(ChildIO):
         return self.proc.wait()
 
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        kill_session(self.proc)
 
     def close(self, grace: float = 0.0) -> None:
         """Ends the child (after up to `grace` seconds to exit on its own once its stdin is closed) and whatever it
@@ -93,9 +112,39 @@ class ChildProcess(ChildIO):
             return
         with contextlib.suppress(BrokenPipeError):
             self.stdin.close()
-        end_session(self.proc, grace)
-        self.stdout.close()
-        self.stderr.close()
+        try:
+            end_session(self.proc, grace)
+        finally:
+            self.stdout.close()
+            self.stderr.close()
+
+
+_Pipes = tuple[Process, IO[bytes], IO[bytes]]
+
+
+def _forked(forker: Forker | None, module: str, environ: Mapping[str, str], stderr: IO[bytes]) -> _Pipes | None:
+    """A child forked on two new pipes (its stdin and stdout) and `stderr`, and the parent's ends of the pipes; None
+    without a forker, or where it has died or does not answer (the child then starts as a process of its own)."""
+    if forker is None:
+        return None
+    stdin_read, stdin_write = os.pipe()
+    stdout_read, stdout_write = os.pipe()
+    try:
+        proc = forker.spawn(module, environ, stdin_read, stdout_write, stderr.fileno())
+    except WorkerInternalError:
+        os.close(stdin_write)
+        os.close(stdout_read)
+        return None
+    finally:
+        os.close(stdin_read)  # the child has its own copies: its end of stdout closes with it
+        os.close(stdout_write)
+    return proc, os.fdopen(stdin_write, "wb"), os.fdopen(stdout_read, "rb", buffering=0)
+
+
+def _started(module: str, environ: Mapping[str, str], stderr: IO[bytes]) -> _Pipes:
+    proc = start_in_session(module, environ, subprocess.PIPE, subprocess.PIPE, stderr)
+    assert proc.stdin is not None and proc.stdout is not None  # both asked for as PIPE
+    return proc, proc.stdin, proc.stdout
 
 
 def start_in_session(
@@ -108,15 +157,28 @@ def start_in_session(
     )
 
 
-def end_session(proc: subprocess.Popen[bytes], grace: float) -> None:
-    """Ends a child started by start_in_session, after up to `grace` seconds to exit on its own, and whatever it
-    left running in its process group."""
-    if grace and proc.poll() is None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=grace)
-    with contextlib.suppress(ProcessLookupError):
+def end_session(proc: Process, grace: float) -> None:
+    """Ends a child started by start_in_session or forked by a fork server, after up to `grace` seconds to exit on
+    its own, and whatever it left running in its process group."""
+    try:
+        if grace and proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=grace)
+    finally:
+        kill_session(proc)
+        proc.wait()
+
+
+def kill_session(proc: Process) -> None:
+    """Kills the child's process group: the child and whatever it started."""
+    try:
         os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    except ProcessLookupError:
+        # No such group: ended and reaped, or a forked child that has not yet made its own session (a started one
+        # leads its group before Popen returns). Only the latter may be killed by pid: a reaped one's may be reused.
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
 
 
 def file_excerpt(file: IO[bytes], since: int = 0) -> str:

@@ -38,12 +38,14 @@ from opforge.errors import SpecError, WorkerInternalError
 from opforge.loading import load_op
 from opforge.results import OpReport, RunReport, Status
 from opforge.spec.load import load_spec
+from opforge.spec.model import Regression
 
 # The quick tier (`pytest -m "not slow"`) leaves these out. Worker processes, each importing torch and loading an
 # op: seconds per test.
 pytestmark = pytest.mark.slow
 
 runner = CliRunner()
+SEVEN_FLOATS = Regression("float32", "cpu", "contiguous", (("x", (7,)),), (), "", 0)
 
 
 def invoke(*args: str):
@@ -122,6 +124,33 @@ def test_the_run_completes_fails_and_every_report_says_why(misbehaving_run):
     assert "repro: `opforge check" in summary
 
 
+@pytest.fixture
+def no_shared_servers():
+    """This process's fork servers closed before and after the test: it starts its own."""
+    from opforge.engine import forkserver
+
+    forkserver.close_shared_servers()
+    yield
+    forkserver.close_shared_servers()
+
+
+def started_children(monkeypatch) -> list[str]:
+    """The modules of the children started as processes of their own (not forked) from here on, in order."""
+    from opforge import child
+    from opforge.engine import forkserver
+
+    started: list[str] = []
+    start = child.start_in_session
+
+    def recording(module, *args, **kwargs):
+        started.append(module)
+        return start(module, *args, **kwargs)
+
+    for module in (child, forkserver):  # the fork server's own start too
+        monkeypatch.setattr(module, "start_in_session", recording)
+    return started
+
+
 @pytest.mark.parametrize(
     "how",
     [
@@ -131,30 +160,22 @@ def test_the_run_completes_fails_and_every_report_says_why(misbehaving_run):
         "server_died",
     ],
 )
-def test_forked_and_started_workers_report_alike(tmp_path, monkeypatch, how):
+def test_forked_and_started_workers_report_alike(tmp_path, monkeypatch, no_shared_servers, how):
     """A run forks its workers from a fork server that imported torch once; where it cannot (not Linux, or the
     server did not start or died), each worker starts as a process of its own. The same rows either way, a crash's fresh
     worker included."""
-    from opforge.engine import isolated
-    from opforge.engine.forkserver import ForkServer
+    from opforge.engine import forkserver
 
-    started = []
-    start = isolated._Worker.__init__
-
-    def counting(self, job, env):
-        started.append(Path(job.spec).stem)
-        start(self, job, env)
-
-    monkeypatch.setattr(isolated._Worker, "__init__", counting)
-    monkeypatch.setattr(isolated, "forks_workers", lambda: how != "started")
+    started = started_children(monkeypatch)
+    monkeypatch.setattr(forkserver, "forks_children", lambda: how != "started")
     if how == "server_did_not_start":
-        monkeypatch.setattr(ForkServer, "wait_ready", lambda self, limit=0: False)
+        monkeypatch.setattr(forkserver.ForkServer, "wait_ready", lambda self, limit=0: False)
     if how == "server_died":  # before the first fork: the run goes on without it
 
-        def dead(self, job_line, env):
+        def dead(self, *args):
             raise WorkerInternalError("the fork server has ended: killed")
 
-        monkeypatch.setattr(ForkServer, "fork", dead)
+        monkeypatch.setattr(forkserver.ForkServer, "spawn", dead)
     specs = [str(FIXTURES / "segfaults.yaml"), str(FIXTURES / "good.yaml")]
     result = invoke(
         "check", *specs, "--check", "correctness", "-k", "float32-cpu-contiguous", "-j", "1", "--json", "r.json"
@@ -169,7 +190,65 @@ def test_forked_and_started_workers_report_alike(tmp_path, monkeypatch, how):
     assert "SIGSEGV" in rows_of(report, "segfaults")["x=7"]["message"]
     assert {r["status"] for r in rows_of(report, "good").values()} == {"pass"}
     # segfaults' worker, its fresh one after the crash, good's: none started as a process when forked.
-    assert started == ([] if how == "forked" else ["segfaults", "segfaults", "good"])
+    workers = [module for module in started if module == "opforge.engine.worker"]
+    assert workers == ([] if how == "forked" else ["opforge.engine.worker"] * 3)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forks workers on Linux only")
+def test_runs_and_fuzz_searches_of_one_process_fork_from_one_server(tmp_path, monkeypatch, no_shared_servers):
+    """The fork server outlives a run: the next run's workers and a fuzz search's worker are forked from it (one
+    import of torch for all of them), each in the directory it was asked from (the server started elsewhere)."""
+    from opforge.fuzz.process import FuzzWorker
+
+    started = started_children(monkeypatch)
+    # -j 1: the workers' environment is then the fuzz worker's (-j 2 gives workers OMP_NUM_THREADS, and a server).
+    assert invoke("check", str(FIXTURES / "good.yaml"), "-k", "float32-cpu-contiguous", "-j", "1").exit_code == 0
+    elsewhere = tmp_path / "elsewhere"  # the server started in tmp_path
+    elsewhere.mkdir()
+    shutil.copy(FIXTURES / "good.yaml", elsewhere / "good.yaml")
+    shutil.copy(FIXTURES / "broken_ops.py", elsewhere / "broken_ops.py")
+    monkeypatch.chdir(elsewhere)  # the spec and its module by relative paths, from here
+    result = invoke("check", "good.yaml", "-k", "float32-cpu-contiguous", "-j", "1", "--json", "r.json")
+    assert result.exit_code == 0, result.output
+    assert {r["status"] for r in rows_of(json.loads(Path("r.json").read_text()), "good").values()} == {"pass"}
+    worker = FuzzWorker(Path("good.yaml"), None, time_limit=60.0)
+    try:
+        assert worker.run(SEVEN_FLOATS, ("correctness",)).status == "pass"
+    finally:
+        worker.close()
+    assert started == ["opforge.engine.forkserver"]
+
+
+def test_a_server_serves_one_environment_and_a_dead_one_is_replaced(monkeypatch, no_shared_servers):
+    from opforge.engine import forkserver
+
+    monkeypatch.setattr(forkserver, "forks_children", lambda: True)
+    started = []
+    monkeypatch.setattr(forkserver, "ForkServer", lambda environ: started.append(environ) or FakeServer())
+    base = {"PATH": "/bin", "PYTEST_CURRENT_TEST": "a"}
+    first = forkserver.shared_server(base)
+    assert forkserver.shared_server({**base, "PYTEST_CURRENT_TEST": "b"}) is first  # pytest's per-test name
+    second = forkserver.shared_server({**base, "OMP_NUM_THREADS": "1"})
+    assert second is not first and forkserver.shared_server(base) is first
+    first.dead = True
+    assert forkserver.shared_server(base) not in (first, second) and first.closed
+    assert len(started) == 3 and "PYTEST_CURRENT_TEST" not in started[0]
+    forkserver.shared_server({"PATH": "/usr/bin"})  # a third environment: the least recently used one goes
+    assert second.closed
+
+
+class FakeServer:
+    def __init__(self):
+        self.dead = self.closed = False
+
+    def wait_ready(self) -> bool:
+        return True
+
+    def alive(self) -> bool:
+        return not self.dead
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def _dead(pid: int) -> bool:
@@ -189,18 +268,20 @@ def _dead(pid: int) -> bool:
 @pytest.mark.skipif(sys.platform != "linux", reason="forks workers on Linux only")
 def test_a_forked_worker_whose_server_died_is_killed_and_its_lost_end_is_an_internal_error():
     from opforge.child import with_this_opforge
-    from opforge.engine.forkserver import ForkServer
+    from opforge.engine.forkserver import ForkedProcess, ForkServer
+    from opforge.engine.isolated import Worker
 
     server = ForkServer(with_this_opforge(os.environ))
     try:
         assert server.wait_ready()
         job = Job(str(FIXTURES / "hangs.yaml"), Filters(keyword="x=7"), RunSettings(), 0, 600.0)
-        worker = server.fork(job.to_line(), with_this_opforge(os.environ))
+        worker = Worker(job, with_this_opforge(os.environ), server)
+        assert isinstance(worker.proc, ForkedProcess)
         os.kill(server.proc.pid, signal.SIGKILL)
         server.proc.wait()
         with pytest.raises(WorkerInternalError, match="the fork server has ended"):
             worker.close()
-        assert _dead(worker.pid), "the worker outlived its closing"
+        assert _dead(worker.proc.pid), "the worker outlived its closing"
     finally:
         server.close()
 

@@ -1,21 +1,26 @@
-"""A fork server for an isolated run's workers: one process per run imports torch, torch._dynamo and opforge's
-checks (about 2 s of CPU), then forks each worker from that state in milliseconds. An op's first worker, its fresh
-worker after a crash, a hang or a CUDA fault, and every other op's worker would each pay those imports again.
+"""A fork server for the processes opforge runs ops in (the check engine's workers, fuzz's worker): one process
+imports torch, torch._dynamo and opforge's checks (about 2 s of CPU), then forks each of them from that state in
+milliseconds. Each would otherwise pay those imports again: an op's first worker, its fresh worker after a crash, a
+hang or a CUDA fault, every other op's worker, every fuzz search's worker.
+
+One server per environment, shared by every run of this process (shared_server): the CLI's one run, and the test
+suite's or a notebook's many. It lives until the process ends, or until a run finds it dead or misbehaving.
 
 The server never loads an op and never touches CUDA or OpenMP's threads: a forked child could not use a CUDA context
-made before the fork, and a process that has used OpenMP's threads hangs its forked children. Each worker loads its
-op and makes its own context after the fork, as a freshly started worker would (fuzz's worker forks its children
-from a loaded op on the same terms).
+made before the fork, and a process that has used OpenMP's threads hangs its forked children. Each child loads its
+op and makes its own context after the fork, as a freshly started process would.
 
 Protocol over a Unix SEQPACKET socket (the server's stdin), one JSON object per packet: the parent sends
-{"job", "env"} with two descriptors (the worker's protocol pipe and its stderr file); the server answers "ready"
-once its imports are done, "forked" (the worker's pid) for each request, and "exited" (pid, exit code as
-subprocess reports it) when a worker ends. Each worker is the leader of a session of its own, as a worker started
-with Popen(start_new_session=True) is, so that killing its process group takes whatever it started.
+{"module", "env", "cwd"} with three descriptors (the child's stdin, stdout and stderr), which the child runs
+`module.main()` on, as a process started with child.start_in_session would; the server answers "ready" once its
+imports are done, "forked" (the child's pid) for each request, and "exited" (pid, exit code as subprocess reports
+it) when a child ends. Each child is the leader of a session of its own, so that killing its process group takes
+whatever it started.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
 import importlib
@@ -30,44 +35,89 @@ import tempfile
 import time
 import traceback
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import Any
 
-from opforge.child import ChildIO, end_session, file_excerpt, start_in_session
+from opforge.child import end_session, file_excerpt, start_in_session
 from opforge.errors import WorkerInternalError
 
-# Bytes of one request: the job line (filters, settings, paths) and the environment, far under this.
+# Bytes of one request: the module, the environment and the working directory, far under this.
 MAX_PACKET = 1 << 20
-# How often the server looks for workers that have ended: it reports each within this, and the supervisor polls a
-# dying worker every EXIT_POLL (0.05 s) anyway.
-REAP_INTERVAL = 0.02
 # The server's imports take ~2 s on CI's 2-core VM; a machine under load (or a cold disk) more. Past this the run
-# starts its workers as separate processes instead.
+# starts its children as processes of their own instead.
 READY_TIME_LIMIT = 300.0
 # How long a fork request may wait for its answer: a fork takes milliseconds.
 FORK_TIME_LIMIT = 60.0
-# How long the server may take to end once the run closes its socket (it only has to notice) before it is killed.
+# How long the server may take to end once its socket is closed (it only has to notice) before it is killed.
 EXIT_GRACE = 5.0
+# Variables that may change between the runs of one process and that nothing the server imports reads: pytest's
+# name of the running test, and how a terminal renders (a run's CliRunner sets NO_COLOR). A server is shared only
+# by runs whose environments are otherwise equal: torch, dynamo and inductor read many variables when imported.
+PER_RUN_VARIABLES = frozenset({"PYTEST_CURRENT_TEST", "NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES"})
+# Servers kept at once, the least recently used closed first. Two: a run with -j 2 gives its workers
+# OMP_NUM_THREADS, which OpenMP reads when the server imports torch, so a test suite that runs -j 1 and -j 2 keeps
+# one server for each (each holds ~400 MB: torch and dynamo imported).
+MAX_SHARED_SERVERS = 2
+
+
+def forks_children() -> bool:
+    """Whether children are forked from a fork server (Linux: Unix sockets that carry descriptors, and fork after
+    torch's import, as fuzz's worker does) rather than each started as a process of its own."""
+    return sys.platform == "linux"
+
+
+_Environment = frozenset[tuple[str, str]]
+# The servers of this process by environment, least recently used first.
+_shared: dict[_Environment, ForkServer] = {}
+
+
+def shared_server(environ: Mapping[str, str]) -> ForkServer | None:
+    """This process's ready fork server for children whose environment is `environ`, started and waited for on
+    first use; None where forking is not available or the server did not start (children then start as processes
+    of their own)."""
+    if not forks_children():
+        return None
+    key = frozenset((name, value) for name, value in environ.items() if name not in PER_RUN_VARIABLES)
+    server = _shared.pop(key, None)
+    if server is not None and not server.alive():
+        server.close()
+        server = None
+    if server is None:
+        server = ForkServer(dict(key))
+        if not server.wait_ready():
+            server.close()
+            return None
+    _shared[key] = server
+    while len(_shared) > MAX_SHARED_SERVERS:
+        _shared.pop(next(iter(_shared))).close()
+    return server
+
+
+@atexit.register
+def close_shared_servers() -> None:
+    while _shared:
+        _shared.popitem()[1].close()
 
 
 # ------------------------------------------------------------------------------------------ the parent's side
 
 
 class ForkServer:
-    """The parent's handle on the server: fork() gives a ForkedWorker; close() ends the server."""
+    """The parent's handle on a server: spawn() forks a child (a ForkedProcess); close() ends the server. One
+    thread at a time."""
 
     def __init__(self, environ: Mapping[str, str]):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept for the server's life, closed by close())
         server_env = dict(environ)
-        # is_available() without initializing CUDA, should anything imported ask it: a forked worker could not use
-        # a CUDA context made here. Workers get the run's own environment back.
+        # is_available() without initializing CUDA, should anything imported ask it: a forked child could not use
+        # a CUDA context made here. Children get their own environment.
         server_env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         self.proc = start_in_session(
             "opforge.engine.forkserver", server_env, theirs.fileno(), subprocess.DEVNULL, self.stderr
         )
         theirs.close()
         self.socket = ours
-        self.exits: dict[int, int] = {}
+        self.exits: dict[int, int] = {}  # reported, not yet asked for
         self.last_words = ""  # the end of its stderr, once closed
 
     def wait_ready(self, limit: float = READY_TIME_LIMIT) -> bool:
@@ -77,31 +127,36 @@ class ForkServer:
         except WorkerInternalError:
             return False
 
-    def fork(self, job_line: str, env: Mapping[str, str]) -> ForkedWorker:
-        read_end, write_end = os.pipe()
-        stderr = tempfile.TemporaryFile()  # noqa: SIM115 (the worker's; closed by ForkedWorker.close())
-        try:
-            try:
-                request = json.dumps({"job": job_line, "env": dict(env)}).encode()
-                socket.send_fds(self.socket, [request], [write_end, stderr.fileno()])
-            finally:
-                os.close(write_end)  # the worker's copy is then the only one: its exit ends the pipe
-            answer = self._next("forked", FORK_TIME_LIMIT)
-            if answer is None:
-                raise WorkerInternalError(f"the fork server did not fork a worker within {FORK_TIME_LIMIT:g} s")
-        except BaseException:
-            os.close(read_end)
-            stderr.close()
-            raise
-        return ForkedWorker(self, int(answer["pid"]), os.fdopen(read_end, "rb", buffering=0), stderr)
+    def alive(self) -> bool:
+        return self.socket.fileno() != -1 and self.proc.poll() is None
 
-    def exit_code(self, pid: int, block: bool) -> int | None:
-        """The worker's exit code once the server has reported it; with `block`, waits for it."""
-        while (message := self._read(0.0)) is not None:
+    def spawn(self, module: str, environ: Mapping[str, str], stdin: int, stdout: int, stderr: int) -> ForkedProcess:
+        """`module`'s main() in a child forked on these descriptors (copies: the caller closes its own), in the
+        current working directory, with `environ` as its whole environment. WorkerInternalError where the server
+        cannot fork it (it has died, or did not answer)."""
+        request = {"module": module, "env": dict(environ), "cwd": _working_directory()}
+        try:
+            socket.send_fds(self.socket, [json.dumps(request).encode()], [stdin, stdout, stderr])
+        except OSError as exc:
+            raise WorkerInternalError(f"the fork server has ended ({exc}): {self._stderr_tail()}") from exc
+        answer = self._next("forked", FORK_TIME_LIMIT)
+        if answer is None:
+            self.close()  # stuck: later requests fail at once, and shared_server starts a new one
+            raise WorkerInternalError(f"the fork server did not fork a child within {FORK_TIME_LIMIT:g} s")
+        pid = int(answer["pid"])
+        self.exits.pop(pid, None)  # an earlier child's, which had this pid and ended before this one was forked
+        return ForkedProcess(self, pid)
+
+    def exit_code(self, pid: int, timeout: float | None) -> int | None:
+        """The child's exit code once the server has reported it, waiting up to `timeout` seconds (None: until it
+        does); None if it has not ended by then."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pid not in self.exits:
+            message = self._read(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if message is None:
+                return None
             self._keep(message)
-        while block and pid not in self.exits:
-            self._keep(self._read(None))
-        return self.exits.get(pid)
+        return self.exits.pop(pid)
 
     def close(self) -> None:
         if self.socket.fileno() == -1:
@@ -122,9 +177,9 @@ class ForkServer:
         return None
 
     def _read(self, timeout: float | None) -> dict[str, Any] | None:
-        """The server's next message, None if none came within `timeout` seconds (None: wait for one). A worker
-        whose end the server can no longer report (it died, or the run closed it after it failed) is an internal
-        error: its exit status is lost with it."""
+        """The server's next message, None if none came within `timeout` seconds (None: wait for one). A child
+        whose end the server can no longer report (it died, or was closed after it failed) is an internal error:
+        its exit status is lost with it."""
         if self.socket.fileno() == -1:
             raise WorkerInternalError(f"the fork server has ended: {self.last_words}")
         readable, _, _ = select.select([self.socket], [], [], timeout)
@@ -144,42 +199,33 @@ class ForkServer:
         return file_excerpt(self.stderr) or "it wrote nothing to stderr"
 
 
-class ForkedWorker(ChildIO):
-    """A worker forked by the server: the same interface as a started one (ChildProcess) for the supervisor."""
+class ForkedProcess:
+    """A child forked by a server, as much of subprocess.Popen as opforge.child uses: its pid, poll(), wait(); its
+    exit status comes from the server, which reaps it."""
 
-    def __init__(self, server: ForkServer, pid: int, stdout: IO[bytes], stderr: IO[bytes]):
-        super().__init__(stdout, stderr)
+    def __init__(self, server: ForkServer, pid: int):
         self.server = server
         self.pid = pid
+        self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        return self.server.exit_code(self.pid, block=False)
+        if self.returncode is None:
+            self.returncode = self.server.exit_code(self.pid, timeout=0.0)
+        return self.returncode
 
-    def wait(self) -> int:
-        code = self.server.exit_code(self.pid, block=True)
-        assert code is not None  # exit_code(block=True) returns only once it has one
-        return code
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self.server.exit_code(self.pid, timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(f"forked {self.pid}", timeout or 0.0)
+        return self.returncode
 
-    def kill(self) -> None:
-        with contextlib.suppress(WorkerInternalError):  # with the server gone, its end is unknown: kill it anyway
-            if self.poll() is not None:
-                return  # reaped: its pid may already name another process
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except ProcessLookupError:  # not yet the leader of its own session: it is still the server's child
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
 
-    def close(self) -> None:
-        """Ends the worker and whatever it left running in its session."""
-        if self.stdout.closed:
-            return
-        self.kill()
-        try:
-            self.wait()
-        finally:
-            self.stdout.close()
-            self.stderr.close()
+def _working_directory() -> str | None:
+    try:
+        return os.getcwd()
+    except FileNotFoundError:  # removed under this process: the child stays where the server is
+        return None
 
 
 # ------------------------------------------------------------------------------------------ the server's side
@@ -194,25 +240,37 @@ def main() -> None:
     faulthandler.enable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _preload()
+    # A child's end wakes the loop (a byte on this pipe), which otherwise sleeps until a request comes: a server
+    # kept for a whole test session costs no CPU while idle.
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     _send(control, {"event": "ready"})
     while True:
         _report_exits(control)
-        readable, _, _ = select.select([control], [], [], REAP_INTERVAL)
-        if not readable:
+        readable, _, _ = select.select([control.fileno(), wake_read], [], [])
+        if wake_read in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_read, 4096)
+        if control.fileno() not in readable:
             continue
-        packet, fds, _, _ = socket.recv_fds(control, MAX_PACKET, 2)
+        packet, fds, _, _ = socket.recv_fds(control, MAX_PACKET, 3)
         if not packet:
-            return  # the parent closed its end: the run is over
+            return  # the parent closed its end: this process's runs are over
+        for stream in (sys.stdout, sys.stderr):  # nothing buffered here may be written twice, by the child too
+            stream.flush()
         pid = os.fork()
         if pid == 0:
-            _become_worker(control, json.loads(packet), fds)
+            _become_child(json.loads(packet), fds, [control.fileno(), wake_read, wake_write])
         for fd in fds:
             os.close(fd)
         _send(control, {"event": "forked", "pid": pid})
 
 
-# What every worker imports before its op: torch, torch._dynamo (an op's first call imports it) and the checks
-# (opforge.engine.worker's imports).
+# What every child imports before its op: torch, torch._dynamo (an op's first call imports it), the checks
+# (opforge.engine.worker's imports) and fuzz's oracles.
 _PRELOADED = (
     "torch._dynamo",
     "opforge.engine.plan",
@@ -220,6 +278,8 @@ _PRELOADED = (
     "opforge.engine.worker",
     "opforge.environment",
     "opforge.loading",
+    "opforge.fuzz.worker",
+    "opforge.fuzz.oracles",
 )
 
 
@@ -233,29 +293,34 @@ def _report_exits(control: socket.socket) -> None:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return  # no worker alive
+            return  # no child alive
         if pid == 0:
             return
         _send(control, {"event": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _become_worker(control: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
-    """The forked child: a worker as opforge.engine.worker.main would be, on the descriptors it was sent. Never
-    returns."""
+def _become_child(request: dict[str, Any], fds: list[int], servers: list[int]) -> None:
+    """The forked child: `module.main()` on the descriptors it was sent, as a process started with
+    child.start_in_session would run it. Never returns."""
     code = 1
     try:
-        control.close()
+        signal.set_wakeup_fd(-1)
+        for fd in servers:
+            os.close(fd)
         os.setsid()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        protocol, stderr = fds
-        os.dup2(stderr, 2)
-        os.close(stderr)
+        for signum in (signal.SIGINT, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
         os.environ.clear()
         os.environ.update(request["env"])
-        from opforge.engine.worker import serve
-
-        serve(request["job"], protocol)
+        if request["cwd"] is not None:
+            os.chdir(request["cwd"])
+        importlib.import_module(request["module"]).main()
         code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # anything must end this process here, never return into the server's loop
         traceback.print_exc()
     finally:

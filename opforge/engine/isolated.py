@@ -1,7 +1,7 @@
 """Running each op's checks in a worker process, so that a crash or a hang costs one row, not the run.
 
-One worker per op (loading the op costs seconds: once per op, not per row), forked from the run's fork server
-(opforge.engine.forkserver), which imports torch once for every worker of the run. The worker streams
+One worker per op (loading the op costs seconds: once per op, not per row), forked from this process's fork server
+(opforge.engine.forkserver), which imported torch once for every worker of every run. The worker streams
 results as it goes (opforge.engine.worker, the typed events of opforge.engine.protocol); the parent knows which
 (check, case) row is in flight, so when the worker dies (SIGSEGV, abort, a fatal signal from a native library) that
 row becomes a CRASH row naming the signal and the tail of the worker's stderr, and when it runs past its time limit
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from opforge.checks.catalog import CATALOG
 from opforge.child import ChildProcess, describe_exit, with_this_opforge
 from opforge.engine.events import Events
-from opforge.engine.forkserver import ForkedWorker, ForkServer
+from opforge.engine.forkserver import ForkServer, shared_server
 from opforge.engine.plan import Filters, RunSettings, load_result, part_of
 from opforge.engine.protocol import (
     Done,
@@ -143,29 +143,19 @@ def threads_per_worker(jobs: int, cpus: int | None) -> int:
 # ------------------------------------------------------------------------------------------------------ a worker
 
 
-class _Worker(ChildProcess):
-    """An op's worker (opforge.engine.worker) started as a process of its own: its job on stdin, then its events
-    on stdout until it ends."""
+class Worker(ChildProcess):
+    """An op's worker (opforge.engine.worker): its job on stdin, then its events on stdout until it ends."""
 
-    def __init__(self, job: Job, env: dict[str, str]):
-        super().__init__("opforge.engine.worker", env)
+    def __init__(self, job: Job, env: dict[str, str], server: ForkServer | None):
+        super().__init__("opforge.engine.worker", env, server)
         self.send(job.to_line())
         self.stdin.close()
-
-
-Worker = _Worker | ForkedWorker
 
 
 def read_events(worker: Worker) -> list[Event] | None:
     """The complete events available now; None at end of stream."""
     lines = worker.read_lines()
     return None if lines is None else [decode(line) for line in lines]
-
-
-def forks_workers() -> bool:
-    """Whether a run forks its workers from a fork server (Linux: Unix sockets that carry descriptors, fork after
-    torch's import as fuzz's worker does) rather than starting each as a process of its own."""
-    return sys.platform == "linux"
 
 
 # ------------------------------------------------------------------------------------------------- one op's run
@@ -235,9 +225,9 @@ class Supervisor:
         self.active: dict[int, _OpRun] = {}
         self.reserved: set[int] = set()  # slots of parts waiting for their op's first part to load
         self.stopped = False
-        # Started with the first worker; None when workers start as processes of their own.
+        # This process's fork server, asked for with the first worker that can be forked.
         self.server: ForkServer | None = None
-        self.forking = forks_workers()
+        self.server_asked = False
         environ = dict(os.environ if environ is None else environ)
         self.env = _worker_env(environ, isolation.jobs)
         gpus = visible_gpus(environ) if isolation.jobs > 1 and isolation.split_gpus else []
@@ -260,8 +250,6 @@ class Supervisor:
         finally:
             for op in self.active.values():
                 op.worker.close()
-            if self.server is not None:
-                self.server.close()
 
     def _fill_slots(self) -> None:
         while self.pending and not self.stopped:
@@ -308,22 +296,13 @@ class Supervisor:
         op.in_flight, op.since, op.progressed, op.dying_since = None, time.monotonic(), False, None
 
     def _start(self, job: Job, env: dict[str, str], own_gpus: bool) -> Worker:
-        """A worker forked from the run's fork server (started with the first), else a process of its own: where
-        forking is not available, where the server did not start or has died (a worker that fails the same way
-        reports it as the op's load row), and for a worker with a share of the GPUs of its own, whose
-        CUDA_VISIBLE_DEVICES is in its environment before it imports torch, as it always was (the server's torch is
-        imported before)."""
-        if self.forking and not own_gpus:
-            if self.server is None:
-                self.server = ForkServer(self.env)
-                self.forking = self.server.wait_ready()
-            if self.forking:
-                try:
-                    return self.server.fork(job.to_line(), env)
-                except WorkerInternalError:
-                    self.forking = False
-            self.server.close()
-        return _Worker(job, env)
+        """A worker forked from the fork server, else a process of its own: where forking is not available, where
+        the server did not start or has died (a worker that fails the same way reports it as the op's load row),
+        and for a worker with a share of the GPUs of its own, whose CUDA_VISIBLE_DEVICES is in its environment
+        before it imports torch, as it always was (the server's torch is imported before)."""
+        if not own_gpus and not self.server_asked:
+            self.server, self.server_asked = shared_server(self.env), True
+        return Worker(job, env, None if own_gpus else self.server)
 
     def _step(self) -> None:
         by_fd = {op.worker.fileno(): op for op in self.active.values() if op.dying_since is None}

@@ -1,10 +1,9 @@
 """The child process of an isolated run (see opforge.engine.isolated): load one op, run its tasks from a
 given index on, and stream what happens to the parent as the events of opforge.engine.protocol.
 
-Forked by the run's fork server (opforge.engine.forkserver) with the Job and a pipe for the protocol, or started as
-a process of its own with the Job as one JSON line on stdin and the protocol on a duplicate of the original stdout.
-Either way fd 1 then points at stderr, so whatever the op's own code prints (Python or C++) lands in the stderr the
-parent keeps the tail of, never in the protocol.
+Forked by the fork server (opforge.engine.forkserver) or started as a process of its own, alike: the Job as one JSON
+line on stdin, the protocol on a duplicate of the original stdout. fd 1 then points at stderr, so whatever the op's
+own code prints (Python or C++) lands in the stderr the parent keeps the tail of, never in the protocol.
 """
 
 from __future__ import annotations
@@ -42,13 +41,8 @@ Send = Callable[[Event], None]
 
 
 def main() -> None:
-    serve(sys.stdin.readline(), os.dup(1))
-
-
-def serve(job_line: str, protocol: int) -> None:
-    """Runs the job, its events written to the descriptor `protocol` (main's duplicate of stdout, or the pipe the
-    fork server was sent); fd 1 then goes to stderr."""
-    channel = os.fdopen(protocol, "w", buffering=1, encoding="utf-8")
+    job_line = sys.stdin.readline()
+    channel = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)
     # A crash then leaves the Python stack in the stderr tail the parent reports.
     faulthandler.enable()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from opforge.child import ChildProcess, describe_exit, with_this_opforge
+from opforge.engine.forkserver import shared_server
 from opforge.errors import OpforgeError, WorkerInternalError
 from opforge.fuzz.verdict import DISCARD, FAIL, Verdict
 from opforge.results import mismatch_from_json
@@ -45,11 +46,13 @@ class LoadFailed(OpforgeError):
 
 
 class FuzzWorker(ChildProcess):
-    """One worker process for one op. `run(example)` returns its verdict; a child that dies or outlasts
-    `time_limit` in it is a failure ("crash" or "hang") and the next example gets a fresh child."""
+    """One worker process for one op, forked from this process's fork server where there is one. `run(example)`
+    returns its verdict; a child that dies or outlasts `time_limit` in it is a failure ("crash" or "hang") and the
+    next example gets a fresh child."""
 
     def __init__(self, spec_path: Path, cuda_arch: str | None, time_limit: float):
-        super().__init__("opforge.fuzz.worker", with_this_opforge(os.environ))
+        environ = with_this_opforge(os.environ)
+        super().__init__("opforge.fuzz.worker", environ, shared_server(environ))
         self.time_limit = time_limit
         self._pending: deque[bytes] = deque()
         self.send(json.dumps({"spec": str(spec_path), "cuda_arch": cuda_arch}))
