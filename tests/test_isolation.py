@@ -125,11 +125,11 @@ def test_the_run_completes_fails_and_every_report_says_why(misbehaving_run):
 
 
 @pytest.fixture
-def no_shared_servers():
-    """This process's fork servers closed before and after the test: it starts its own."""
+def own_servers(monkeypatch):
+    """Fork servers of the test's own, closed after it; this process's are back afterwards, still running."""
     from opforge.engine import forkserver
 
-    forkserver.close_shared_servers()
+    monkeypatch.setattr(forkserver, "_shared", {})
     yield
     forkserver.close_shared_servers()
 
@@ -160,7 +160,7 @@ def started_children(monkeypatch) -> list[str]:
         "server_died",
     ],
 )
-def test_forked_and_started_workers_report_alike(tmp_path, monkeypatch, no_shared_servers, how):
+def test_forked_and_started_workers_report_alike(tmp_path, monkeypatch, request, how):
     """A run forks its workers from a fork server that imported torch once; where it cannot (not Linux, or the
     server did not start or died), each worker starts as a process of its own. The same rows either way, a crash's fresh
     worker included."""
@@ -169,6 +169,7 @@ def test_forked_and_started_workers_report_alike(tmp_path, monkeypatch, no_share
     started = started_children(monkeypatch)
     monkeypatch.setattr(forkserver, "forks_children", lambda: how != "started")
     if how == "server_did_not_start":
+        request.getfixturevalue("own_servers")  # one that has to start
         monkeypatch.setattr(forkserver.ForkServer, "wait_ready", lambda self, limit=0: False)
     if how == "server_died":  # before the first fork: the run goes on without it
 
@@ -195,7 +196,7 @@ def test_forked_and_started_workers_report_alike(tmp_path, monkeypatch, no_share
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="forks workers on Linux only")
-def test_runs_and_fuzz_searches_of_one_process_fork_from_one_server(tmp_path, monkeypatch, no_shared_servers):
+def test_runs_and_fuzz_searches_of_one_process_fork_from_one_server(tmp_path, monkeypatch, own_servers):
     """The fork server outlives a run: the next run's workers and a fuzz search's worker are forked from it (one
     import of torch for all of them), each in the directory it was asked from (the server started elsewhere)."""
     from opforge.fuzz.process import FuzzWorker
@@ -219,7 +220,7 @@ def test_runs_and_fuzz_searches_of_one_process_fork_from_one_server(tmp_path, mo
     assert started == ["opforge.engine.forkserver"]
 
 
-def test_a_server_serves_one_environment_and_a_dead_one_is_replaced(monkeypatch, no_shared_servers):
+def test_a_server_serves_one_environment_and_a_dead_one_is_replaced(monkeypatch, own_servers):
     from opforge.engine import forkserver
 
     monkeypatch.setattr(forkserver, "forks_children", lambda: True)
