@@ -5,6 +5,16 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+
+# pytest-xdist runs one worker per core (pyproject's `-n auto`); each worker's torch, and the fork servers, workers
+# and subprocesses it starts, get the cores divided by the workers as intra-op threads, as opforge's own -j gives its
+# workers (engine.isolated.threads_per_worker). With torch's default of every core per worker, OpenMP's threads
+# oversubscribe the cores and spin: on the 2-core VM the suite took 277 s of CPU and 153 s, and 240 s and 134 s
+# with one thread per worker (docs/performance.md). Set before torch is imported: OpenMP reads it once, then.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+
 import torch
 
 # opforge's consoles take their width when opforge.reporters.console is first imported: from COLUMNS when it is set,
