@@ -623,3 +623,19 @@ def test_the_last_op_shares_its_tasks_between_the_free_workers_and_reports_as_on
     parts.clear()  # one task: the second part has nothing to run, and no worker starts for it
     assert invoke("check", spec, "-k", "contiguous-x=0d", "-j", "2").exit_code == 0
     assert parts == [(0, 2)]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forks workers on Linux only")
+def test_a_process_forked_from_one_that_holds_a_server_leaves_it_running(own_servers):
+    from opforge.child import with_this_opforge
+    from opforge.engine import forkserver
+
+    server = forkserver.shared_server(with_this_opforge(os.environ))
+    assert server is not None
+    pid = os.fork()
+    if pid == 0:  # exits as a Python program does, its atexit handlers run
+        code = 0 if not forkserver._shared else 1
+        forkserver.close_shared_servers()
+        os._exit(code)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert server.alive()

@@ -98,6 +98,15 @@ def close_shared_servers() -> None:
         _shared.popitem()[1].close()
 
 
+def _forget_servers() -> None:
+    """In a process forked from this one, which does not own the servers: closing them at its exit would kill the
+    ones this process still uses."""
+    _shared.clear()
+
+
+os.register_at_fork(after_in_child=_forget_servers)
+
+
 # ------------------------------------------------------------------------------------------ the parent's side
 
 
