@@ -55,7 +55,7 @@ EXIT_GRACE = 5.0
 PER_RUN_VARIABLES = frozenset({"PYTEST_CURRENT_TEST", "NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES"})
 # Servers kept at once, the least recently used closed first. Two: a run with -j 2 gives its workers
 # OMP_NUM_THREADS, which OpenMP reads when the server imports torch, so a test suite that runs -j 1 and -j 2 keeps
-# one server for each (each holds ~400 MB: torch and dynamo imported).
+# one server for each (each holds ~300 MB resident: torch and dynamo imported).
 MAX_SHARED_SERVERS = 2
 
 
