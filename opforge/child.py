@@ -89,7 +89,12 @@ class ChildProcess(ChildIO):
 
     def __init__(self, module: str, environ: Mapping[str, str], forker: Forker | None = None):
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept for the child's life, closed by close())
-        self.proc, self.stdin, stdout = _forked(forker, module, environ, stderr) or _started(module, environ, stderr)
+        try:
+            pipes = _forked(forker, module, environ, stderr) or _started(module, environ, stderr)
+        except BaseException:
+            stderr.close()
+            raise
+        self.proc, self.stdin, stdout = pipes
         super().__init__(stdout, stderr)
 
     def send(self, line: str) -> None:
@@ -131,10 +136,12 @@ def _forked(forker: Forker | None, module: str, environ: Mapping[str, str], stde
     stdout_read, stdout_write = os.pipe()
     try:
         proc = forker.spawn(module, environ, stdin_read, stdout_write, stderr.fileno())
-    except WorkerInternalError:
+    except BaseException as exc:
         os.close(stdin_write)
         os.close(stdout_read)
-        return None
+        if isinstance(exc, WorkerInternalError):
+            return None
+        raise
     finally:
         os.close(stdin_read)  # the child has its own copies: its end of stdout closes with it
         os.close(stdout_write)
