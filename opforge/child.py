@@ -34,12 +34,41 @@ def entry_point(module: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-class ChildIO:
-    """What opforge reads of a child: its protocol, as lines from a pipe, and its stderr, from a file kept until
-    close() and read after the child is gone."""
+class Process(Protocol):
+    """What opforge needs of a started child: subprocess.Popen's pid, returncode, poll() and wait(), or a fork
+    server's ForkedProcess's."""
 
-    def __init__(self, stdout: IO[bytes], stderr: IO[bytes]):
-        self.stdout, self.stderr = stdout, stderr
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class Forker(Protocol):
+    """A fork server (opforge.engine.forkserver.ForkServer): `module`'s main() in a child forked on the given
+    descriptors. Raises WorkerInternalError where it cannot."""
+
+    def spawn(self, module: str, environ: Mapping[str, str], stdin: int, stdout: int, stderr: int) -> Process: ...
+
+
+class ChildProcess:
+    """A child in its own session: Ctrl-C at a terminal reaches the parent only, and kill() takes its whole process
+    group (inductor's compile workers, fuzz's forked children). Its protocol is read as lines from its stdout; its
+    stderr goes to a file kept until close(), read after it is gone. `environ` is its whole environment
+    (with_this_opforge's, at least). Forked by `forker` where one is given and can (it imported torch already), else
+    started as a process of its own."""
+
+    def __init__(self, module: str, environ: Mapping[str, str], forker: Forker | None = None):
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept for the child's life, closed by close())
+        try:
+            pipes = _forked(forker, module, environ, stderr) or _started(module, environ, stderr)
+        except BaseException:
+            stderr.close()
+            raise
+        self.proc, self.stdin, self.stdout = pipes
+        self.stderr = stderr
         self._buffer = b""
 
     def fileno(self) -> int:
@@ -60,42 +89,6 @@ class ChildIO:
 
     def stderr_excerpt(self, since: int = 0) -> str:
         return file_excerpt(self.stderr, since)
-
-
-class Process(Protocol):
-    """What opforge needs of a started child: subprocess.Popen's pid, returncode, poll() and wait(), or a fork
-    server's ForkedProcess's."""
-
-    pid: int
-    returncode: int | None
-
-    def poll(self) -> int | None: ...
-
-    def wait(self, timeout: float | None = None) -> int: ...
-
-
-class Forker(Protocol):
-    """A fork server (opforge.engine.forkserver.ForkServer): `module`'s main() in a child forked on the given
-    descriptors. Raises WorkerInternalError where it cannot."""
-
-    def spawn(self, module: str, environ: Mapping[str, str], stdin: int, stdout: int, stderr: int) -> Process: ...
-
-
-class ChildProcess(ChildIO):
-    """A child in its own session: Ctrl-C at a terminal reaches the parent only, and kill() takes its whole process
-    group (inductor's compile workers, fuzz's forked children). Its stderr goes to a file kept until close(), read
-    after it is gone. `environ` is its whole environment (with_this_opforge's, at least). Forked by `forker` where
-    one is given and can (it imported torch already), else started as a process of its own."""
-
-    def __init__(self, module: str, environ: Mapping[str, str], forker: Forker | None = None):
-        stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept for the child's life, closed by close())
-        try:
-            pipes = _forked(forker, module, environ, stderr) or _started(module, environ, stderr)
-        except BaseException:
-            stderr.close()
-            raise
-        self.proc, self.stdin, stdout = pipes
-        super().__init__(stdout, stderr)
 
     def send(self, line: str) -> None:
         self.stdin.write(line.encode() + (b"" if line.endswith("\n") else b"\n"))

@@ -18,6 +18,7 @@ never imports torch: what it needs to know of the GPUs it asks a child process.
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import subprocess
@@ -151,11 +152,10 @@ class Worker(ChildProcess):
         self.send(job.to_line())
         self.stdin.close()
 
-
-def read_events(worker: Worker) -> list[Event] | None:
-    """The complete events available now; None at end of stream."""
-    lines = worker.read_lines()
-    return None if lines is None else [decode(line) for line in lines]
+    def read_events(self) -> list[Event] | None:
+        """The complete events available now; None at end of stream."""
+        lines = self.read_lines()
+        return None if lines is None else [decode(line) for line in lines]
 
 
 # ------------------------------------------------------------------------------------------------- one op's run
@@ -225,9 +225,6 @@ class Supervisor:
         self.active: dict[int, _OpRun] = {}
         self.reserved: set[int] = set()  # slots of parts waiting for their op's first part to load
         self.stopped = False
-        # This process's fork server, asked for with the first worker that can be forked.
-        self.server: ForkServer | None = None
-        self.server_asked = False
         environ = dict(os.environ if environ is None else environ)
         self.env = _worker_env(environ, isolation.jobs)
         gpus = visible_gpus(environ) if isolation.jobs > 1 and isolation.split_gpus else []
@@ -300,9 +297,12 @@ class Supervisor:
         the server did not start or has died (a worker that fails the same way reports it as the op's load row),
         and for a worker with a share of the GPUs of its own, whose CUDA_VISIBLE_DEVICES is in its environment
         before it imports torch, as it always was (the server's torch is imported before)."""
-        if not own_gpus and not self.server_asked:
-            self.server, self.server_asked = shared_server(self.env), True
         return Worker(job, env, None if own_gpus else self.server)
+
+    @functools.cached_property
+    def server(self) -> ForkServer | None:
+        """This process's fork server, asked for once per run, with the first worker that can be forked."""
+        return shared_server(self.env)
 
     def _step(self) -> None:
         by_fd = {op.worker.fileno(): op for op in self.active.values() if op.dying_since is None}
@@ -310,7 +310,7 @@ class Supervisor:
         readable, _, _ = select.select(list(by_fd), [], [], wait)
         for fd in readable:
             op = by_fd[fd]
-            events = read_events(op.worker)
+            events = op.worker.read_events()
             if events is None:
                 self._pipe_closed(op)
                 continue
