@@ -51,6 +51,16 @@ FLOAT32_SUM_ERROR = 0.25
 # the chance that every draw lands small at one element under a percent (chi with 4 degrees of freedom below a fifth
 # of its mean), and cost four float64 reference calls, on a comparison that has already failed twice.
 CONDITION_DRAWS = 4
+# The float32 allowance of an output element that sums terms (a scan, a reduction): FLOAT32_SUM_ERROR units of
+# roundoff per term of the sum of the terms' magnitudes (the classic bound of a sum in any order is n units of
+# roundoff of sum |term|; a sequential float32 prefix sum of 1,000 equal values is 0.12 * n units off, 1,000 huge
+# values of both signs that cancel 0.02 * n; the bound is reached only when every rounding goes one way). The terms
+# are read off the float64 reference's Jacobian: term j of output i is d out_i / d in_j * in_j.
+# At most this many output elements (those the op is furthest off at) get a Jacobian row each: one backward pass
+# of the float64 reference per row, batched; a cumsum of 1,000 elements takes ~40 ms for all of its rows.
+SUM_ROWS = 4096
+# Batched backward passes hold rows x input elements float64 gradients at once: at most this many (256 MiB).
+SUM_ROW_BATCH_ELEMENTS = 1 << 25
 # Dtypes whose reference is the float64 reference itself: no baseline to compare with.
 REFERENCE_DTYPES = ("float64", "complex128")
 
@@ -83,6 +93,9 @@ def rule_for(spec: OpSpec, dtype: str, grad: bool = False) -> Rule:
 # The float64 reference on the op's input values, each floating input multiplied elementwise by 1 + scale * r
 # with r uniform in [-1, 1] drawn from a generator seeded by `draw` (scale 0: the inputs as they are).
 PerturbedReference = Callable[[float, int], dict[str, Any]]
+# The float64 reference run with autograd on the op's input values: its named outputs, and the floating inputs
+# they were computed from (each requiring grad).
+TrackedReference = Callable[[], tuple[dict[str, Any], list[Any]]]
 
 
 class Baseline:
@@ -97,6 +110,7 @@ class Baseline:
         compute: Callable[[], dict[str, Any]],
         input_elements: int = 0,
         perturbed: PerturbedReference | None = None,
+        tracked: TrackedReference | None = None,
     ):
         self.dtype = dtype
         self._compute = compute
@@ -106,6 +120,7 @@ class Baseline:
         self.unavailable: str | None = None
         self._perturbed = perturbed
         self._spreads: dict[str, Any] | None = None
+        self._tracked = tracked
 
     @property
     def label(self) -> str:
@@ -144,6 +159,55 @@ class Baseline:
                 rms = torch.stack(moves).pow(2).mean(0).sqrt()
                 spreads[name] = rms.masked_fill(~torch.isfinite(rms), 0.0)
         return spreads
+
+    def sum_allowance(self, name: str, rows: Any) -> Any:
+        """FLOAT32_SUM_ERROR units of float32 roundoff per term of sum |term| at each flat index in `rows` of output
+        `name` (0 elsewhere), its terms read off the float64 reference's Jacobian row (sum_terms): a correct float32
+        scan or reduction may be that far off however exact the baseline is (torch.cumsum in float32 accumulates in
+        double on the CPU). None when the reference is not differentiable there."""
+        import torch
+
+        if self._tracked is None or rows.numel() == 0:
+            return None
+        try:
+            outputs, inputs = self._tracked()
+            terms = sum_terms(outputs.get(name), inputs, rows)
+        except Exception:  # a reference autograd cannot go through: no allowance, the other rules decide
+            return None
+        if terms is None:
+            return None
+        count, magnitude = terms
+        allowance = torch.zeros(outputs[name].numel(), dtype=torch.float64)
+        eps = torch.finfo(torch.float32).eps
+        allowance[rows] = FLOAT32_SUM_ERROR * count * eps * magnitude
+        return allowance.reshape(outputs[name].shape)
+
+
+def sum_terms(output: Any, inputs: list[Any], rows: Any) -> tuple[Any, Any] | None:
+    """For each flat index in `rows` of `output` (float64, computed with autograd from `inputs`): how many terms it
+    sums (the participation ratio (sum |t|)^2 / sum t^2: n for n equal terms, ~1 when one dominates) and sum |t|,
+    the terms t_j = d output_i / d input_j * input_j. None when the output does not depend on the inputs by
+    autograd."""
+    import torch
+
+    if not isinstance(output, torch.Tensor) or not output.requires_grad or not inputs:
+        return None
+    flat = output.reshape(-1)
+    per_row = max(1, sum(t.numel() for t in inputs))
+    batch = max(1, SUM_ROW_BATCH_ELEMENTS // per_row)
+    absolute, squared = [], []
+    for chunk in rows.split(batch):
+        seeds = torch.zeros(len(chunk), flat.numel(), dtype=flat.dtype)
+        seeds[torch.arange(len(chunk)), chunk] = 1.0
+        grads = torch.autograd.grad(flat, inputs, seeds, retain_graph=True, allow_unused=True, is_grads_batched=True)
+        terms = torch.cat(
+            [(g * x.detach()).reshape(len(chunk), -1) for g, x in zip(grads, inputs) if g is not None], dim=1
+        )
+        absolute.append(terms.abs().sum(1))
+        squared.append(terms.pow(2).sum(1))
+    magnitude, square = torch.cat(absolute), torch.cat(squared)
+    count = torch.where(square > 0, magnitude**2 / square.clamp_min(torch.finfo(torch.float64).tiny), 1.0)
+    return count, magnitude
 
 
 def as_tuple(value: Any) -> tuple[Any, ...]:
@@ -242,6 +306,10 @@ def check_result(
     spread = baseline.spread(key) if verdict is not None else None
     if _same_shape(spread, got):
         verdict = lowp_verdict(got, expected, eager, rule.tol, baseline.label, terms, spread)
+    summed = _sum_allowance(baseline, key, got, expected) if verdict is not None else None
+    if summed is not None:
+        spreads = spread if _same_shape(spread, got) else 0.0
+        verdict = lowp_verdict(got, expected, eager, rule.tol, baseline.label, terms, spreads + summed)
     if verdict is None:
         return
     if verdict.stray_overflows:
@@ -255,6 +323,18 @@ def check_result(
         f"{baseline.label} (RMS error {verdict.baseline_rms_error:.3g}).",
         replace(mismatch, **verdict.fields()),
     )
+
+
+def _sum_allowance(baseline: Baseline, key: str, got: Any, expected: Any) -> Any:
+    """A float32 output's per-element allowance for the terms it sums (Baseline.sum_allowance), at the SUM_ROWS
+    elements the op is furthest off at; None in other dtypes."""
+    import torch
+
+    if got.dtype != torch.float32:
+        return None
+    errors = _errors(got, expected).reshape(-1)
+    rows = errors.argsort(descending=True)[: min(SUM_ROWS, int((errors > 0).sum()))]
+    return baseline.sum_allowance(key, rows)
 
 
 @dataclass(frozen=True)

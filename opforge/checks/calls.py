@@ -295,8 +295,18 @@ def output_baseline(loaded: LoadedOp, inputs: CaseInputs, case_dtype: str) -> Ba
     def perturbed(scale: float, draw: int) -> dict[str, Any]:
         return named_results(*_perturbed_call(loaded, arguments, scale, draw))
 
+    def tracked() -> tuple[dict[str, Any], list[Any]]:
+        import torch
+
+        args, kwargs = perturbed_arguments(arguments, 0.0, 0)
+        floating = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        for tensor in floating:
+            tensor.requires_grad_(True)
+        with torch.enable_grad():
+            return named_results(args, kwargs), floating
+
     sizes = [a.numel() for a in (*inputs.args, *inputs.kwargs.values()) if hasattr(a, "numel")]
-    return Baseline(case_dtype, compute, max(sizes, default=0), perturbed)
+    return Baseline(case_dtype, compute, max(sizes, default=0), perturbed, tracked)
 
 
 def _copies(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
