@@ -356,7 +356,7 @@ def test_an_oracle_that_raises_is_that_oracles_failure_not_a_dead_worker(monkeyp
 
     spec = load_spec(FUZZ_OPS / "doubles.yaml")
     monkeypatch.setitem(oracles._ORACLES, "determinism", raising)
-    verdict = oracles.judge(load_op(spec, None), kept_case(spec, SEVEN, "fuzz"), ("correctness", "determinism"))
+    verdict = oracles.Judge(load_op(spec, None))(kept_case(spec, SEVEN, "fuzz"), ("correctness", "determinism"))
     assert (verdict.status, verdict.oracle) == ("fail", "determinism")
     assert "raised RuntimeError: boom" in verdict.message
 

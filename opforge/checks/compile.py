@@ -33,12 +33,19 @@ class _Compiled:
 
 
 def compile_check(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
+    return compiled_against_eager(ctx, implementation, case, _shaped_cases(ctx, case))
+
+
+def compiled_against_eager(
+    ctx: CheckContext, implementation: Implementation, case: Case, shaped_cases: list[Case]
+) -> Outcomes:
+    """The compiled function of `case`'s implementation, dtype and device against eager on each of `shaped_cases`
+    (`opforge fuzz`'s compile oracle passes one example)."""
     from torch._dynamo.utils import counters
 
     compiled = _compiled_for(ctx, implementation, case)
     loaded = ctx.loaded
     tol = tolerance_for(loaded.spec, case.dtype)
-    shaped_cases = _shaped_cases(ctx, case)
     graphs_before = counters["stats"]["unique_graphs"]
     with current_code_only(), _room_for(compiled.graphs + len(shaped_cases)):
         try:
