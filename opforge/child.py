@@ -215,6 +215,6 @@ def with_this_opforge(environ: Mapping[str, str]) -> dict[str, str]:
     """`environ` for a worker process that imports this opforge, wherever it came from (an install, a checkout, a
     test's sys.path)."""
     env = dict(environ)
-    package_root = str(Path(__file__).resolve().parents[2])
+    package_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     return env

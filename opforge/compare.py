@@ -150,6 +150,53 @@ def as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
+def returned_values(returns: int, returned: Any) -> tuple[Any, ...]:
+    """What a call returned, one value per schema return: () for none, (returned,) for one (a `Tensor[]` return is
+    one list, not several outputs), the returned tuple for several."""
+    if returns == 0:
+        return ()
+    return (returned,) if returns == 1 else tuple(returned)
+
+
+def map_tensors(fn: Callable[[Any], Any], value: Any) -> Any:
+    """`value` with fn applied to each tensor in it, lists and tuples rebuilt around them."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_tensors(fn, item) for item in value)
+    return fn(value) if hasattr(value, "dtype") and hasattr(value, "shape") else value
+
+
+def leaves(name: str, value: Any) -> list[tuple[str, Any]]:
+    """A returned value's leaves, each named by its place: a `Tensor[]` output `result1` holding two tensors is
+    `result1[0]`, `result1[1]`; a tensor, None, a number or a bool is a leaf of its own."""
+    if isinstance(value, (list, tuple)):
+        return [leaf for i, item in enumerate(value) for leaf in leaves(f"{name}[{i}]", item)]
+    return [(name, value)]
+
+
+def paired_leaves(name: str, got: Any, expected: Any) -> list[tuple[str, Any, Any]]:
+    """(name, got, expected) for each leaf of two returned values of one schema return, after checking that both
+    have the same structure (a list as long, None where None is expected)."""
+    if not isinstance(expected, (list, tuple)):
+        if isinstance(got, (list, tuple)):
+            raise CheckFailure(f"{name}: expected {_kind(expected)}, got a list of {len(got)}.")
+        return [(name, got, expected)]
+    if not isinstance(got, (list, tuple)):
+        raise CheckFailure(f"{name}: expected a list of {len(expected)} values, got {_kind(got)}.")
+    if len(got) != len(expected):
+        raise CheckFailure(
+            f"{name}: expected a list of {len(expected)} values, got {len(got)}. Return as many as the reference."
+        )
+    return [leaf for i, (g, e) in enumerate(zip(got, expected)) for leaf in paired_leaves(f"{name}[{i}]", g, e)]
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)}"
+    return "a Tensor" if hasattr(value, "dtype") and hasattr(value, "shape") else f"a {type(value).__name__}"
+
+
 def check_result(
     name: str,
     got: Any,
@@ -169,11 +216,10 @@ def check_result(
 
     rule = tol if isinstance(tol, Rule) else Rule(tol, lowp=False)
     if not isinstance(expected, torch.Tensor):
-        if got != expected and not (_both_nan(got, expected)):
-            raise CheckFailure(f"{name}: expected {expected!r}, got {got!r}.")
+        check_plain_value(name, got, expected, rule.tol)
         return
     if not isinstance(got, torch.Tensor):
-        raise CheckFailure(f"{name}: expected a Tensor, got {type(got).__name__}.")
+        raise CheckFailure(f"{name}: expected a Tensor, got {_kind(got)}.")
     if tuple(got.shape) != tuple(expected.shape):
         raise CheckFailure(f"{name}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}.")
     if got.dtype != dtype:
@@ -368,6 +414,29 @@ def rounds_to_infinity(got: Any, expected: Any) -> Any:
     g = got.detach().to("cpu")
     rounded = expected.detach().to("cpu").to(g.dtype)
     return torch.isinf(g) & (g == rounded)
+
+
+def check_plain_value(name: str, got: Any, expected: Any, tol: Tolerance) -> None:
+    """A returned value that is no tensor (None, a bool, an int or SymInt, a float, a dtype): None where None is
+    expected, a bool where a bool is, an int exactly, a float within the tolerance (an op computing it in float32
+    rounds it)."""
+    import torch
+
+    if isinstance(got, torch.Tensor) or isinstance(got, bool) != isinstance(expected, bool) or _none(got, expected):
+        raise CheckFailure(f"{name}: expected {_kind(expected)} ({expected!r}), got {_kind(got)}.")
+    if isinstance(expected, float) and isinstance(got, (int, float)):
+        if _both_nan(got, expected) or got == expected or abs(got - expected) <= tol.atol + tol.rtol * abs(expected):
+            return
+        raise CheckFailure(
+            f"{name}: expected {expected!r}, got {got!r} (beyond atol {tol.atol:g} + rtol {tol.rtol:g} * |expected|)."
+        )
+    if got != expected:
+        raise CheckFailure(f"{name}: expected {expected!r}, got {got!r}.")
+
+
+def _none(got: Any, expected: Any) -> bool:
+    """Exactly one of the two is None."""
+    return (got is None) != (expected is None)
 
 
 def _both_nan(a: Any, b: Any) -> bool:

@@ -639,3 +639,21 @@ def test_a_process_forked_from_one_that_holds_a_server_leaves_it_running(own_ser
         os._exit(code)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
     assert server.alive()
+
+
+def test_a_child_finds_this_opforge_where_it_is_not_installed(tmp_path):
+    """A GPU machine runs the tests from a checkout that pip never installed: a worker finds opforge only by the
+    PYTHONPATH with_this_opforge gives it (site-packages off here, so that an editable install cannot hide a wrong
+    path: it pointed one folder above the checkout, and every worker died importing opforge)."""
+    from opforge.child import with_this_opforge
+
+    env = with_this_opforge({k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    found = subprocess.run(
+        [sys.executable, "-S", "-c", "import opforge; print(opforge.__file__)"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert found.returncode == 0, found.stderr
+    assert Path(found.stdout.strip()).parent == REPO / "opforge"

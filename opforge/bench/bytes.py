@@ -7,8 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from opforge.cases import CaseInputs
-from opforge.checks.calls import argument, output_names
-from opforge.compare import as_tuple
+from opforge.checks.calls import argument, op_outputs, output_names
 from opforge.errors import SpecError
 from opforge.loading import LoadedOp
 from opforge.spec import bytes_expr as expr
@@ -63,8 +62,7 @@ def _sizes(loaded: LoadedOp, inputs: CaseInputs, with_gradients: bool) -> dict[s
             returned = loaded.overload(*inputs.args, **inputs.kwargs)
     except Exception:
         return None
-    returned = as_tuple(returned) if loaded.overload._schema.returns else ()
-    for name, value in zip(_output_names(loaded), returned):
+    for name, value in zip(_output_names(loaded), op_outputs(loaded, returned)):
         values[name] = _size_of(value)
         if with_gradients and isinstance(values[name], expr.TensorSize) and values[name].floating:
             values[f"grad_{name}"] = values[name]

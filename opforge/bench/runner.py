@@ -44,7 +44,7 @@ from opforge.cases import CaseInputs, make_inputs
 from opforge.checks.base import CheckContext
 from opforge.checks.calls import argument, differentiated
 from opforge.checks.catalog import CATALOG
-from opforge.compare import as_tuple
+from opforge.compare import leaves
 from opforge.engine.tasks import apply_xfail, check_verdicts
 from opforge.errors import SpecError
 from opforge.loading import Implementation, LoadedOp
@@ -396,7 +396,8 @@ def argument_restorer(loaded: LoadedOp, inputs: CaseInputs, mode: str) -> Callab
 def _differentiable(returned: Any) -> list[Any]:
     import torch
 
-    return [o for o in as_tuple(returned) if isinstance(o, torch.Tensor) and o.requires_grad]
+    flat = [leaf for _, leaf in leaves("", returned)]
+    return [o for o in flat if isinstance(o, torch.Tensor) and o.requires_grad]
 
 
 def _random_like(t: torch.Tensor, seed: int) -> torch.Tensor:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, CaseInputs, make_inputs
-from opforge.compare import Baseline, as_tuple, check_result, rule_for
+from opforge.compare import Baseline, as_tuple, check_result, leaves, paired_leaves, returned_values, rule_for
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, ReferenceFailure, short
 from opforge.schema import return_names
@@ -82,9 +83,37 @@ def pending_launch_error(inputs: CaseInputs) -> str | None:
 
 
 def outputs_of(loaded: LoadedOp, implementation: Implementation, inputs: CaseInputs) -> tuple[Any, ...]:
-    """What the op returned, as a tuple: () for an op whose schema returns nothing (it only mutates)."""
-    returned = call_implementation(implementation, inputs)
-    return as_tuple(returned) if loaded.overload._schema.returns else ()
+    """What the op returned, one value per schema return: () for an op that returns nothing (it only mutates)."""
+    return op_outputs(loaded, call_implementation(implementation, inputs))
+
+
+def op_outputs(loaded: LoadedOp, returned: Any) -> tuple[Any, ...]:
+    """A call's returned value as one value per schema return (a `Tensor[]` return is one list)."""
+    return returned_values(len(loaded.overload._schema.returns), returned)
+
+
+def reference_values(loaded: LoadedOp, result: Any) -> tuple[Any, ...]:
+    """What the reference returned, as the op's outputs followed by each mutated argument's new value. One value is
+    taken whole when the schema makes it a list (a `Tensor[]` return or argument), else a tuple of one is unpacked
+    as before; None is nothing."""
+    if result is None:
+        return ()
+    count = len(loaded.overload._schema.returns) + len(loaded.mutated_arguments)
+    if count == 1 and _is_list_typed(_only_value_type(loaded)):
+        return (result,)
+    return as_tuple(result) if count <= 1 else tuple(result)
+
+
+def _only_value_type(loaded: LoadedOp) -> Any:
+    returns = loaded.overload._schema.returns
+    if returns:
+        return returns[0].type
+    mutated = loaded.mutated_arguments[0]
+    return next(a.type for a in loaded.arguments if a.name == mutated)
+
+
+def _is_list_typed(type_: Any) -> bool:
+    return str(type_).startswith("List[")
 
 
 def differentiated(loaded: LoadedOp, inputs: CaseInputs) -> list[str]:
@@ -119,10 +148,11 @@ def vector_jacobian_products(
 
 
 def differentiable_outputs(outputs: tuple[Any, ...]) -> list[Any]:
-    """The outputs with a gradient graph: those a grad_output goes to."""
+    """The outputs with a gradient graph, a list output's tensors each: those a grad_output goes to."""
     import torch
 
-    return [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
+    flat = [leaf for o in outputs for _, leaf in leaves("", o)]
+    return [o for o in flat if isinstance(o, torch.Tensor) and o.requires_grad]
 
 
 def seeded_grad_outputs(outputs: list[Any], case: Case, base_seed: int) -> list[Any]:
@@ -170,7 +200,7 @@ def _gradient_baseline(
 
     def grads_at(call_args: tuple[Any, ...], call_kwargs: dict[str, Any], wide: bool) -> dict[str, Any]:
         wrt = [call_args[positions.index(n)] if positions.index(n) < len(call_args) else call_kwargs[n] for n in names]
-        outputs, _ = split_reference(loaded, as_tuple(loaded.reference(*call_args, **call_kwargs)))
+        outputs, _ = split_reference(loaded, reference_values(loaded, loaded.reference(*call_args, **call_kwargs)))
         seeds = [g.detach().cpu() for g in grad_outs]
         grads = gradients(list(outputs[: len(grad_outs)]), wrt, [g.double() if wide else g for g in seeds])
         return {f"grad[{n}]": g for n, g in zip(names, grads) if g is not None}
@@ -255,10 +285,8 @@ def output_baseline(loaded: LoadedOp, inputs: CaseInputs, case_dtype: str) -> Ba
     arguments = reference_in_op_dtypes(loaded, inputs)
 
     def named_results(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        result = loaded.reference(*args, **kwargs)
-        outputs, new_values = split_reference(loaded, as_tuple(result) if result is not None else ())
-        named = dict(zip(output_names(loaded), outputs))
-        return named | {f"{name}{MUTATED}": value for name, value in new_values.items()}
+        outputs, new_values = split_reference(loaded, reference_values(loaded, loaded.reference(*args, **kwargs)))
+        return dict(named_leaves(loaded, outputs, new_values))
 
     def compute() -> dict[str, Any]:
         args, kwargs = arguments
@@ -309,7 +337,7 @@ def call_reference(loaded: LoadedOp, inputs: CaseInputs) -> tuple[Any, ...]:
         result = loaded.reference(*inputs.reference_args, **inputs.reference_kwargs)
     except Exception as exc:
         raise ReferenceFailure(f"the reference raised {short(exc)}") from exc
-    return as_tuple(result) if result is not None else ()
+    return reference_values(loaded, result)
 
 
 def split_reference(loaded: LoadedOp, expected: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -347,16 +375,24 @@ def paired(
     expected: tuple[Any, ...],
     expected_mutated: dict[str, Any],
 ) -> list[tuple[str, Any, Any]]:
-    """(name, got, expected) for each output, then each mutated argument ("x (mutated)"), after checking that the
-    op returned as many values as expected (zip would silently compare fewer)."""
+    """(name, got, expected) for each leaf of each output (a `Tensor[]` output's tensors are `result1[0]`, ...),
+    then of each mutated argument ("x (mutated)"), after checking that the op returned as many values as expected
+    and lists as long (zip would silently compare fewer)."""
     if len(got) != len(expected):
         raise CheckFailure(
             f"outputs: expected {len(expected)} value(s) (the schema's returns), got {len(got)}. "
             "Return exactly what the schema declares."
         )
-    return list(zip(output_names(loaded), got, expected)) + [
-        (f"{name}{MUTATED}", mutated_now[name], expected_mutated[name]) for name in loaded.mutated_arguments
-    ]
+    pairs = [leaf for n, g, e in zip(output_names(loaded), got, expected) for leaf in paired_leaves(n, g, e)]
+    for name in loaded.mutated_arguments:
+        pairs += [(f"{n}{MUTATED}", g, e) for n, g, e in paired_leaves(name, mutated_now[name], expected_mutated[name])]
+    return pairs
+
+
+def named_leaves(loaded: LoadedOp, outputs: tuple[Any, ...], mutated: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(name, value) of each leaf of the outputs, then of each mutated argument, named as `paired` names them."""
+    named = [leaf for n, o in zip(output_names(loaded), outputs) for leaf in leaves(n, o)]
+    return named + [(f"{n}{MUTATED}", v) for name, value in mutated.items() for n, v in leaves(name, value)]
 
 
 def against_reference(
@@ -399,8 +435,11 @@ def output_names(loaded: LoadedOp) -> list[str]:
     return list(return_names(str(loaded.overload._schema)))
 
 
-def compared_dtype(case_dtype: str, name: str, got: torch.Tensor, expected: torch.Tensor) -> torch.dtype:
-    """The dtype `got` must have: an output the case's (expected_dtype); a mutated argument keeps its own."""
+def compared_dtype(case_dtype: str, name: str, got: Any, expected: Any) -> torch.dtype | None:
+    """The dtype `got` must have: an output the case's (expected_dtype); a mutated argument keeps its own; None for
+    a value that is no tensor (None, a number: compared as it is)."""
+    if not hasattr(expected, "dtype") or not hasattr(got, "dtype"):
+        return None
     return got.dtype if name.endswith(MUTATED) else expected_dtype(case_dtype, expected)
 
 
@@ -414,3 +453,49 @@ def expected_dtype(case_dtype: str, reference_value: torch.Tensor) -> torch.dtyp
     if reference_value.dtype == torch.complex128:
         return {"complex64": torch.complex64}.get(case_dtype, torch.complex128)
     return reference_value.dtype
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one run of the op left (on one device, compiled or eager): its outputs and the values of the arguments
+    it mutates. `label` names the run in messages; `device` is where its tensors must be."""
+
+    label: str
+    device: str
+    outputs: tuple[Any, ...]
+    mutated: dict[str, Any]
+
+
+def agreement(
+    loaded: LoadedOp,
+    case_dtype: str,
+    first: Result,
+    second: Result,
+    reference: Callable[[], tuple[Any, ...]],
+    baseline: Baseline,
+) -> None:
+    """Raises CheckFailure unless the two results agree within the dtype's tolerance, or each is as close to the
+    float64 reference as the correctness check asks (then they may differ by up to both their errors: a GPU's tree
+    sum against a CPU's ordered one, inductor's float32 math for a bfloat16 op against eager's bfloat16 steps)."""
+    tol = rule_for(loaded.spec, case_dtype).tol
+    label = f"{first.label} vs {second.label}"
+    disagreement = None
+    for name, a, b in paired(loaded, first.outputs, first.mutated, second.outputs, second.mutated):
+        try:
+            dtype = getattr(b, "dtype", None)
+            check_result(f"{name} ({label})", a, b, tol, dtype, first.device, against=f"the {second.label} result")
+        except CheckFailure as failure:
+            disagreement = disagreement or failure
+    if disagreement is None:
+        return
+    expected = reference()
+    for result in (first, second):
+        compared = against_reference(loaded, result.outputs, result.mutated, expected)
+        try:
+            compare_with_reference(loaded, case_dtype, result.device, compared, baseline, label=f" ({result.label})")
+        except CheckFailure as failure:
+            raise CheckFailure(
+                f"{disagreement.message} Beyond that, the {result.label} result is not as close to the float64 "
+                f"reference as it must be: {failure.message}",
+                failure.mismatch or disagreement.mismatch,
+            ) from None

@@ -11,8 +11,8 @@ from opforge.checks.calls import (
     differentiable_outputs,
     differentiates,
     inputs_for,
+    named_leaves,
     op_gradients,
-    output_names,
     outputs_of,
     seeded_grad_outputs,
 )
@@ -35,6 +35,11 @@ def determinism(ctx: CheckContext, implementation: Implementation, case: Case) -
     loaded = ctx.loaded
     first = _one_run(loaded, implementation, case, ctx.base_seed)
     second = _one_run(loaded, implementation, case, ctx.base_seed)
+    if [name for name, _ in first] != [name for name, _ in second]:
+        raise CheckFailure(
+            f"a second run returned {[name for name, _ in second]}, the first {[name for name, _ in first]}: the "
+            "outputs' structure (a list's length) must not change between runs on the same inputs."
+        )
     for (name, a), (_, b) in zip(first, second):
         if isinstance(a, torch.Tensor) and not _bitwise_equal(a, b):
             check_result(f"{name} (second run)", b, a, EXACT, a.dtype, case.device, against="the first run")
@@ -50,8 +55,8 @@ def _one_run(loaded: LoadedOp, implementation: Implementation, case: Case, base_
     with_gradients = differentiates(loaded, case)
     inputs = inputs_for(loaded, case, base_seed, requires_grad=with_gradients)
     outputs = outputs_of(loaded, implementation, inputs)
-    named = [(n, o.detach() if isinstance(o, torch.Tensor) else o) for n, o in zip(output_names(loaded), outputs)]
-    named += [(f"{n} (mutated)", argument(inputs, loaded, n)) for n in loaded.mutated_arguments]
+    mutated = {n: argument(inputs, loaded, n) for n in loaded.mutated_arguments}
+    named = [(n, v.detach() if isinstance(v, torch.Tensor) else v) for n, v in named_leaves(loaded, outputs, mutated)]
     return named + (_gradients(loaded, implementation, case, base_seed, inputs, outputs) if with_gradients else [])
 
 

@@ -12,7 +12,7 @@ from opforge.checks.base import Check, CheckContext, Outcomes, representative_ca
 from opforge.checks.calls import (
     against_reference,
     call_reference,
-    compared_dtype,
+    compare_with_reference,
     inputs_for,
     mutated_values,
     output_baseline,
@@ -21,7 +21,7 @@ from opforge.checks.calls import (
 from opforge.compare import Rule, check_result, rule_for, tolerance_for
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, PassNote, ReferenceFailure
-from opforge.spec.model import Tolerance
+from opforge.spec.model import OpSpec, Tolerance
 
 if TYPE_CHECKING:
     import torch
@@ -40,12 +40,21 @@ INTEGER_ROUNDING = Tolerance(atol=1.0, rtol=0.0)
 
 
 def every_dtype_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
-    """Per device, the representative contiguous case (first argument values) in each claimed and tried dtype."""
+    """Per device, the representative contiguous case (first argument values) in each claimed dtype, and in each
+    tried one where the case's dtype reaches the op at all (an op whose every tensor input has a dtype of its own,
+    indices and lengths, gets the same call in every dtype: nothing to learn from the unclaimed ones)."""
+    tried = TRIED_DTYPES if case_dtype_reaches_the_op(loaded.spec) else ()
     return [
         replace(base, dtype=dtype)
         for base in representative_cases(loaded, cases).values()
-        for dtype in dict.fromkeys(loaded.spec.dtypes_on(base.device) + TRIED_DTYPES)
+        for dtype in dict.fromkeys(loaded.spec.dtypes_on(base.device) + tried)
     ]
+
+
+def case_dtype_reaches_the_op(spec: OpSpec) -> bool:
+    """Whether a case's dtype changes the call: a tensor input without a dtype of its own takes it (a samples
+    function's tensors all do)."""
+    return spec.samples is not None or any(t.dtype is None for t in spec.tensor_inputs())
 
 
 def dtypes(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
@@ -53,7 +62,7 @@ def dtypes(ctx: CheckContext, implementation: Implementation, case: Case) -> Out
     inputs = inputs_for(loaded, case, ctx.base_seed)
     if case.dtype in loaded.spec.dtypes_on(case.device):
         try:
-            _compare_with_reference(loaded, case, outputs_of(loaded, implementation, inputs), inputs, claimed=True)
+            _as_correctness_compares(loaded, implementation, case, inputs)
         except CheckFailure as failure:
             raise CheckFailure(f"{case.dtype} is claimed, but {failure.message}", failure.mismatch) from failure
         return {"dtypes": None}
@@ -68,7 +77,7 @@ def dtypes(ctx: CheckContext, implementation: Implementation, case: Case) -> Out
             f"({failure.message}). Reject it with TORCH_CHECK and a message."
         ) from error
     try:
-        _compare_with_reference(loaded, case, returned, inputs, claimed=False)
+        _compare_unclaimed(loaded, case, returned, inputs)
     except CheckFailure as failure:
         raise CheckFailure(
             f"{case.dtype} is not claimed, and instead of rejecting it the op returns wrong values: {failure.message}",
@@ -109,7 +118,7 @@ def _failure_on(ctx: CheckContext, implementation: Implementation, case: Case) -
     """Why the op is not right on `case`, in a dtype it does not claim (None: it is)."""
     try:
         inputs = inputs_for(ctx.loaded, case, ctx.base_seed)
-        _compare_with_reference(ctx.loaded, case, outputs_of(ctx.loaded, implementation, inputs), inputs, claimed=False)
+        _compare_unclaimed(ctx.loaded, case, outputs_of(ctx.loaded, implementation, inputs), inputs)
     except CheckFailure as failure:
         return failure.message
     except ReferenceFailure as failure:
@@ -117,9 +126,19 @@ def _failure_on(ctx: CheckContext, implementation: Implementation, case: Case) -
     return None
 
 
-def _compare_with_reference(loaded: LoadedOp, case: Case, got: tuple, inputs: CaseInputs, claimed: bool) -> None:
-    """Outputs and mutated arguments vs the float64 reference, cast the way the op's result is: an integer result
-    to within one unit, a bool exactly, a floating one within its dtype's tolerance."""
+def _as_correctness_compares(loaded: LoadedOp, implementation: Implementation, case: Case, inputs: CaseInputs) -> None:
+    """A claimed dtype is held to what the correctness check asks of it: the reference gets the inputs as the matrix
+    makes them (an integer op's integers stay integers, and its result keeps their dtype)."""
+    baseline = output_baseline(loaded, inputs, case.dtype)
+    got = outputs_of(loaded, implementation, inputs)
+    compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))
+    compare_with_reference(loaded, case.dtype, case.device, compared, baseline)
+
+
+def _compare_unclaimed(loaded: LoadedOp, case: Case, got: tuple, inputs: CaseInputs) -> None:
+    """Outputs and mutated arguments of a call in a dtype the op does not claim vs the float64 reference, cast the
+    way the op's result is: an integer result to within one unit, a bool exactly, a floating one within its dtype's
+    tolerance (the reference is written for real values: an integer input reaches it as float64)."""
     import torch
 
     floating = getattr(torch, case.dtype).is_floating_point
@@ -131,11 +150,10 @@ def _compare_with_reference(loaded: LoadedOp, case: Case, got: tuple, inputs: Ca
         if not isinstance(g, torch.Tensor) or not isinstance(e, torch.Tensor):
             check_result(name, g, e, tolerance_for(loaded.spec, case.dtype), None, case.device)
             continue
-        dtype = compared_dtype(case.dtype, name, g, e) if claimed else g.dtype
         # The low-precision baseline is the reference in the case's dtype: only for a result in that dtype.
         same_dtype = baseline if g.dtype == getattr(torch, case.dtype) else None
         check_result(
-            name, g, _as_the_op_would(e, g.dtype), _rule(loaded, g.dtype), dtype, case.device, baseline=same_dtype
+            name, g, _as_the_op_would(e, g.dtype), _rule(loaded, g.dtype), g.dtype, case.device, baseline=same_dtype
         )
 
 

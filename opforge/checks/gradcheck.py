@@ -21,8 +21,8 @@ from opforge.checks.calls import (
     differentiable_outputs,
     differentiated,
     inputs_for,
-    output_names,
-    outputs_of,
+    named_leaves,
+    op_outputs,
     seeded_grad_outputs,
     vector_jacobian_products,
     with_arguments,
@@ -100,11 +100,14 @@ def _run(ctx: CheckContext, implementation: Implementation, case: Case, second_o
     loaded = ctx.loaded
     inputs = inputs_for(loaded, case, ctx.base_seed, requires_grad=True)
     names = differentiated(loaded, inputs)
-    op = _op_function(loaded, implementation, inputs, names)
-    if sum(t.numel() for t in op.inputs) == 0:
+    if sum(argument(inputs, loaded, n).numel() for n in names) == 0:
         return None  # nothing to differentiate; the empty case is covered by correctness and opcheck
-
-    checker, checked, check = _checker(ctx, implementation, inputs, op, case, second_order)
+    try:
+        op = _op_function(loaded, implementation, inputs, names)
+        checker, checked, check = _checker(ctx, implementation, inputs, op, case, second_order)
+    except Exception as exc:  # the op's own failure on this case, as torch's check would meet it
+        name = "gradgradcheck" if second_order else "gradcheck"
+        return CheckFailure(f"{name} failed: the op raised {short(exc)}", None)
     steps = FINITE_DIFFERENCES[case.dtype]
     fast = sum(t.numel() for t in op.inputs) > EXACT_JACOBIAN_MAX_ELEMENTS
     failure, caught = _verdict(partial(check, eps=steps.eps, atol=steps.atol, rtol=steps.rtol, fast_mode=fast))
@@ -136,7 +139,7 @@ def _checker(
 
     if not second_order:
         return "gradcheck", op, partial(torch.autograd.gradcheck, op.fn, op.inputs)
-    checked = _first_derivatives(op, outputs_of(ctx.loaded, implementation, inputs), case, ctx.base_seed)
+    checked = _first_derivatives(op, op.fn(*op.inputs), case, ctx.base_seed)
     grad_outputs = checked.inputs[len(op.inputs) :]
     return "gradgradcheck", checked, partial(torch.autograd.gradgradcheck, op.fn, op.inputs, grad_outputs)
 
@@ -160,14 +163,21 @@ def _verdict(check: Callable[..., Any]) -> tuple[Exception | None, list[warnings
 def _op_function(
     loaded: LoadedOp, implementation: Implementation, inputs: CaseInputs, names: list[str]
 ) -> Differentiable:
-    """The op as a function of its differentiated inputs, the others held at the case's values."""
+    """The op as a function of its differentiated inputs, the others held at the case's values, returning its tensors
+    as a flat tuple (torch's gradcheck takes a tensor or a tuple of them: a `Tensor[]` output's tensors each, no None
+    or number)."""
+    import torch
 
-    def fn(*tensors: torch.Tensor) -> Any:
+    def named(*tensors: torch.Tensor) -> list[tuple[str, Any]]:
         args, kwargs = with_arguments(loaded, inputs, dict(zip(names, tensors)))
-        return implementation.fn(*args, **kwargs)
+        returned = op_outputs(loaded, implementation.fn(*args, **kwargs))
+        return [(n, v) for n, v in named_leaves(loaded, returned, {}) if isinstance(v, torch.Tensor)]
+
+    def fn(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(v for _, v in named(*tensors))
 
     wrt = tuple(argument(inputs, loaded, n) for n in names)
-    return Differentiable(fn, wrt, tuple(names), tuple(output_names(loaded)))
+    return Differentiable(fn, wrt, tuple(names), tuple(n for n, _ in named(*wrt)))
 
 
 def _first_derivatives(op: Differentiable, returned: tuple[Any, ...], case: Case, base_seed: int) -> Differentiable:

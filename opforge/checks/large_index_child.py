@@ -167,10 +167,10 @@ def _compare_windows(
 ) -> None:
     import torch
 
-    from opforge.checks.calls import against_reference, compared_dtype
-    from opforge.compare import as_tuple, tolerance_for
+    from opforge.checks.calls import against_reference, compared_dtype, op_outputs, reference_values
+    from opforge.compare import tolerance_for
 
-    got = as_tuple(returned) if loaded.overload._schema.returns else ()
+    got = op_outputs(loaded, returned)
     mutated = {name: kwargs[name] for name in loaded.mutated_arguments}
     tol = tolerance_for(loaded.spec, job.dtype)
     shape = tuple(next(iter(dict(job.shapes).values())))
@@ -180,7 +180,7 @@ def _compare_windows(
             result = loaded.reference(**{**dict(kwargs), **reference_args})
         except Exception as exc:
             raise ReferenceFailure(f"the reference raised {exc} on elements {lo}..{hi}") from exc
-        for name, g, e in against_reference(loaded, got, mutated, as_tuple(result) if result is not None else ()):
+        for name, g, e in against_reference(loaded, got, mutated, reference_values(loaded, result)):
             _require_large(name, g, shape, compared_dtype(job.dtype, name, g, e))
             _compare_window(name, g.reshape(-1)[lo:hi], e.reshape(-1), job, lo, shape, tol)
 

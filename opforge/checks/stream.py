@@ -46,7 +46,7 @@ from opforge.checks.calls import (
     short,
     with_arguments,
 )
-from opforge.compare import Baseline, check_result, tolerance_for
+from opforge.compare import Baseline, check_result, map_tensors, tolerance_for
 from opforge.cuda_spin import spin
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, PassNote
@@ -106,7 +106,7 @@ def _on_side_streams(ctx: CheckContext, implementation: Implementation, case: Ca
         got = outputs_of(loaded, implementation, _replaced(inputs, args, kwargs))
         # Read on the consumer, as the caller's next op would. Every tensor stays referenced until the synchronize
         # below, so none needs record_stream.
-        seen = tuple(o.clone() for o in got)
+        seen = tuple(map_tensors(lambda o: o.clone(), o) for o in got)
         seen_mutated = {name: pending[name].clone() for name in loaded.mutated_arguments}
     torch.cuda.synchronize()
     _compare(

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, CaseInputs, in_layout, input_layout
 from opforge.checks.base import Check, CheckContext, Outcomes, first_values
-from opforge.checks.calls import argument, inputs_for, outputs_of, paired, with_arguments
-from opforge.compare import as_tuple, check_result, tolerance_for
+from opforge.checks.calls import argument, inputs_for, named_leaves, op_outputs, outputs_of, with_arguments
+from opforge.compare import check_result, tolerance_for
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, short
 
@@ -41,25 +41,38 @@ def vmap(ctx: CheckContext, implementation: Implementation, case: Case) -> Outco
         return implementation.fn(*args, **kwargs)
 
     try:
-        batched = as_tuple(torch.vmap(call)(*batched_inputs))
+        batched = op_outputs(loaded, torch.vmap(call)(*batched_inputs))
     except Exception as exc:
         raise CheckFailure(
             f"torch.vmap of {implementation.name}: expected it to run batched, got {short(exc)}. Register a "
             "batching rule (torch.library.register_vmap) that returns out_dims for every output."
         ) from exc
     tol = tolerance_for(loaded.spec, case.dtype)
-    stacked = tuple(torch.stack(per_slice) for per_slice in zip(*looped))
-    for name, got, expected in paired(loaded, batched, {}, stacked, {}):
+    per_slice = [dict(named_leaves(loaded, outputs, {})) for outputs in looped]
+    for name, got in named_leaves(loaded, batched, {}):
+        expected = _stacked(name, [leaves.get(name) for leaves in per_slice])
         check_result(
             f"{name} (vmap vs loop over {BATCH} slices)",
             got,
             expected,
             tol,
-            expected.dtype,
+            getattr(expected, "dtype", None),
             case.device,
             against=f"the op called on each of the {BATCH} slices",
         )
     return {"vmap": None}
+
+
+def _stacked(name: str, values: list[Any]) -> Any:
+    """One output's values over the slices, stacked along a new dim 0 (a value that is no tensor: the first slice's,
+    which every slice must share)."""
+    import torch
+
+    if all(isinstance(v, torch.Tensor) for v in values):
+        return torch.stack(values)
+    if any(v != values[0] for v in values):
+        raise CheckFailure(f"{name}: the op called on each slice returned {values}: no batched output can match.")
+    return values[0]
 
 
 def _batched(loaded: LoadedOp, slices: list[CaseInputs], name: str, case: Case) -> torch.Tensor:

@@ -6,35 +6,37 @@ and then the oracles, the same code `opforge check` runs (its comparison rules, 
   test_faketensor);
 - determinism: two runs of the same call alike, bit for bit (unless the spec claims otherwise);
 - devices: the CUDA result against the CPU result of the same call (on a GPU, for a spec that runs on both);
-- compile: torch.compile(fullgraph=True, dynamic=True) of the op against eager, one compiled function per dtype and
-  device for all the examples a child judges (the compile check's own comparison).
+- compile: torch.compile(fullgraph=True, dynamic=True) of the op against eager and, where they differ, against the
+  float64 reference (the compile check's own rule), one compiled function per dtype and device for all the
+  examples a child judges.
 
-A failure's cause (failure_cause) tells distinct failures apart: the kind of mismatch, and the special value the
+A failure's cause (Judge._cause) tells distinct failures apart: the kind of mismatch, and the special value the
 example's fill wrote when the failure needs it.
 """
 
 from __future__ import annotations
 
 import cmath
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from opforge.cases import Case, writes_special
-from opforge.checks.base import CheckContext, Outcomes
+from opforge.cases import Case, CaseInputs, writes_special
+from opforge.checks.base import CheckContext
 from opforge.checks.calls import (
-    MUTATED,
     call_reference,
     inputs_for,
+    named_leaves,
     output_baseline,
-    output_names,
     outputs_of,
+    reference_in_op_dtypes,
     split_reference,
 )
 from opforge.checks.catalog import CATALOG
-from opforge.checks.compile import compiled_against_eager
 from opforge.checks.opcheck import outcome
+from opforge.compare import map_tensors
 from opforge.engine.tasks import check_verdicts
 from opforge.fuzz.verdict import DISCARD, FAIL, KNOWN, OUTSIDE_DOMAIN, PASS, REJECT, UNDECIDABLE, Verdict
 from opforge.loading import Implementation, LoadedOp
@@ -122,28 +124,70 @@ class Judge:
         return f"{kind}, with {special} in an input"
 
     def _undecidable(self, case: Case, failed: Verdict) -> Verdict | None:
-        """A discard where the failing output is an integer or bool one (indices, counts, masks) on which the
-        reference computed in the case's dtype disagrees with the float64 reference too: the dtype's own rounding
-        or overflow decides it (nms's box areas of corners near 1.8e19 overflow float32), not the op. A wrong
-        integer output where that baseline agrees with float64 stays a failure. None: not such a case."""
-        import torch
-
+        """A discard where the failing output is an integer or bool one (indices, counts, masks: a tensor, or a
+        plain int or bool) that the case's dtype cannot decide: the reference computed in that dtype disagrees with
+        the float64 reference there too, or overflows on the way (an intermediate not finite in the dtype where it is
+        in float64). nms's box areas of corners near 1.8e19 (the `huge` fill) overflow float32, in the op and in the
+        reference alike, and which boxes it keeps is then the overflow's doing, not the op's. A wrong integer output
+        where the reference computes in the dtype without overflow and agrees with float64 stays a failure. None:
+        not such a case."""
         loaded = self.loaded
         try:
             inputs = inputs_for(loaded, case, 0)
             baseline = output_baseline(loaded, inputs, case.dtype)
-            outputs, new_values = split_reference(loaded, call_reference(loaded, inputs))
+            expected = named_leaves(loaded, *split_reference(loaded, call_reference(loaded, inputs)))
         except Exception:  # the correctness oracle has already said what failed
             return None
-        expected = dict(zip(output_names(loaded), outputs)) | {f"{n}{MUTATED}": v for n, v in new_values.items()}
-        for name, value in expected.items():
-            if not _is_exact(value) or not failed.message.startswith(f"{name}:"):
-                continue
+        failing = [(n, v) for n, v in expected if _is_exact(v) and failed.message.startswith(f"{n}:")]
+        for name, value in failing:
             in_dtype = baseline.value(name)
-            if isinstance(in_dtype, torch.Tensor) and not _equal(in_dtype, value):
-                why = f"{name}: {baseline.label} disagrees with the float64 reference too; the op: {failed.message}"
-                return Verdict(DISCARD, "correctness", why, cause=UNDECIDABLE)
+            if in_dtype is not None and not _equal(in_dtype, value):
+                why = f"{name}: {baseline.label} disagrees with the float64 reference too"
+                return Verdict(DISCARD, "correctness", f"{why}; the op: {failed.message}", cause=UNDECIDABLE)
+        overflow = _overflow_in_dtype(loaded, inputs) if failing else ""
+        if overflow:
+            why = f"{failing[0][0]}: the reference computed in {case.dtype} overflows ({overflow})"
+            return Verdict(DISCARD, "correctness", f"{why}; the op: {failed.message}", cause=UNDECIDABLE)
         return None
+
+
+def _overflow_in_dtype(loaded: LoadedOp, inputs: CaseInputs) -> str:
+    """The first step of the reference that has more elements not finite when it computes in the op's dtypes than
+    in float64 (an overflow, or an underflow divided by), as "aten.mul.Tensor in step 3"; "" when there is none, or
+    the two runs take different steps."""
+    try:
+        wide = _non_finite_steps(loaded, inputs.reference_args, inputs.reference_kwargs)
+        narrow = _non_finite_steps(loaded, *reference_in_op_dtypes(loaded, inputs))
+    except Exception:  # a reference that does not run in the dtype: nothing to blame on it
+        return ""
+    if [step for step, _ in wide] != [step for step, _ in narrow]:
+        return ""
+    return next(
+        (f"{step} in step {i + 1}" for i, ((step, w), (_, n)) in enumerate(zip(wide, narrow)) if n > w),
+        "",
+    )
+
+
+def _non_finite_steps(loaded: LoadedOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, int]]:
+    """Each aten call of one reference run on copies of the arguments, with how many elements of its floating
+    outputs are not finite."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    steps: list[tuple[str, int]] = []
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            floating = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            steps.append((str(func), sum(int((~torch.isfinite(t)).sum()) for t in floating)))
+            return out
+
+    copy = functools.partial(map_tensors, lambda t: t.detach().clone())
+    with torch.no_grad(), Counting():
+        loaded.reference(*copy(args), **{k: copy(v) for k, v in kwargs.items()})
+    return steps
 
 
 def failure_kind(message: str, mismatch: Mismatch | None) -> str:
@@ -156,9 +200,9 @@ def failure_kind(message: str, mismatch: Mismatch | None) -> str:
     return next((kind for fragment, kind in _MESSAGE_KINDS if fragment in lowered), "another failure")
 
 
-# The first fragment a failure message holds (lowercase) names its kind: compare.check_result's and the checks'
-# wording, and torch's fake-tensor comparison's (opcheck's test_faketensor: "Stride mismatch", "Shapes ... are not
-# equal", "Dtypes ...").
+# The first fragment a failure message holds (lowercase) names its kind: compare.check_result's, check_plain_value's
+# and paired_leaves' wording (a plain value that differs: "n: expected 3, got 4."), the checks', and torch's
+# fake-tensor comparison's (opcheck's test_faketensor: "Stride mismatch", "Shapes ... are not equal", "Dtypes ...").
 _MESSAGE_KINDS = (
     ("oracle raised", "the oracle raised"),
     ("stride", "wrong strides"),
@@ -169,8 +213,12 @@ _MESSAGE_KINDS = (
     ("expected a tensor", "not a tensor"),
     ("modified input", "an input written that the schema does not declare mutable"),
     ("value(s)", "a wrong number of outputs"),
+    ("expected none", "a value where None was expected"),
+    ("got none", "None where a value was expected"),
     ("raised", "raised"),
     ("failed on", "raised"),
+    ("list", "a list of the wrong length"),
+    ("expected", "a wrong value"),
 )
 
 
@@ -196,12 +244,19 @@ def special_value(fill: str) -> str:
 
 
 def _is_exact(value: Any) -> bool:
+    """An integer or bool value, compared exactly: a tensor of such a dtype, or a plain int or bool."""
     import torch
 
-    return isinstance(value, torch.Tensor) and not (value.is_floating_point() or value.is_complex())
+    if isinstance(value, torch.Tensor):
+        return not (value.is_floating_point() or value.is_complex())
+    return isinstance(value, int)
 
 
 def _equal(a: Any, b: Any) -> bool:
+    import torch
+
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return bool(a == b)
     return tuple(a.shape) == tuple(b.shape) and bool(a.detach().cpu().eq(b.detach().cpu()).all())
 
 
@@ -237,16 +292,12 @@ def _is_cuda_fault(exc: BaseException) -> bool:
     return "CUDA error" in text or "device-side assert" in text or type(exc).__name__ == "AcceleratorError"
 
 
-def _from_check(
-    name: str, oracle: str, run: Callable[[CheckContext, Implementation, Case], Outcomes] | None = None
-) -> Oracle:
-    """The oracle that runs check `name` (or `run`, a part of it) on one example: its failure or error the oracle's
-    failure."""
+def _from_check(name: str, oracle: str) -> Oracle:
+    """The oracle that runs check `name` on one example: its failure or error the oracle's failure."""
 
     def judged(context: CheckContext, implementation: Implementation, case: Case) -> Verdict | None:
         check = CATALOG.get(name)
-        runner = run or check.run
-        for verdict in check_verdicts(check, lambda: runner(context, implementation, case)).values():
+        for verdict in check_verdicts(check, lambda: check.run(context, implementation, case)).values():
             if verdict.status in (Status.FAIL, Status.ERROR):
                 return Verdict(FAIL, oracle, verdict.message, verdict.mismatch)
         return None
@@ -267,16 +318,10 @@ def _fake(context: CheckContext, implementation: Implementation, case: Case) -> 
     return Verdict(FAIL, "fake", failure.message) if isinstance(failure, CheckFailure) else None
 
 
-def _compiled_example(context: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
-    """The compile check's comparison on this one example, through the compiled function its dtype and device
-    share in this child."""
-    return compiled_against_eager(context, implementation, case, [case])
-
-
 _ORACLES: dict[str, Oracle] = {
     "correctness": _from_check("correctness", "correctness"),
     "fake": _fake,
     "determinism": _from_check("determinism", "determinism"),
     "devices": _from_check("devices", "devices"),
-    "compile": _from_check("compile", "compile", _compiled_example),
+    "compile": _from_check("compile", "compile"),
 }

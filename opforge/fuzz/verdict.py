@@ -21,7 +21,7 @@ class Verdict:
     refused a call the reference took: a narrower domain, counted, not a failure); discard (nothing judged the op:
     the reference refused the call, it was too costly to judge, or the case's dtype cannot decide it).
 
-    `cause`: of a failure, what went wrong (opforge.fuzz.oracles.failure_cause: the kind of mismatch, and the special
+    `cause`: of a failure, what went wrong (opforge.fuzz.oracles.Judge._cause: the kind of mismatch, and the special
     value the example's fill wrote when the failure needs it), which tells distinct failures apart; of a discard,
     which of the reasons above."""
 
