@@ -367,3 +367,30 @@ def test_a_package_in_the_working_directory_does_not_shadow_opforge_in_the_fuzz_
     (tmp_path / "opforge" / "__init__.py").write_text("raise SystemExit('the cwd shadowed opforge')\n")
     result = invoke("fuzz", str(FUZZ_OPS / "doubles.yaml"), "--max-examples", "3", "--seed", "0")
     assert result.exit_code == 0, result.output
+
+
+def judged_examples(fixture: str, fill: str, seeds: range, op: str = "") -> list:
+    """The correctness oracle's verdicts on float32 [8, 4] examples of the fixture's spec with `fill`, one per seed
+    (on the fixture's op, or on `op` in its place)."""
+    from opforge.cases import kept_case
+    from opforge.fuzz.oracles import Judge
+    from opforge.loading import load_op
+
+    spec = load_spec(FUZZ_OPS / f"{fixture}.yaml")
+    if op:
+        spec = replace(spec, op=f"fuzzed::{op}", schema=spec.schema.replace(f"::{fixture}(", f"::{op}("))
+    judge = Judge(load_op(spec, None))
+    example = Regression("float32", "cpu", "contiguous", (("x", (8, 4)),), (), fill, 0)
+    return [judge(kept_case(spec, replace(example, seed=seed), "fuzz"), ("correctness",)) for seed in seeds]
+
+
+def test_an_integer_output_the_dtypes_overflow_decides_is_discarded_and_a_wrong_one_fails():
+    # Found on torchvision's nms: under the `huge` fill, box areas overflow float32 in the op and in the reference
+    # run in float32 alike, and the int64 indices it keeps then differ from float64's: not the op's fault.
+    overflowed = judged_examples("large_rows", "huge", range(12))
+    assert {v.status for v in overflowed} == {"pass", "discard"}, overflowed
+    assert {v.cause for v in overflowed if v.status == "discard"} == {"beyond what the case's dtype can decide"}
+    assert any("overflows (aten." in v.message for v in overflowed), overflowed
+    # A wrong count where float32 computes the reference without overflow stays a failure.
+    skipped = judged_examples("large_rows", "", range(12), op="large_rows_skips_last")
+    assert any(v.status == "fail" and v.message.startswith("result:") for v in skipped), skipped
