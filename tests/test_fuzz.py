@@ -394,3 +394,31 @@ def test_an_integer_output_the_dtypes_overflow_decides_is_discarded_and_a_wrong_
     # A wrong count where float32 computes the reference without overflow stays a failure.
     skipped = judged_examples("large_rows", "", range(12), op="large_rows_skips_last")
     assert any(v.status == "fail" and v.message.startswith("result:") for v in skipped), skipped
+
+
+@pytest.mark.slow
+def test_a_samples_function_that_runs_openmp_first_leaves_every_example_judged(tmp_path):
+    # Found on a quantization library's spec: its samples function's log_softmax ran OpenMP's threads in the process
+    # that then forked the children judging examples, and each child hung in its first parallel multiply (libgomp
+    # is not fork-safe): every example discarded as too costly, and the search said "no failure found".
+    options = FuzzOptions(budget=120, max_examples=20, seed=0, database=tmp_path / "db")
+    report = fuzz(load_spec(FUZZ_OPS / "doubles_openmp_samples.yaml"), options)
+    assert report.failures == [] and not report.judged_too_few, report
+    assert report.judged == report.examples == 20 and report.discards == {}, report
+
+
+@pytest.mark.slow
+def test_a_search_that_judged_too_few_examples_exits_5_with_the_reason(tmp_path):
+    path = fixture_copy(tmp_path, "doubles")
+    (tmp_path / "refusing.py").write_text("def reference(x):\n    raise ValueError('not in my domain')\n")
+    path.write_text(
+        path.read_text()
+        .replace("python: [fuzzed]", "python: [fuzzed, refusing]")
+        .replace("reference: fuzzed:doubles_reference", "reference: refusing:reference")
+    )
+    result = invoke("fuzz", str(path), "--max-examples", "12", "--seed", "0", "--budget", "60")
+    assert result.exit_code == 5, result.output
+    output = " ".join(result.output.split())
+    assert "nothing meaningful was checked" in output and "got 0 of 12" in output, output
+    assert "12 outside the reference's domain (first: the reference raised ValueError: not in my domain)" in output
+    assert "no failure found" not in output

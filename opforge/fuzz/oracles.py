@@ -40,7 +40,7 @@ from opforge.compare import map_tensors
 from opforge.engine.tasks import check_verdicts
 from opforge.fuzz.verdict import DISCARD, FAIL, KNOWN, OUTSIDE_DOMAIN, PASS, REJECT, UNDECIDABLE, Verdict
 from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, short
+from opforge.outcomes import CheckFailure, ReferenceFailure, short
 from opforge.results import Mismatch, Status
 
 ORACLES = ("correctness", "fake", "determinism", "devices", "compile")
@@ -69,7 +69,8 @@ class Judge:
             inputs = inputs_for(self.loaded, case, 0)
             call_reference(self.loaded, inputs)
         except Exception as exc:  # the reference (or a spec generator) refuses the call: not the op's domain
-            return Verdict(DISCARD, message=short(exc), cause=OUTSIDE_DOMAIN)
+            message = str(exc) if isinstance(exc, ReferenceFailure) else short(exc)
+            return Verdict(DISCARD, message=message, cause=OUTSIDE_DOMAIN)
         took("reference", time.monotonic() - started)
         started = time.monotonic()
         try:
