@@ -422,3 +422,33 @@ def test_a_search_that_judged_too_few_examples_exits_5_with_the_reason(tmp_path)
     assert "nothing meaningful was checked" in output and "got 0 of 12" in output, output
     assert "12 outside the reference's domain (first: the reference raised ValueError: not in my domain)" in output
     assert "no failure found" not in output
+
+
+ROUND3 = FIXTURES / "round3"
+# Every kind of schema return: spec, its broken twin, and the output the twin's failure must name.
+RETURN_TYPES = {
+    "split_scaled": ("split_scaled_last_unscaled", "result1["),  # (Tensor, Tensor[]): the last list item
+    "permute_rows": ("permute_rows_keeps_weights", "result1:"),  # (Tensor, Tensor?) with weights given
+    "count_above": ("count_above_or_equal", "result1:"),  # (Tensor, SymInt, float, bool): the count
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", [*RETURN_TYPES, "permute_rows_unweighted"])
+def test_fuzz_judges_every_return_type_and_passes_the_correct_op(tmp_path, fixture):
+    options = FuzzOptions(budget=60, max_examples=30, seed=0, database=tmp_path / "db")
+    report = fuzz(load_spec(ROUND3 / f"{fixture}.yaml"), options)
+    assert report.failures == [] and report.judged == 30, report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", RETURN_TYPES)
+def test_fuzz_finds_the_broken_twin_of_every_return_type(tmp_path, fixture):
+    twin, output = RETURN_TYPES[fixture]
+    for source in ROUND3.glob("*.py"):
+        shutil.copy(source, tmp_path / source.name)
+    spec = (ROUND3 / f"{fixture}.yaml").read_text().replace(f"round3::{fixture}(", f"round3::{twin}(")
+    (tmp_path / f"{twin}.yaml").write_text(spec.replace(f"op: round3::{fixture}\n", f"op: round3::{twin}\n"))
+    options = FuzzOptions(budget=60, max_examples=30, seed=0, exit_first=True, database=tmp_path / "db")
+    report = fuzz(load_spec(tmp_path / f"{twin}.yaml"), options)
+    assert [(f.oracle, f.message.startswith(output)) for f in report.failures] == [("correctness", True)], report
