@@ -452,3 +452,14 @@ def test_fuzz_finds_the_broken_twin_of_every_return_type(tmp_path, fixture):
     options = FuzzOptions(budget=60, max_examples=30, seed=0, exit_first=True, database=tmp_path / "db")
     report = fuzz(load_spec(tmp_path / f"{twin}.yaml"), options)
     assert [(f.oracle, f.message.startswith(output)) for f in report.failures] == [("correctness", True)], report
+
+
+@pytest.mark.slow
+def test_a_first_failure_hides_no_second_one_of_another_cause(tmp_path):
+    # Found on torchvision's roi_pool: fuzz reported one failure per oracle, so its NaN dropped hid its all -inf bin.
+    options = FuzzOptions(budget=120, max_examples=300, seed=0, database=tmp_path / "db")
+    report = fuzz(load_spec(FUZZ_OPS / "logsumexp_drops_nan.yaml"), options)
+    causes = {f.verdict.cause for f in report.failures}
+    assert {f.oracle for f in report.failures} == {"correctness"}, report.failures
+    assert "a number where NaN was expected, with nan in an input" in causes, causes
+    assert "NaN where a number was expected, with -inf in an input" in causes, causes
