@@ -463,3 +463,16 @@ def test_a_first_failure_hides_no_second_one_of_another_cause(tmp_path):
     assert {f.oracle for f in report.failures} == {"correctness"}, report.failures
     assert "a number where NaN was expected, with nan in an input" in causes, causes
     assert "NaN where a number was expected, with -inf in an input" in causes, causes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("op", "failures"), [("fake_quant", []), ("fake_quant_compiled_floor", ["compile"])])
+def test_the_compile_oracle_passes_inductors_closer_result_and_fails_a_wrong_one(tmp_path, op, failures):
+    for source in ROUND3.glob("*.py"):
+        shutil.copy(source, tmp_path / source.name)
+    spec = (ROUND3 / "fake_quant.yaml").read_text().replace("round3::fake_quant(", f"round3::{op}(")
+    (tmp_path / f"{op}.yaml").write_text(spec.replace("op: round3::fake_quant\n", f"op: round3::{op}\n"))
+    options = FuzzOptions(budget=120, max_examples=20, seed=0, oracles=("compile",), database=tmp_path / "db")
+    report = fuzz(load_spec(tmp_path / f"{op}.yaml"), options)
+    assert [f.oracle for f in report.failures] == failures and report.judged == 20, report
+    assert not failures or "compiled vs eager" in report.failures[0].message
