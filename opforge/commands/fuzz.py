@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from opforge.commands.app import EXECUTION, REPORTS, SELECTION, CudaArch, app, guarded, spec_paths
-from opforge.errors import EXIT_FAILED, EXIT_OK, UsageError
+from opforge.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, UsageError
 from opforge.fuzz.options import DEFAULT_BUDGET, DEFAULT_MAX_NUMEL, FuzzOptions
 from opforge.spec.model import KNOWN_DEVICES, OpSpec
 
 if TYPE_CHECKING:
     from opforge.fuzz.search import FuzzReport
 
-ORACLE_NAMES = ("correctness", "fake", "determinism", "devices")
+ORACLE_NAMES = ("correctness", "fake", "determinism", "devices", "compile")
 
 
 @app.command()
@@ -47,7 +47,7 @@ def fuzz(
         list[str],
         typer.Option(
             "--check",
-            help=f"Only these oracles (repeatable): {', '.join(ORACLE_NAMES)}.",
+            help=f"Only these oracles (repeatable): {', '.join(ORACLE_NAMES)} (compile only when asked).",
             rich_help_panel=SELECTION,
         ),
     ] = [],  # noqa: B006
@@ -84,7 +84,8 @@ def fuzz(
     cuda_arch: CudaArch = None,
 ) -> None:
     """Search for inputs that break an op, beyond its spec's matrix: shapes, layouts, storage offsets and values
-    hypothesis draws and shrinks. Exit 1 when it found a failure, 0 when the budget ran out without one.
+    hypothesis draws and shrinks. Exit 1 when it found a failure, 0 when the budget ran out without one, 5 when it
+    judged too few examples to mean anything (the rest discarded or refused).
 
     \b
     Examples:
@@ -116,7 +117,7 @@ def fuzz(
             kept = read_example(example, spec, chosen)
             verdict, oracles = replay(spec, kept, options)
             render_replay(verdict, oracles)
-            return EXIT_FAILED if verdict.status == "fail" else EXIT_OK
+            return _replay_exit(verdict.status)
         live = Live()
         with live.shown():
             report = search(spec, options, live.update)
@@ -125,9 +126,17 @@ def fuzz(
             write_fuzz_json(json_path, report)
         if save and report.failures:
             _save(spec, report)
-        return EXIT_FAILED if report.failed else EXIT_OK
+        return EXIT_FAILED if report.failed else EXIT_NOTHING_RAN if report.judged_too_few else EXIT_OK
 
     guarded(body)
+
+
+def _replay_exit(status: str) -> int:
+    """A failure 1; a pass, or a failure the spec declares, 0; an example nothing judged (the reference or the op
+    refused it, or it was discarded) 5: never a pass."""
+    if status == "fail":
+        return EXIT_FAILED
+    return EXIT_OK if status in ("pass", "known") else EXIT_NOTHING_RAN
 
 
 def _save(spec: OpSpec, report: FuzzReport) -> None:

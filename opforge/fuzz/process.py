@@ -17,7 +17,7 @@ from typing import Any
 from opforge.child import ChildProcess, describe_exit, with_this_opforge
 from opforge.engine.forkserver import shared_server
 from opforge.errors import OpforgeError, WorkerInternalError
-from opforge.fuzz.verdict import DISCARD, FAIL, Verdict
+from opforge.fuzz.verdict import DISCARD, FAIL, TOO_COSTLY, Verdict
 from opforge.results import mismatch_from_json
 from opforge.spec.model import Regression
 
@@ -31,10 +31,16 @@ EXIT_GRACE = 5.0
 # judge (a discard, not a hang): torchvision's roi_align on 3,200 rois of 1,910 transposed channels (36.7 M outputs)
 # took 4.6 s in its float64 reference and 17 s in the op here, and its oracles 80 s more.
 COSTLY_SHARE = 1 / 3
-# How many more calls of the reference and the op together the oracles may make after the first (correctness,
-# the baseline in the dtype and Baseline.spread's five float64 runs, fake, determinism's two, devices): the rest of
-# the example may take the limit plus that many times the first calls' time.
-ORACLE_CALLS = 12
+# How many more calls of the reference and the op together the oracles may make after the first: correctness (the
+# op, the reference, the baseline in the dtype and Baseline.spread's five float64 runs), fake, determinism's two,
+# devices' two, compile's eager call; on a failure, the same oracle again without the example's special value (its
+# cause) and, for correctness, the reference and its baseline once more (an integer output the dtype cannot decide).
+# The rest of the example may take the limit plus that many times the first calls' time.
+ORACLE_CALLS = 26
+# What the compile oracle adds to an example's limit: a child's first example of a dtype and device compiles the op
+# (inductor, dynamic shapes), and an example whose sizes or strides break the compiled graph's guards compiles
+# again. `opforge check`'s compile rows run under its 300 s row limit; here one compile took up to that.
+COMPILE_TIME_LIMIT = 300.0
 
 
 class LoadFailed(OpforgeError):
@@ -58,7 +64,7 @@ class FuzzWorker(ChildProcess):
         self.send(json.dumps({"spec": str(spec_path), "cuda_arch": cuda_arch}))
         loaded = self._next(LOAD_TIME_LIMIT, "loading the op")
         if loaded["event"] == "error":
-            raise LoadFailed(loaded["message"], loaded["exit_code"])
+            self._load_failed(loaded)
         self.space: dict[str, Any] = loaded["space"]
         self.child = self._ready()
 
@@ -68,7 +74,7 @@ class FuzzWorker(ChildProcess):
         started = self._next(READY_TIME_LIMIT, "an example's start")
         if started["event"] == "died":
             raise WorkerInternalError(f"the fuzz worker's child died before an example: {started['how']}")
-        answer = self._timed_answer()
+        answer = self._timed_answer(oracles)
         if isinstance(answer, Verdict):
             return answer
         if answer["event"] == "died":
@@ -87,36 +93,42 @@ class FuzzWorker(ChildProcess):
 
     # --------------------------------------------------------------------------------------------------- inside
 
+    def _load_failed(self, error: dict[str, Any]) -> None:
+        tail = self._stderr_since(0) if error.get("died") else ""
+        raise LoadFailed(error["message"] + (f"; stderr: {tail}" if tail else ""), error["exit_code"])
+
     def _ready(self) -> int:
         ready = self._next(READY_TIME_LIMIT, "a fresh child")
+        if ready["event"] == "error":  # it loads the op again, which the planning child loaded
+            self._load_failed(ready)
         if ready["event"] != "ready":
             raise WorkerInternalError(f"the fuzz worker sent {ready['event']!r} where a fresh child was expected")
         pid: int = ready["pid"]
         return pid
 
-    def _timed_answer(self) -> dict[str, Any] | Verdict:
+    def _timed_answer(self, oracles: tuple[str, ...]) -> dict[str, Any] | Verdict:
         """The child's last event on an example, each phase under its own limit: the first reference call (past a
         share of the limit the example is too costly), the op's first call (past the limit it hangs), the oracles
         (the limit plus ORACLE_CALLS times the first calls' time). An example stopped on the way is its Verdict."""
         costly = self.time_limit * COSTLY_SHARE
         answer = self._within(costly)
         if answer is None:
-            return self._abandoned(DISCARD, "", f"the reference ran past {costly:g} s")
+            return self._abandoned(DISCARD, f"the reference ran past {costly:g} s")
         if answer["event"] != "reference":  # the reference refused the call, or the child died
             return answer
         reference_seconds = float(answer["seconds"])
         answer = self._within(self.time_limit)
         if answer is None:
-            return self._abandoned(FAIL, "hang", f"the op ran past the {self.time_limit:g} s limit of one call")
+            return self._abandoned(FAIL, f"the op ran past the {self.time_limit:g} s limit of one call")
         if answer["event"] != "op":  # the op refused the call, or its process died
             return answer
         cost = reference_seconds + float(answer["seconds"])
         if cost > costly:
-            return self._abandoned(DISCARD, "", f"the reference and one call of the op took {cost:.3g} s")
-        limit = self.time_limit + ORACLE_CALLS * cost
+            return self._abandoned(DISCARD, f"the reference and one call of the op took {cost:.3g} s")
+        limit = self.time_limit + ORACLE_CALLS * cost + (COMPILE_TIME_LIMIT if "compile" in oracles else 0.0)
         answer = self._within(limit)
         if answer is None:
-            return self._abandoned(FAIL, "hang", f"the op ran past the {limit:.3g} s limit of this example")
+            return self._abandoned(FAIL, f"the op ran past the {limit:.3g} s limit of this example")
         return answer
 
     def _within(self, limit: float) -> dict[str, Any] | None:
@@ -126,13 +138,15 @@ class FuzzWorker(ChildProcess):
         except TimeoutError:
             return None
 
-    def _abandoned(self, status: str, oracle: str, why: str) -> Verdict:
+    def _abandoned(self, status: str, why: str) -> Verdict:
         """The example stopped where it was (its child killed, a fresh one ready): a hang, or too costly to judge."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.child, signal.SIGKILL)
         self._until_died()
         self.child = self._ready()
-        return Verdict(status, oracle, why if status == FAIL else f"{why}: too costly to judge")
+        if status == FAIL:
+            return Verdict(FAIL, "hang", why)
+        return Verdict(DISCARD, message=f"{why}: too costly to judge", cause=TOO_COSTLY)
 
     def _until_died(self) -> None:
         while self._next(READY_TIME_LIMIT, "a killed child's end")["event"] != "died":
@@ -167,5 +181,9 @@ class FuzzWorker(ChildProcess):
 def _verdict(answer: dict[str, Any]) -> Verdict:
     mismatch = answer.get("mismatch")
     return Verdict(
-        answer["status"], answer["oracle"], answer["message"], mismatch_from_json(mismatch) if mismatch else None
+        answer["status"],
+        answer["oracle"],
+        answer["message"],
+        mismatch_from_json(mismatch) if mismatch else None,
+        answer["cause"],
     )

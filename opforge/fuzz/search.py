@@ -18,7 +18,7 @@ from typing import Any
 from opforge.fuzz.options import FuzzOptions
 from opforge.fuzz.process import FuzzWorker
 from opforge.fuzz.space import Space, examples
-from opforge.fuzz.verdict import DISCARD, FAIL, KNOWN, REJECT, Verdict
+from opforge.fuzz.verdict import DISCARD, FAIL, KNOWN, PASS, REJECT, Verdict
 from opforge.spec.model import OpSpec, Regression
 
 # Examples per hypothesis pass: small, so a pass ends soon after the budget does (~0.1 s an example here), large
@@ -35,6 +35,15 @@ if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found]
 
 
+# A search judged too few examples to mean anything, and exits 5 ("nothing was checked"), when it judged fewer than
+# this many (or every example --max-examples allows, when that is fewer)...
+MIN_JUDGED = 10
+# ...or fewer than this share of the examples it drew: the rest discarded (outside the reference's domain, too costly
+# to judge, beyond the dtype) or refused by the op. Seen: a samples function's OpenMP op poisoned every forked child,
+# which hung, and all 6 examples of a 60 s search were discarded as too costly; the search said "no failure found".
+MIN_JUDGED_SHARE = 0.1
+
+
 @dataclass(frozen=True)
 class Failure:
     """One distinct failure, at the smallest example hypothesis shrank it to."""
@@ -43,14 +52,24 @@ class Failure:
     message: str
     example: Regression
     verdict: Verdict
-    # When the search first met it: seconds from its start (the op loaded and built), and
-    # which example it was (1 for a failure the example database replayed first).
+    # When the search first met it: seconds from its start (the op loaded and built), which example it was (1 for
+    # a failure the example database replayed first), and that example, before shrinking.
     found_after: float
     found_at: int
+    first: Regression
 
     @property
     def key(self) -> str:
         return failure_key(self.verdict)
+
+
+@dataclass
+class Discards:
+    """The examples discarded for one reason (verdict.OUTSIDE_DOMAIN, TOO_COSTLY, UNDECIDABLE), and the first's
+    message."""
+
+    count: int = 0
+    first: str = ""
 
 
 @dataclass
@@ -60,7 +79,9 @@ class FuzzReport:
     device: str
     oracles: tuple[str, ...]
     examples: int = 0
-    rejected: int = 0  # the reference refused them: outside the domain
+    judged: int = 0  # an oracle's verdict: passed, failed, or failed as the spec declares
+    rejected: int = 0  # discarded, for any reason: see `discards`
+    discards: dict[str, Discards] = field(default_factory=dict)
     op_rejects: int = 0  # the op refused a call the reference took (a narrower domain)
     first_reject: str = ""
     known: int = 0  # failures the spec's xfail entries declare
@@ -68,19 +89,29 @@ class FuzzReport:
     failures: list[Failure] = field(default_factory=list)
     seconds: float = 0.0
     budget_ran_out: bool = False
+    max_examples: int | None = None
 
     @property
     def failed(self) -> bool:
         return bool(self.failures)
+
+    @property
+    def judged_too_few(self) -> bool:
+        """Whether the search judged too few examples to mean anything (MIN_JUDGED, MIN_JUDGED_SHARE): never a
+        pass."""
+        needed = min(MIN_JUDGED, self.max_examples or MIN_JUDGED)
+        return self.judged < needed or self.judged < MIN_JUDGED_SHARE * self.examples
 
 
 Progress = Callable[[FuzzReport, float], None]
 
 
 def failure_key(verdict: Verdict) -> str:
-    """What makes two failures the same one: the oracle (a crash is one failure whatever signal ended it: one
-    overrun segfaults at one size and raises SIGBUS at another)."""
-    return verdict.oracle
+    """What makes two failures the same one: the oracle and the failure's cause (the kind of mismatch, and the
+    special value it needs: a NaN dropped and an all -inf row mishandled are two), so that a first failure does not
+    hide a second. A crash is one failure whatever signal ended it (one overrun segfaults at one size and raises
+    SIGBUS at another), a hang one."""
+    return f"{verdict.oracle}: {verdict.cause}" if verdict.cause else verdict.oracle
 
 
 class FoundFailure(Exception):
@@ -109,7 +140,7 @@ def fuzz(spec: OpSpec, options: FuzzOptions, progress: Progress | None = None) -
     start = time.monotonic()
     try:
         oracles = options.oracles or _applicable(spec, options.device)
-        report = FuzzReport(spec.name, spec.path, options.device, oracles)
+        report = FuzzReport(spec.name, spec.path, options.device, oracles, max_examples=options.max_examples)
         _Search(spec, options, worker, report, progress or (lambda report, left: None), start).run()
     finally:
         worker.close()
@@ -128,7 +159,8 @@ def replay(spec: OpSpec, example: Regression, options: FuzzOptions) -> tuple[Ver
 
 
 def _applicable(spec: OpSpec, device: str) -> tuple[str, ...]:
-    """The oracles that can say something about this op on this device (opforge.fuzz.oracles)."""
+    """The oracles that can say something about this op on this device (opforge.fuzz.oracles), compile excepted:
+    it is asked for with --check compile (COMPILE_COST)."""
     found = ["correctness", "fake"]
     if spec.deterministic:
         found.append("determinism")
@@ -150,7 +182,7 @@ class _Search:
         self.spec, self.options, self.worker, self.report, self.progress = spec, options, worker, report, progress
         self.start = start
         self.deadline = start + options.budget
-        self.first_seen: dict[str, tuple[float, int]] = {}
+        self.first_seen: dict[str, tuple[float, int, Regression]] = {}
         self.found: dict[str, Failure] = {}
         # Each new failure of this pass at its last failing example: what is reported when the budget cuts
         # hypothesis's shrinking short (it then raises no minimal example); otherwise hypothesis's own minimal one
@@ -185,7 +217,7 @@ class _Search:
                 deadline=None,
                 phases=[Phase.explicit, Phase.reuse, *phases] if index == 0 else phases,
                 suppress_health_check=list(HealthCheck),
-                report_multiple_bugs=True,
+                report_multiple_bugs=not self.options.exit_first,  # -x: the one failure hypothesis reports
                 verbosity=Verbosity.quiet,
                 print_blob=False,
                 derandomize=False,
@@ -195,9 +227,9 @@ class _Search:
             self._collect(test)
             self.found.update(self.latest)
             self.latest.clear()
+            self.report.failures = sorted(self.found.values(), key=lambda f: f.key)
             index += 1
         self.report.budget_ran_out = time.monotonic() >= self.deadline
-        self.report.failures = sorted(self.found.values(), key=lambda f: f.key)
 
     def _probe_function(self) -> Callable[[Regression], None]:
         """The test hypothesis runs (a plain function, whose source names its database entries)."""
@@ -220,15 +252,22 @@ class _Search:
             reject()
         key = failure_key(verdict)
         if verdict.status == FAIL and key not in self.found:
-            found_after, found_at = self.first_seen.setdefault(key, (now - self.start, self.report.examples))
-            self.latest[key] = Failure(verdict.oracle, verdict.message, example, verdict, found_after, found_at)
+            found_after, found_at, first = self.first_seen.setdefault(
+                key, (now - self.start, self.report.examples, example)
+            )
+            self.latest[key] = Failure(verdict.oracle, verdict.message, example, verdict, found_after, found_at, first)
             raise _failure_type(key)(example, verdict)
 
     def _count(self, verdict: Verdict) -> None:
         report = self.report
         report.examples += 1
+        if verdict.status in (PASS, FAIL, KNOWN):
+            report.judged += 1
         if verdict.status == DISCARD:
             report.rejected += 1
+            discards = report.discards.setdefault(verdict.cause, Discards())
+            discards.count += 1
+            discards.first = discards.first or verdict.message
         elif verdict.status == REJECT:
             report.op_rejects += 1
             report.first_reject = report.first_reject or verdict.message
@@ -254,9 +293,11 @@ class _Search:
     def _minimal(self, failures: list[FoundFailure]) -> None:
         for failure in failures:
             key = failure_key(failure.verdict)
-            found_after, found_at = self.first_seen[key]
+            found_after, found_at, first = self.first_seen[key]
             verdict = failure.verdict
-            self.latest[key] = Failure(verdict.oracle, verdict.message, failure.example, verdict, found_after, found_at)
+            self.latest[key] = Failure(
+                verdict.oracle, verdict.message, failure.example, verdict, found_after, found_at, first
+            )
 
     def _out_of_examples(self) -> bool:
         limit = self.options.max_examples

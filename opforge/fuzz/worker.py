@@ -1,15 +1,19 @@
-"""The worker process of `opforge fuzz` (`python -m opforge.fuzz.worker`): it loads the op once, then forks a
-child that runs examples one at a time; when a child dies (a segfault, an abort, a kill after a hang) it reports
-how and forks the next one, in milliseconds instead of the seconds a fresh `import torch` and op load take. A crash
-therefore loses nothing and costs little, which lets hypothesis shrink crashing examples as it shrinks the others.
+"""The worker process of `opforge fuzz` (`python -m opforge.fuzz.worker`): it forks a child that plans the search
+(loads the op, builds it if needed, draws the spec's samples, reports the search space) and exits, then forks the
+children that judge examples, one at a time; when a child dies (a segfault, an abort, a kill after a hang) it
+reports how and forks the next one. A crash therefore loses nothing and costs little (a fork and the op's load from
+its built library: 15 to 65 ms here), which lets hypothesis shrink crashing examples as it shrinks the others.
 
-This process never runs an op itself: a process that has used OpenMP's threads hangs its forked children, and
-one that has made a CUDA context cannot hand it to them. Each child makes its own.
+This process never loads the op, draws a sample or runs any torch op: whatever runs here is inherited by every
+child it forks afterwards. A process that has used OpenMP's threads hangs its forked children in their next OpenMP
+call (libgomp is not fork-safe: a `samples:` function's torch.log_softmax on a large tensor made every child hang,
+and every example was discarded as too costly to judge); one that has made a CUDA context cannot hand it to them.
+Each child loads the op itself, and makes its own threads and context.
 
 Protocol, one JSON object per line: the parent sends {"spec", "cuda_arch"} first, then one {"example", "oracles"}
-per example; this process answers "loaded" (the search space) or "error", each child "ready" (its pid), then per
-example "start" (before running it, so a crash is charged to it) and "verdict" (saying whether the child now exits
-for a fresh one); "died" when a child died.
+per example; the planning child answers "loaded" (the search space) or "error", each judging child "ready" (its
+pid), then per example "start" (before running it, so a crash is charged to it) and "verdict" (saying whether the
+child now exits for a fresh one); this process "died" when a child died.
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from opforge.child import describe_exit
-from opforge.errors import OpforgeError
+from opforge.errors import EXIT_FAILED, EXIT_INTERNAL, OpforgeError
 from opforge.results import strict_json
 
 if TYPE_CHECKING:
     from opforge.loading import LoadedOp
+
+# A child's exit code after it reported a load error (an "error" event): nothing to judge, no child to fork again.
+_NOT_LOADED = 7
 
 
 def main() -> None:
@@ -37,20 +44,43 @@ def main() -> None:
     # is_available() without creating a CUDA context, which a forked child could not use.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     job = json.loads(_read_line(0) or "{}")
-    try:
-        loaded = _load(job["spec"], job.get("cuda_arch"))
-    except OpforgeError as exc:
-        _send(channel, {"event": "error", "message": str(exc), "exit_code": exc.exit_code})
+    if not _planned(job, channel):
         return
-    _send(channel, {"event": "loaded", "space": _space(loaded)})
     while True:
         pid = os.fork()
         if pid == 0:
-            _serve(loaded, channel)
+            _serve(job, channel)
         _, status = os.waitpid(pid, 0)
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-            return  # the parent closed our stdin: the search is over
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) in (0, _NOT_LOADED):
+            return  # the parent closed our stdin (the search is over), or the op did not load
         _send(channel, {"event": "died", "how": describe_exit(os.waitstatus_to_exitcode(status))})
+
+
+def _planned(job: dict[str, Any], channel: int) -> bool:
+    """Whether a child loaded the op and reported the search space ("loaded"); else it reported why not
+    ("error"), or died, which is reported here."""
+    pid = os.fork()
+    if pid == 0:
+        _plan(job, channel)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code not in (0, _NOT_LOADED):  # as `opforge check` reports a worker that dies loading the op: a crash
+        message = f"the op's process died while loading the op: {describe_exit(code)}"
+        _send(channel, {"event": "error", "message": message, "exit_code": EXIT_FAILED, "died": True})
+    return code == 0
+
+
+def _plan(job: dict[str, Any], channel: int) -> None:
+    """The planning child: the op loaded (and built), the search space sent. Never returns."""
+    code = 0
+    try:
+        loaded = _load(job["spec"], job.get("cuda_arch"))
+        _send(channel, {"event": "loaded", "space": _space(loaded)})
+    except OpforgeError as exc:
+        _send(channel, {"event": "error", "message": str(exc), "exit_code": exc.exit_code})
+        code = _NOT_LOADED
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def _load(spec_path: str, cuda_arch: str | None) -> LoadedOp:
@@ -74,14 +104,20 @@ def _space(loaded: LoadedOp) -> dict[str, Any]:
     }
 
 
-def _serve(loaded: LoadedOp, channel: int) -> None:
-    """A child: examples until stdin closes, then exit 0. Never returns."""
+def _serve(job: dict[str, Any], channel: int) -> None:
+    """A judging child: the op loaded, then examples until stdin closes, then exit 0. Never returns."""
     from opforge.cases import kept_case
     from opforge.engine.worker import device_error
-    from opforge.fuzz.oracles import judge
+    from opforge.fuzz.oracles import Judge
     from opforge.spec.model import Regression
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    try:
+        loaded = _load(job["spec"], job.get("cuda_arch"))
+    except OpforgeError as exc:  # it loaded in the planning child: a load that differs from one fork to the next
+        _send(channel, {"event": "error", "message": str(exc), "exit_code": EXIT_INTERNAL})
+        os._exit(_NOT_LOADED)
+    judge = Judge(loaded)
     _send(channel, {"event": "ready", "pid": os.getpid()})
     while line := _read_line(0):
         request = json.loads(line)
@@ -90,7 +126,6 @@ def _serve(loaded: LoadedOp, channel: int) -> None:
         kept = Regression(**{**example, "shapes": shapes, "values": tuple(map(tuple, example["values"]))})
         _send(channel, {"event": "start"})
         verdict = judge(
-            loaded,
             kept_case(loaded.spec, kept, "fuzz"),
             tuple(request["oracles"]),
             lambda event, seconds: _send(channel, {"event": event, "seconds": seconds}),

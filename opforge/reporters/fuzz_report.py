@@ -15,8 +15,8 @@ from rich.text import Text
 
 from opforge.cases import offset_of
 from opforge.files import write_atomically
-from opforge.fuzz.search import Failure, FuzzReport
-from opforge.fuzz.verdict import Verdict
+from opforge.fuzz.search import MIN_JUDGED, Failure, FuzzReport
+from opforge.fuzz.verdict import OUTSIDE_DOMAIN, TOO_COSTLY, UNDECIDABLE, Verdict
 from opforge.reporters import console as out
 from opforge.results import dumps_json
 from opforge.spec.model import Regression
@@ -54,9 +54,8 @@ class Live:
         self._status: Any = None
 
     def update(self, report: FuzzReport, seconds_left: float) -> None:
-        failures = len({f.key for f in report.failures})
         self._line = (
-            f"{report.examples} examples, {failures} failures so far, {report.rejected} rejected, "
+            f"{report.examples} examples, {report.judged} judged, {len(report.failures)} failures so far, "
             f"{max(0.0, seconds_left):.0f} s left"
         )
         if self._status is not None:
@@ -79,14 +78,16 @@ def render_fuzz(report: FuzzReport) -> None:
         _render_failure(report, failure)
     summary = (
         f"{report.op}: {report.examples} examples on {report.device} in {report.seconds:.0f} s "
-        f"({', '.join(report.oracles)}), {report.rejected} outside the reference's domain"
+        f"({', '.join(report.oracles)}), {report.judged} judged"
     )
     console.print(Text(summary))
+    for cause, discards in report.discards.items():
+        console.print(Text(f"note: {discards.count} discarded, {cause} (first: {_first_line(discards.first)})"))
     if report.op_rejects:
         console.print(
             Text(
                 f"note: the op refused {report.op_rejects} calls its reference accepted (a narrower domain; "
-                f"first: {report.first_reject.splitlines()[0]})",
+                f"first: {_first_line(report.first_reject)})",
                 style="dim",
             )
         )
@@ -94,40 +95,85 @@ def render_fuzz(report: FuzzReport) -> None:
         console.print(
             Text(
                 f"note: {report.known} examples failed as the spec's xfail entries declare "
-                f"(first: {report.first_known.splitlines()[0]})",
+                f"(first: {_first_line(report.first_known)})",
                 style="dim",
             )
         )
     if report.failures:
         console.print(Text(f"{len(report.failures)} distinct failure(s) found", style="bold red"))
+    elif report.judged_too_few:
+        console.print(Text(_too_few(report), style="bold red"))
     else:
         console.print(Text("no failure found", style="bold green"))
+
+
+def _too_few(report: FuzzReport) -> str:
+    """Why a search that judged too few examples means nothing, with the commonest reason the rest were not judged
+    and what to do about it."""
+    reasons = [(d.count, cause, d.first) for cause, d in report.discards.items()]
+    if report.op_rejects:
+        reasons.append((report.op_rejects, "refused by the op", report.first_reject))
+    if reasons:
+        count, cause, first = max(reasons)
+        why = f"{count} {cause} (first: {_first_line(first)})"
+    else:
+        cause, why = "", "the search ended first"
+    return (
+        f"nothing meaningful was checked: expected at least {MIN_JUDGED} judged examples and a tenth of those "
+        f"drawn, got {report.judged} of {report.examples}; {why}. {_TOO_FEW_HINTS.get(cause, _MORE_BUDGET)}"
+    )
+
+
+_MORE_BUDGET = "Give the search more time (--budget) or more examples (--max-examples)."
+# What to do when most examples were not judged, by the reason.
+_TOO_FEW_HINTS = {
+    OUTSIDE_DOMAIN: "Make the spec's inputs valid calls of the reference (low/high, a generator, samples).",
+    TOO_COSTLY: (
+        "Lower --max-numel; if every call is slow, check that the op and its samples or generators do not hang "
+        "in a forked process."
+    ),
+    UNDECIDABLE: "Fuzz in a wider dtype (the spec's dtypes), or narrow the inputs' range (low/high).",
+    "refused by the op": "Make the spec's inputs calls the op accepts, or its reference refuse what the op does.",
+}
+
+
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else ""
 
 
 def _render_failure(report: FuzzReport, failure: Failure) -> None:
     console = out.console
     example = failure.example
-    console.print(Text(f"FAIL {report.op} {failure.oracle}", style="bold red"))
+    cause = f": {failure.verdict.cause}" if failure.verdict.cause else ""
+    console.print(Text(f"FAIL {report.op} {failure.oracle}{cause}", style="bold red"))
     console.print(Text(f"  {failure.message}"))
-    shapes = ", ".join(f"{name}={list(shape)}" for name, shape in example.shapes) or f"sample {example.sample}"
-    console.print(Text(f"  minimal example: {example.dtype} on {example.device}, {shapes}, layout {example.layout}"))
+    console.print(Text(f"  minimal example: {_described(example)}"))
+    if failure.first != example:
+        console.print(Text(f"  shrunk from example {failure.found_at}: {_described(failure.first)}", style="dim"))
     values = ", ".join(f"{name}={value!r}" for name, value in example.values)
     rule = example.fill or "as the spec samples them"
     console.print(Text(f"  values: {rule}{'; ' + values if values else ''}; seed {example.seed}"))
     console.print(Text(f"  repro: {repro_command(report.spec_path, example)}", style="dim"), soft_wrap=True)
 
 
+def _described(example: Regression) -> str:
+    shapes = ", ".join(f"{name}={list(shape)}" for name, shape in example.shapes) or f"sample {example.sample}"
+    fill = f", fill {example.fill}" if example.fill else ""
+    return f"{example.dtype} on {example.device}, {shapes}, layout {example.layout}{fill}"
+
+
 def render_replay(verdict: Verdict, oracles: tuple[str, ...]) -> None:
     console = out.console
     if verdict.status == "fail":
-        console.print(Text(f"FAIL {verdict.oracle}: {verdict.message}", style="bold red"))
+        cause = f" ({verdict.cause})" if verdict.cause else ""
+        console.print(Text(f"FAIL {verdict.oracle}{cause}: {verdict.message}", style="bold red"))
     elif verdict.status == "pass":
         console.print(Text(f"pass ({', '.join(oracles)})", style="green"))
     elif verdict.status == "known":
         console.print(Text(f"known {verdict.oracle}: {verdict.message}", style="yellow"))
     else:
-        what = "the reference refused it" if verdict.status == "discard" else "the op refused it"
-        console.print(Text(f"{verdict.status}: {what}: {verdict.message}"))
+        what = verdict.cause if verdict.status == "discard" else "the op refused it"
+        console.print(Text(f"{verdict.status}: {what}: {verdict.message}; nothing judged"))
 
 
 def fuzz_json(report: FuzzReport) -> dict[str, Any]:
@@ -140,7 +186,10 @@ def fuzz_json(report: FuzzReport) -> dict[str, Any]:
         "oracles": list(report.oracles),
         "failures": [_failure_json(report, f) for f in report.failures],
         "examples": report.examples,
+        "judged": report.judged,
+        "judged_too_few": report.judged_too_few,
         "rejected": report.rejected,
+        "discards": {cause: {"count": d.count, "first": d.first} for cause, d in report.discards.items()},
         "op_rejects": report.op_rejects,
         "known": report.known,
         "seconds": round(report.seconds, 3),
@@ -151,6 +200,7 @@ def _failure_json(report: FuzzReport, failure: Failure) -> dict[str, Any]:
     example = failure.example
     return {
         "check": failure.oracle,
+        "cause": failure.verdict.cause,
         "message": failure.message,
         "shapes": {name: list(shape) for name, shape in example.shapes},
         "sample": example.sample,
