@@ -157,6 +157,37 @@ def test_an_elementwise_op_gets_a_grid_size_case_past_2_24_elements_and_others_n
     assert grid_shapes(load_spec(FIXTURES / "real_ops" / "roi_pool_avg.yaml")) is None
 
 
+def test_grid_size_gives_a_2d_only_row_op_a_2d_case():
+    from opforge.checks.grid_size import ELEMENTS, grid_shapes
+    from opforge.spec.load import load_spec
+
+    # A row op listing 2-D shapes alone (its kernels refuse x.dim() != 2) got a 1-D case, which the op refuses (on an
+    # H100 its worker died with SIGSEGV). Now its narrowest rows, [0, 16], grown past ELEMENTS and 65,535 rows.
+    assert grid_shapes(load_spec(CUDA_OPS / "row_center.yaml")) == (("x", (2_097_409, 16)),)
+    assert 2_097_409 * 16 >= ELEMENTS > 2_097_408 * 16
+
+
+def test_grid_size_grows_a_listed_shape_of_the_spec_s_own_rank():
+    from opforge.checks.grid_size import ELEMENTS, grown_shape
+
+    # A 1-D shape among them keeps the 1-D case; 3-D grows its first dimension; 0-d and empty rows give nothing.
+    assert grown_shape([(33, 65), (7,)]) == (ELEMENTS,)
+    assert grown_shape([(3, 4, 5), (2, 9, 9)]) == (1_677_927, 4, 5)
+    assert grown_shape([(), (3, 0), (0, 0)]) is None
+
+
+def test_grid_size_skips_saying_what_to_write_when_no_shape_is_shared():
+    from opforge.checks.grid_size import grid_shapes, missing_shapes_message
+    from opforge.spec.load import load_spec
+
+    spec = load_spec(FIXTURES / "real_ops" / "roi_pool_avg.yaml")
+    assert grid_shapes(spec) is None
+    message = missing_shapes_message(spec)
+    assert message.startswith("grid_size: expected tensor inputs that share a shape of rank 1 or more")
+    # The example is in the spec's own ranks: features [N, C, H, W] grown in N, rois [K, 5] as listed.
+    assert "`grid_size: {shapes: {features: [174785, 3, 8, 8], rois: [4, 5]}}`" in message, message
+
+
 def test_a_grid_size_shape_must_be_past_2_24_elements(tmp_path):
     from opforge.errors import SpecError
     from opforge.spec.load import load_spec
@@ -186,6 +217,13 @@ GPU_BUGS = [
 def test_each_gpu_memory_bug_is_flagged_by_its_check(fixture, check):
     failed = failures_by_check(run_spec_isolated(CUDA_OPS / f"{fixture}.yaml", devices=("cuda",)))
     assert check in failed, f"{fixture}: expected {check} to fail; failures were {sorted(failed)}"
+
+
+@requires_cuda
+def test_a_correct_2d_row_op_passes_grid_size():
+    report = run_spec_isolated(CUDA_OPS / "row_center.yaml", devices=("cuda",), checks=("grid_size",))
+    rows = [r for r in report.results if r.check == "grid_size"]
+    assert rows and {r.status for r in rows} == {Status.PASS}, describe(report.results)
 
 
 @requires_cuda

@@ -6,9 +6,13 @@ shape of the spec, wrong on a large tensor. large_index catches it past 2^31 ele
 this case is 2^25 + 4099 elements (covering 65,535 blocks of 256 or 512 threads, or of 256 threads with two
 elements each), in the op's narrowest claimed floating dtype, so every CUDA run has it.
 
-An elementwise op (tensor inputs that share a shape in one of the spec's pairings) gets the 1-D shape for each
-input; any other op names its shapes in the spec (`grid_size: {shapes: {x: [70000, 256], weight: [256]}}`: rows past
-65,535 for a kernel with a block per row), else the check skips, saying so. The output is the op's own allocation:
+The case keeps to the ranks the spec lists, since a kernel may accept no other (a row op that checks
+x.dim() == 2). Tensor inputs that share a shape in one of the spec's pairings (one input always does) get one shape
+each: the 1-D shape when a shared shape is 1-D; else a shared shape of rank 2 or more, the one with the fewest elements
+per index of its first dimension, with that dimension grown until the tensor holds the elements (the most rows for a
+kernel with a block per row). Any other op names its shapes in the spec (`grid_size: {shapes: {x: [70000, 256],
+weight: [256]}}`: rows past 65,535 for a kernel with a block per row), else the check skips, saying what to write.
+The output is the op's own allocation:
 before the call a NaN-filled block of its size goes back to the allocator, so an element the kernel never writes
 shows as NaN, not as a stale right value.
 """
@@ -52,8 +56,9 @@ GRID_SIZE_ELEMENTS_MIN = 2**24
 
 @dataclass(frozen=True)
 class GridSize:
-    """The spec's `grid_size:` section: the shapes of the check's case, past 2^24 elements, for an op that is not
-    elementwise (an elementwise op gets one 1-D shape for every input by default)."""
+    """The spec's `grid_size:` section: the shapes of the check's case, past 2^24 elements, for an op whose tensor
+    inputs share no shape in the spec's pairings, or whose kernel's grid follows another dimension than grid_shapes
+    grows."""
 
     shapes: tuple[tuple[str, tuple[int, ...]], ...]
 
@@ -78,13 +83,49 @@ def read_grid_size(r: Reader, so_far: SpecSoFar) -> GridSize:
 
 
 def grid_shapes(spec: OpSpec) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
-    """The spec's grid_size shapes, else one 1-D shape for every tensor input of an elementwise op, else None."""
+    """The spec's grid_size shapes, else one shape of the spec's own ranks for every tensor input, when they share a
+    shape in one of its pairings (grown_shape), else None."""
     given: GridSize | None = spec.section("grid_size")
     if given is not None:
         return given.shapes
     tensors = spec.tensor_inputs()
-    elementwise = any(len({t.shapes[i] for t in tensors}) == 1 for i in range(spec.shape_count))
-    return tuple((t.name, (ELEMENTS,)) for t in tensors) if tensors and elementwise else None
+    if not tensors:
+        return None
+    shared = [tensors[0].shapes[i] for i in range(spec.shape_count) if len({t.shapes[i] for t in tensors}) == 1]
+    shape = grown_shape(shared)
+    return tuple((t.name, shape) for t in tensors) if shape is not None else None
+
+
+def grown_shape(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """ELEMENTS in the rank of one of `shapes`: 1-D when one is 1-D; else the one of rank 2 or more with the fewest
+    elements per index of its first dimension, that dimension grown to hold ELEMENTS; None when neither is listed
+    (0-d shapes, or shapes empty past their first dimension)."""
+    if any(len(shape) == 1 for shape in shapes):
+        return (ELEMENTS,)
+    growable = [shape for shape in shapes if len(shape) >= 2 and math.prod(shape[1:]) > 0]
+    if not growable:
+        return None
+    rest = min(growable, key=lambda shape: math.prod(shape[1:]))[1:]
+    return (math.ceil(ELEMENTS / math.prod(rest)), *rest)
+
+
+def missing_shapes_message(spec: OpSpec) -> str:
+    """The skip of an op whose listed shapes give no grid_size case: what to write in the spec, with an example from
+    its own first non-empty pairing (its largest tensor's first dimension grown past 2^24 elements)."""
+    tensors = spec.tensor_inputs()
+    index = spec.representative_shape_index()
+    example = {t.name: list(t.shapes[index]) for t in tensors}
+    largest = max(tensors, key=lambda t: math.prod(t.shapes[index]), default=None)
+    if largest is not None and example[largest.name]:
+        rest = math.prod(largest.shapes[index][1:])
+        example[largest.name][0] = math.ceil(ELEMENTS / rest) if rest else ELEMENTS
+    written = ", ".join(f"{name}: {shape}" for name, shape in example.items())
+    return (
+        "grid_size: expected tensor inputs that share a shape of rank 1 or more in one of the spec's pairings, got "
+        f"none ({', '.join(t.name for t in tensors) or 'no tensor inputs'}), so no case past 2^24 elements in the "
+        f"op's own ranks. Give its shapes in the spec, e.g. `grid_size: {{shapes: {{{written}}}}}`, growing the "
+        "dimensions the kernel's grid follows (rows past 65,535 for a kernel with a block per row)."
+    )
 
 
 def grid_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
@@ -102,10 +143,7 @@ def grid_size(ctx: CheckContext, implementation: Implementation, case: Case) -> 
 
     loaded = ctx.loaded
     if not case.shapes:
-        raise CheckSkipped(
-            "the op is not elementwise (its tensor inputs never share a shape): give the shapes of a case past 2^24 "
-            "elements under `grid_size: {shapes: ...}` in the spec"
-        )
+        raise CheckSkipped(missing_shapes_message(loaded.spec))
     inputs = inputs_for(loaded, case, ctx.base_seed)
     largest = max(math.prod(shape) for _, shape in case.shapes)
     _poison_free_memory(largest, getattr(torch, case.dtype), case.device)

@@ -62,39 +62,29 @@ def test_forward_matches_reference(dtype, atol, rtol, x_shape, w_shape, device, 
 HUGE_ROWS = [[3e30], ["-max"], ["max"], [2e19], [1.0], [3e30, -1e30, 2.0, 5e29, 0.0, 1.0, -7e29]]
 
 
-def huge_row(row, dtype):
+def huge_row(row, dtype, device="cpu"):
     """One of HUGE_ROWS as a 1-row x of `dtype`, with a weight (and a gradient) of ordinary values."""
     largest = torch.finfo(dtype).max
     values = [{"max": largest, "-max": -largest}.get(v, v) for v in row]
-    x = torch.tensor([values], dtype=torch.float64).to(dtype)
-    return x, sampled((len(row),), dtype, low=0.5, high=2.0), sampled((1, len(row)), dtype)
+    x = torch.tensor([values], dtype=torch.float64).to(dtype=dtype, device=device)
+    return x, sampled((len(row),), dtype, device, 0.5, 2.0), sampled((1, len(row)), dtype, device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype, atol, rtol", [DTYPES[0], DTYPES[3]], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("row", HUGE_ROWS, ids=str)
-def test_a_row_whose_squares_overflow_float_is_normalized_not_zeroed(dtype, atol, rtol, row):
-    # The CPU kernel only: the CUDA kernel still sums in float (specs/rms_norm.yaml's xfail), as F.rms_norm does.
-    x, w, _ = huge_row(row, dtype)
+def test_a_row_whose_squares_overflow_float_is_normalized_not_zeroed(dtype, atol, rtol, row, device):
+    # F.rms_norm, and the kernels until they summed such a row again in double, gave zeros.
+    x, w, _ = huge_row(row, dtype, device)
     y = rms_norm(x, w, EPS)
-    assert_close("y", y, reference(x.double(), w.double(), EPS), atol, rtol)
+    assert_close("y", y, reference(x.double().cpu(), w.double().cpu(), EPS), atol, rtol)
 
 
 # Each width reaches another of the CUDA forward's shapes: 1 the scalar kernel's one-warp rows; 1024 a row group of
 # two warps (float32) or one (bfloat16), several groups a block; 4096 a block of 8 warps on one row (float32) or two
-# groups of 4 (bfloat16); 73728 the loop kernel, which reads a row twice. On the CPU, one row at a time.
-OVERFLOW_DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[
-            requires_cuda,
-            pytest.mark.xfail(strict=True, reason="the CUDA kernel sums squares in float (specs/rms_norm.yaml)"),
-        ],
-    ),
-]
-
-
-@pytest.mark.parametrize("device", OVERFLOW_DEVICES)
+# groups of 4 (bfloat16); 73728 the loop kernel, which reads a row twice. On the CPU, one row at a time. Every CUDA
+# shape, forward and backward: test_cuda_rows_whose_squares_overflow_float_in_every_kernel.
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype, atol, rtol", [DTYPES[0], DTYPES[3]], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("width", [1, 1024, 4096, 73728])
 def test_an_overflowing_row_is_normalized_and_leaves_its_neighbours_bits_alone(dtype, atol, rtol, width, device):
@@ -107,10 +97,11 @@ def test_an_overflowing_row_is_normalized_and_leaves_its_neighbours_bits_alone(d
     assert_close("y[4]", y[4], reference(x[4:5].double().cpu(), w.double().cpu(), EPS)[0], atol, rtol)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype, atol, rtol", [DTYPES[0], DTYPES[3]], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("row", HUGE_ROWS, ids=str)
-def test_the_gradient_of_a_row_whose_squares_overflow_float_is_finite_and_right(dtype, atol, rtol, row):
-    x, w, grad = huge_row(row, dtype)
+def test_the_gradient_of_a_row_whose_squares_overflow_float_is_finite_and_right(dtype, atol, rtol, row, device):
+    x, w, grad = huge_row(row, dtype, device)
     grad_x, grad_w = _backward(grad, x, w, EPS)
     expected_x, expected_w = reference_grads(x, w, grad)
     assert_close("grad_x", grad_x, expected_x, atol, rtol)
@@ -369,6 +360,43 @@ def test_cuda_kernels_match_reference_in_every_shape(dtype, atol, rtol, rows, hi
     assert_close("grad_x", gx, rx, atol, rtol)
     assert_close("grad_weight", gw, rw, grad_weight_atol(rows, dtype), rtol)
     assert torch.equal(_backward_input(grad, x, w, EPS), gx)
+
+
+# Widths reaching every shape of the CUDA kernels' dispatch tables (rms_norm.cu), forward and backward: in 16-byte
+# units (4 float32 or 8 bfloat16 elements) 1, 64, 128, 256 and 512 (several row groups a block: a group sums again
+# while the others go on), 1024, 2048 (the backward's last register-resident shape), 4096 (its loop kernel), 8192 (the
+# forward's last), 8193 (its loop kernel); and odd widths for the scalar fallback: 1, 7, 65, 1023, 2047 (its
+# backward's last), 4095 (its forward's last), 4097 (both loop kernels).
+OVERFLOW_UNITS = [1, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 8193]
+OVERFLOW_SCALAR_WIDTHS = [1, 7, 65, 1023, 2047, 4095, 4097]
+OVERFLOW_CASES = [
+    pytest.param(dtype, atol, rtol, width, id=f"{dtype_id}-{width}")
+    for (dtype, atol, rtol), dtype_id in [(DTYPES[0], "float32"), (DTYPES[3], "bfloat16")]
+    for width in sorted({units * (16 // dtype.itemsize) for units in OVERFLOW_UNITS} | set(OVERFLOW_SCALAR_WIDTHS))
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype, atol, rtol, width", OVERFLOW_CASES)
+def test_cuda_rows_whose_squares_overflow_float_in_every_kernel(dtype, atol, rtol, width):
+    rows = 9
+    x, w = sampled((rows, width), dtype, "cuda"), sampled((width,), dtype, "cuda", 0.5, 2.0)
+    grad = sampled((rows, width), dtype, "cuda")
+    ordinary = (rms_norm(x, w, EPS), _backward(grad, x, w, EPS)[0])
+    largest = torch.finfo(dtype).max
+    x[2, width // 2] = 2e19  # past ~1.8e19: its square overflows float
+    x[4, width // 2] = -largest
+    x[6] = (1 - 2 * (torch.arange(width, device="cuda") % 2)).to(dtype) * largest  # every element +-max
+    y = rms_norm(x, w, EPS)
+    grad_x, grad_w = _backward(grad, x, w, EPS)
+    others = [0, 1, 3, 5, 7, 8]
+    for name, got, before in zip(("y", "grad_x"), (y, grad_x), ordinary):
+        assert torch.equal(got[others], before[others]), f"{name}: a row changed with its neighbours' values"
+    assert_close("y", y, reference(x.double().cpu(), w.double().cpu(), EPS), atol, rtol)
+    expected_x, expected_w = reference_grads(x, w, grad)
+    assert_close("grad_x", grad_x, expected_x, atol, rtol)
+    assert_close("grad_weight", grad_w, expected_w, grad_weight_atol(rows, dtype), rtol)
+    assert torch.equal(_backward_input(grad, x, w, EPS), grad_x)
 
 
 @requires_cuda

@@ -21,6 +21,9 @@
 // Rows longer than the register-resident shapes hold (bfloat16: 65536 forward, 16384 backward) go through loop
 // kernels that read the row twice (the second read mostly from L2) and keep the weight gradient's partial sums in
 // their global row.
+//
+// A row whose squares overflow float (a value past ~1.8e19) is summed again in double, by its group alone, after the
+// float sum came out not finite (kResumOverflow).
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -89,11 +92,21 @@ __device__ __forceinline__ acc_t warp_sum(acc_t v) {
   return v;
 }
 
+// Waits for the threads of the caller's row group alone: named barrier 1 + group (__syncthreads is barrier 0, and a
+// block has 16), so that a path one group takes and the others do not can still sum across the group's warps.
+template <class S>
+__device__ __forceinline__ void group_barrier() {
+  const int group = threadIdx.x / S::kGroupThreads;
+  asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "r"(S::kGroupThreads) : "memory");
+}
+
 // Sums each of v[] over the row group; every thread of the group gets the sums, with the same bits (the xor
 // butterfly adds the same two values on both lanes of a pair, and zeros for absent warps change nothing). With more
-// than one warp per group this synchronizes the block and uses `scratch` (kGroups * kGroupWarps * kValues values):
-// callers in a loop alternate between two buffers, so a fast group cannot overwrite what a slow one still reads.
-template <class S, int kValues, typename acc_t>
+// than one warp per group this waits at a barrier and uses `scratch` (kGroups * kGroupWarps * kValues values): the
+// whole block's (kWholeBlock, every group calls it), where callers in a loop alternate between two buffers, so a fast
+// group cannot overwrite what a slow one still reads; or the group's own (a path only some groups take, with a
+// scratch of its own that a later block-wide barrier separates from its next use).
+template <class S, bool kWholeBlock = true, int kValues, typename acc_t>
 __device__ __forceinline__ void group_sum(acc_t (&v)[kValues], acc_t* scratch) {
 #pragma unroll
   for (int k = 0; k < kValues; ++k) {
@@ -109,7 +122,11 @@ __device__ __forceinline__ void group_sum(acc_t (&v)[kValues], acc_t* scratch) {
         scratch[warp * kValues + k] = v[k];
       }
     }
-    __syncthreads();
+    if constexpr (kWholeBlock) {
+      __syncthreads();
+    } else {
+      group_barrier<S>();
+    }
 #pragma unroll
     for (int k = 0; k < kValues; ++k) {
       v[k] = warp_sum(lane < S::kGroupWarps ? scratch[(first_warp + lane) * kValues + k] : acc_t(0));
@@ -125,14 +142,25 @@ __device__ __forceinline__ double inverse_rms(double sum_xx, int64_t n, double e
   return 1.0 / sqrt(sum_xx / static_cast<double>(n) + eps);
 }
 
+// A row whose squares overflow float: a float32 or bfloat16 value past ~1.8e19 squares to inf in float, and the row
+// came out as zeros (its gradient NaN) where its norm is finite, as F.rms_norm's still does. Such a row, and only such
+// a row (its float sum of squares is not finite), is summed again in double by its group, its units read again from
+// memory (L2, mostly), never from the registers that hold them: a path that read those kept them, or their widened
+// elements, live across it, and the backward's bfloat16 kernels at 128 registers spilled (ptxas, sm_90). An ordinary
+// row pays one isfinite and a branch. The CPU kernels do the same (../rms_norm.cpp, row_inverse_rms). Sums already in
+// double (float32's backward, float64) need no second sum, nor does float16, whose largest value squares to 4.3e9.
+template <typename T, typename sum_t>
+constexpr bool kResumOverflow = std::is_same_v<sum_t, float> && !std::is_same_v<T, c10::Half>;
+
 // ------------------------------------------------------------------------------------------------------ units
 
 // A unit of kVec elements as the kernels hold it: a 16-byte vector as four 32-bit words (uint4), or one element in
 // the scalar fallback. Held as words, not as an array of 2-byte elements: the compiler split a Pack<BFloat16, 8>
 // into one register per element (the backward's bfloat16 grad and x took 64 registers instead of 32 per thread,
 // 146 in all, so half as many blocks fitted); from words each element is a shift or a mask away when it is used.
-template <typename T, int kVec>
+template <typename T, int kVec_>
 struct Unit {
+  static constexpr int kVec = kVec_;
   static constexpr bool kVector = kVec * sizeof(T) == kVectorBytes;
   static_assert(kVector || kVec == 1, "a 16-byte vector or a single element");
   using Raw = std::conditional_t<kVector, uint4, T>;
@@ -227,17 +255,87 @@ struct Unit {
   }
 };
 
+// Adds the squares of unit xv's elements to sum, in sum_t.
+template <typename U, typename sum_t>
+__device__ __forceinline__ void add_squares(const typename U::Raw& xv, sum_t& sum) {
+#pragma unroll
+  for (int j = 0; j < U::kVec; ++j) {
+    const sum_t v = U::get(xv, j);
+    sum += v * v;
+  }
+}
+
+// Adds a unit's terms of the backward's row sums, sum(x^2) and sum(grad * weight * x), in sum_t.
+template <typename U, typename sum_t>
+__device__ __forceinline__ void add_backward_terms(const typename U::Raw& gv, const typename U::Raw& xv,
+                                                   const typename U::Raw& wv, sum_t (&sums)[2]) {
+#pragma unroll
+  for (int j = 0; j < U::kVec; ++j) {
+    const sum_t xe = U::get(xv, j);
+    sums[0] += xe * xe;
+    sums[1] += static_cast<sum_t>(U::get(gv, j)) * static_cast<sum_t>(U::get(wv, j)) * xe;
+  }
+}
+
 // -------------------------------------------------------------------------------------------------- forward
+
+// y = (x * r) * weight for one unit.
+template <typename U, typename T, typename acc_t>
+__device__ __forceinline__ void forward_unit(T* yu, const typename U::Raw& xv, const typename U::Raw& wv, acc_t r) {
+  acc_t out[U::kVec];
+#pragma unroll
+  for (int j = 0; j < U::kVec; ++j) {
+    out[j] = (U::get(xv, j) * r) * U::get(wv, j);
+  }
+  U::store(yu, out);
+}
+
+// A row whose float sum of squares is not finite (kResumOverflow), normalized by its group (thread t of it) from
+// memory: summed again in double, then y written, every unit read again. (Not inlined, with its double arithmetic
+// out of the kernel, the call cost more registers and spills than inlined: ptxas, sm_90.)
+template <class S, typename T>
+__device__ __forceinline__ void forward_resummed_row(const T* __restrict__ xr, const T* __restrict__ w,
+                                                  T* __restrict__ yr, int t, int64_t units, int64_t hidden,
+                                                  double eps, double* scratch) {
+  using U = Unit<T, S::kVec>;
+  double sums[1] = {0.0};
+#pragma unroll 1
+  for (int64_t u = t; u < units; u += S::kGroupThreads) {
+    add_squares<U>(U::template load<false>(xr + u * S::kVec), sums[0]);
+  }
+  group_sum<S, false>(sums, scratch);
+  const auto r = static_cast<opmath_t<T>>(inverse_rms(sums[0], hidden, eps));
+#pragma unroll 1
+  for (int64_t u = t; u < units; u += S::kGroupThreads) {
+    forward_unit<U>(yr + u * S::kVec, U::template load<false>(xr + u * S::kVec),
+                    U::template load<false>(w + u * S::kVec), r);
+  }
+}
+
+// The float32 and bfloat16 forward's resident blocks per SM, for __launch_bounds__: what the registers per thread it
+// took before the overflowing rows' path (kResumOverflow) allow. Before, the shapes of one or two units per thread (or
+// scalar) took 24-32 registers, those of 4 units 30-40 (ptxas, sm_90); the path, inlined, raised them to 34-52 (a
+// 256-thread block of 40 registers fits 6 times on an SM, of 48 only 5). Capped, they are back under both budgets
+// without spills. 0 (no minimum, as before) for the other dtypes, which have no such path.
+constexpr int kForwardRegistersFewUnits = 32;
+constexpr int kForwardRegisters = 40;
+template <typename T, class S>
+constexpr int kForwardBlocksPerSm =
+    kResumOverflow<T, opmath_t<T>>
+        ? std::max(1, 65536 / ((S::kVec == 1 || S::kN <= 2 ? kForwardRegistersFewUnits : kForwardRegisters) *
+                               S::kThreads))
+        : 0;
 
 // y = (x * r) * weight, one row per group. The grid covers every row step unless rows exceed the grid limit; the
 // loop over steps is uniform across the block, so the group reductions' __syncthreads are too.
 template <typename T, class S>
-__global__ void __launch_bounds__(S::kThreads)
+__global__ void __launch_bounds__(S::kThreads, kForwardBlocksPerSm<T, S>)
     forward_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t rows, int hidden,
                    opmath_t<T> eps) {
   using acc_t = opmath_t<T>;
   using U = Unit<T, S::kVec>;
   __shared__ acc_t scratch[2][S::kGroups * S::kGroupWarps];
+  __shared__ double resum_scratch[S::kGroups * S::kGroupWarps];
   const int group = threadIdx.x / S::kGroupThreads;
   const int t = threadIdx.x % S::kGroupThreads;
   const int units = hidden / S::kVec;
@@ -256,18 +354,20 @@ __global__ void __launch_bounds__(S::kThreads)
     acc_t sums[1] = {acc_t(0)};
 #pragma unroll
     for (int i = 0; i < S::kN; ++i) {
-#pragma unroll
-      for (int j = 0; j < S::kVec; ++j) {
-        const acc_t v = U::get(xv[i], j);
-        sums[0] += v * v;
-      }
+      add_squares<U>(xv[i], sums[0]);
     }
     group_sum<S>(sums, scratch[parity]);
     if (!live) {
       continue;
     }
-    const acc_t r = inverse_rms(sums[0], hidden, eps);
     T* yr = y + row * hidden;
+    if constexpr (kResumOverflow<T, acc_t>) {
+      if (!isfinite(sums[0])) {  // the same bits in every thread of the group: the group takes this path or not
+        forward_resummed_row<S>(xr, w, yr, t, units, hidden, static_cast<double>(eps), resum_scratch);
+        continue;
+      }
+    }
+    const acc_t r = inverse_rms(sums[0], hidden, eps);
 #pragma unroll
     for (int i = 0; i < S::kN; ++i) {
       const int u = t + i * S::kGroupThreads;
@@ -275,20 +375,14 @@ __global__ void __launch_bounds__(S::kThreads)
         U::forget(xv[i]);
         // The weight is read here, after the reduction, so that only x is held across it (the weight comes from
         // L1/L2: every row reads it).
-        const typename U::Raw wv = U::template load<false>(w + u * S::kVec);
-        acc_t out[S::kVec];
-#pragma unroll
-        for (int j = 0; j < S::kVec; ++j) {
-          out[j] = (U::get(xv[i], j) * r) * U::get(wv, j);
-        }
-        U::store(yr + u * S::kVec, out);
+        forward_unit<U>(yr + u * S::kVec, xv[i], U::template load<false>(w + u * S::kVec), r);
       }
     }
   }
 }
 
 // Rows longer than any register-resident shape: the block reads the row once for its sum of squares and again
-// (from L2, mostly) for the output.
+// (from L2, mostly) for the output; a row whose squares overflow float once more, in between, for its sum in double.
 template <typename T, class S>
 __global__ void __launch_bounds__(S::kThreads)
     forward_loop_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t rows,
@@ -297,31 +391,27 @@ __global__ void __launch_bounds__(S::kThreads)
   using acc_t = opmath_t<T>;
   using U = Unit<T, S::kVec>;
   __shared__ acc_t scratch[2][S::kGroupWarps];
+  __shared__ double resum_scratch[S::kGroupWarps];
   const int64_t units = hidden / S::kVec;
   int parity = 0;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x, parity ^= 1) {
     const T* xr = x + row * hidden;
     acc_t sums[1] = {acc_t(0)};
     for (int64_t u = threadIdx.x; u < units; u += S::kThreads) {
-      const typename U::Raw v = U::template load<kStreamRows>(xr + u * S::kVec);
-#pragma unroll
-      for (int j = 0; j < S::kVec; ++j) {
-        const acc_t e = U::get(v, j);
-        sums[0] += e * e;
-      }
+      add_squares<U>(U::template load<kStreamRows>(xr + u * S::kVec), sums[0]);
     }
     group_sum<S>(sums, scratch[parity]);
-    const acc_t r = inverse_rms(sums[0], hidden, eps);
     T* yr = y + row * hidden;
-    for (int64_t u = threadIdx.x; u < units; u += S::kThreads) {
-      const typename U::Raw xv = U::template load<false>(xr + u * S::kVec);
-      const typename U::Raw wv = U::template load<false>(w + u * S::kVec);
-      acc_t out[S::kVec];
-#pragma unroll
-      for (int j = 0; j < S::kVec; ++j) {
-        out[j] = (U::get(xv, j) * r) * U::get(wv, j);
+    if constexpr (kResumOverflow<T, acc_t>) {
+      if (!isfinite(sums[0])) {  // the same bits in every thread: the block takes this path or not
+        forward_resummed_row<S>(xr, w, yr, threadIdx.x, units, hidden, static_cast<double>(eps), resum_scratch);
+        continue;
       }
-      U::store(yr + u * S::kVec, out);
+    }
+    const acc_t r = inverse_rms(sums[0], hidden, eps);
+    for (int64_t u = threadIdx.x; u < units; u += S::kThreads) {
+      forward_unit<U>(yr + u * S::kVec, U::template load<false>(xr + u * S::kVec),
+                      U::template load<false>(w + u * S::kVec), r);
     }
   }
 }
@@ -347,6 +437,62 @@ __device__ __forceinline__ void load_row(const T* __restrict__ g, const T* __res
   }
 }
 
+// The factors of a backward row whose float sum of squares is not finite (kResumOverflow), from its sums in double
+// over the group (thread t of it), grad, x and the weight read again from memory: r = 1 / rms as the weight
+// gradient's type and as the math type, and c = r^2 * sum(grad * weight * x) / n.
+template <class S, typename T, typename wide_t, typename acc_t>
+__device__ __forceinline__ void resummed_backward_factors(const T* __restrict__ gr, const T* __restrict__ xr,
+                                                       const T* __restrict__ w, int t, int64_t units, int64_t hidden,
+                                                       double eps, double* scratch, wide_t& r, acc_t& r_x, acc_t& c) {
+  using U = Unit<T, S::kVec>;
+  double sums[2] = {0.0, 0.0};
+#pragma unroll 1
+  for (int64_t u = t; u < units; u += S::kGroupThreads) {
+    add_backward_terms<U>(U::template load<false>(gr + u * S::kVec), U::template load<false>(xr + u * S::kVec),
+                          U::template load<false>(w + u * S::kVec), sums);
+  }
+  group_sum<S, false>(sums, scratch);
+  const double wide_r = inverse_rms(sums[0], hidden, eps);
+  r = static_cast<wide_t>(wide_r);
+  r_x = static_cast<acc_t>(wide_r);
+  c = static_cast<acc_t>(wide_r * wide_r * sums[1] / static_cast<double>(hidden));
+}
+
+// backward_kernel's row whose float sum of squares is not finite, done by its group from memory: its factors from
+// resummed_backward_factors, then grad_x written and the weight gradient's terms added to dw, grad and x read again.
+// The row the group holds in registers is not read here: reading it kept it, or its widened elements, live across
+// this path, and the ordinary path's bfloat16 kernels at 128 registers spilled (ptxas, sm_90).
+template <class S, typename T, typename wide_t>
+__device__ __forceinline__ void backward_resummed_row(const T* __restrict__ gr, const T* __restrict__ xr,
+                                                      const T* __restrict__ w,
+                                                      const typename Unit<T, S::kVec>::Raw* weight,
+                                                      T* __restrict__ gxr, int t, int units, int hidden, double eps,
+                                                      double* scratch, wide_t (&dw)[S::kN][S::kVec]) {
+  using U = Unit<T, S::kVec>;
+  using acc_t = opmath_t<T>;
+  wide_t r;
+  acc_t r_x, c;
+  resummed_backward_factors<S>(gr, xr, w, t, units, hidden, eps, scratch, r, r_x, c);
+#pragma unroll
+  for (int i = 0; i < S::kN; ++i) {
+    const int u = t + i * S::kGroupThreads;
+    if (u < units) {
+      const typename U::Raw gv = U::template load<false>(gr + u * S::kVec);
+      const typename U::Raw xv = U::template load<false>(xr + u * S::kVec);
+      const typename U::Raw wv = weight[u];
+      acc_t out[S::kVec];
+#pragma unroll
+      for (int j = 0; j < S::kVec; ++j) {
+        const acc_t ge = U::get(gv, j);
+        const acc_t xe = U::get(xv, j);
+        out[j] = r_x * (ge * U::get(wv, j) - xe * c);
+        dw[i][j] += static_cast<wide_t>(ge) * (static_cast<wide_t>(xe) * r);
+      }
+      U::store(gxr + u * S::kVec, out);
+    }
+  }
+}
+
 // grad_x for every row, and (when `partial` is given) one row of partial weight-gradient sums per block:
 // partial[blockIdx.x][c] = sum over the block's rows, in row order per group and group order after, of
 // grad * x * r. When `grad_weight` is given too (a cooperative launch only), the blocks then wait for each other
@@ -364,6 +510,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   using U = Unit<T, S::kVec>;
   using Raw = typename U::Raw;
   __shared__ wide_t scratch[2][S::kGroups * S::kGroupWarps * 2];
+  __shared__ double resum_scratch[S::kGroups * S::kGroupWarps * 2];
   // The weight, read from global memory once per block and from shared memory twice per row (before and after the
   // reduction), rather than held in registers across it: registers go to grad and x, the bytes in flight.
   // After the last row step the same shared memory holds the row groups' weight-gradient sums (`combined`), and
@@ -416,16 +563,15 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
 #pragma unroll
     for (int i = 0; i < S::kN; ++i) {
       const int u = t + i * S::kGroupThreads;
-      const Raw wv = u < units ? weight[u] : U::zero();
-#pragma unroll
-      for (int j = 0; j < S::kVec; ++j) {
-        const wide_t xe = U::get(xv[i], j);
-        sums[0] += xe * xe;
-        sums[1] += static_cast<wide_t>(U::get(gv[i], j)) * static_cast<wide_t>(U::get(wv, j)) * xe;
-      }
+      add_backward_terms<U>(gv[i], xv[i], u < units ? weight[u] : U::zero(), sums);
     }
     group_sum<S>(sums, scratch[parity]);
-    if (row < rows) {
+    // The same bits in every thread of the group: the group takes the second sum or not.
+    const bool resum = kResumOverflow<T, wide_t> && !isfinite(sums[0]);
+    if (row < rows && resum) {
+      backward_resummed_row<S>(g + row * hidden, x + row * hidden, w, weight, gx + row * hidden, t, units, hidden,
+                               static_cast<double>(eps), resum_scratch, dw);
+    } else if (row < rows) {
       const wide_t r = inverse_rms(sums[0], hidden, eps);
       const auto r_x = static_cast<acc_t>(r);
       const auto c = static_cast<acc_t>(r * r * sums[1] / static_cast<wide_t>(hidden));
@@ -507,8 +653,9 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   }
 }
 
-// Rows longer than any register-resident backward shape: two reads of the row, and the block's partial sums kept
-// in its own row of `partial` (read, added to, written back by the thread that owns the column).
+// Rows longer than any register-resident backward shape: two reads of the row (three for a row whose squares
+// overflow float), and the block's partial sums kept in its own row of `partial` (read, added to, written back by the
+// thread that owns the column).
 template <typename T, class S>
 __global__ void __launch_bounds__(S::kThreads)
     backward_loop_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
@@ -519,6 +666,7 @@ __global__ void __launch_bounds__(S::kThreads)
   using wide_t = sum_t<T>;
   using U = Unit<T, S::kVec>;
   __shared__ wide_t scratch[2][S::kGroupWarps * 2];
+  __shared__ double resum_scratch[S::kGroupWarps * 2];
   const int64_t units = hidden / S::kVec;
   wide_t* mine = partial == nullptr ? nullptr : partial + static_cast<int64_t>(blockIdx.x) * hidden;
   if (mine != nullptr) {
@@ -536,20 +684,20 @@ __global__ void __launch_bounds__(S::kThreads)
     const T* xr = x + row * hidden;
     wide_t sums[2] = {wide_t(0), wide_t(0)};
     for (int64_t u = threadIdx.x; u < units; u += S::kThreads) {
-      const typename U::Raw gv = U::template load<kStreamRows>(gr + u * S::kVec);
-      const typename U::Raw xv = U::template load<kStreamRows>(xr + u * S::kVec);
-      const typename U::Raw wv = U::template load<false>(w + u * S::kVec);
-#pragma unroll
-      for (int j = 0; j < S::kVec; ++j) {
-        const wide_t xe = U::get(xv, j);
-        sums[0] += xe * xe;
-        sums[1] += static_cast<wide_t>(U::get(gv, j)) * static_cast<wide_t>(U::get(wv, j)) * xe;
-      }
+      add_backward_terms<U>(U::template load<kStreamRows>(gr + u * S::kVec),
+                            U::template load<kStreamRows>(xr + u * S::kVec), U::template load<false>(w + u * S::kVec),
+                            sums);
     }
     group_sum<S>(sums, scratch[parity]);
-    const wide_t r = inverse_rms(sums[0], hidden, eps);
-    const auto r_x = static_cast<acc_t>(r);
-    const auto c = static_cast<acc_t>(r * r * sums[1] / static_cast<wide_t>(hidden));
+    wide_t r = inverse_rms(sums[0], hidden, eps);
+    auto r_x = static_cast<acc_t>(r);
+    auto c = static_cast<acc_t>(r * r * sums[1] / static_cast<wide_t>(hidden));
+    if constexpr (kResumOverflow<T, wide_t>) {
+      if (!isfinite(sums[0])) {  // the same bits in every thread: the block takes this path or not
+        resummed_backward_factors<S>(gr, xr, w, threadIdx.x, units, hidden, static_cast<double>(eps), resum_scratch,
+                                     r, r_x, c);
+      }
+    }
     T* gxr = gx + row * hidden;
     for (int64_t u = threadIdx.x; u < units; u += S::kThreads) {
       const typename U::Raw gv = U::template load<false>(gr + u * S::kVec);
