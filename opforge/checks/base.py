@@ -80,6 +80,9 @@ class CheckContext:
     opt_ins: OptIns = OptIns()
     # What a check keeps between its rows in this process for this op (see Check.shares_work), by its own keys.
     shared: dict[Hashable, Any] = field(default_factory=dict, compare=False)
+    # Told each other case of the spec a row runs the op on (dtypes' sweep), so that a crash there is reported on
+    # that case, where a spec's xfail can name it; an isolated worker tells its parent.
+    on_sweep: Callable[[Case], None] = field(default=lambda case: None, compare=False)
 
 
 Outcomes = dict[str, Outcome]

@@ -116,6 +116,7 @@ def every_case_in(loaded: LoadedOp, dtype: str, device: str) -> list[Case]:
 
 def _failure_on(ctx: CheckContext, implementation: Implementation, case: Case) -> str | None:
     """Why the op is not right on `case`, in a dtype it does not claim (None: it is)."""
+    ctx.on_sweep(case)
     try:
         inputs = inputs_for(ctx.loaded, case, ctx.base_seed)
         _compare_unclaimed(ctx.loaded, case, outputs_of(ctx.loaded, implementation, inputs), inputs)

@@ -46,10 +46,11 @@ from opforge.engine.protocol import (
     Result,
     Start,
     Step,
+    Sweep,
     TaskHeader,
     decode,
 )
-from opforge.engine.tasks import repro_command, stops_run
+from opforge.engine.tasks import Verdict, declared, repro_command, stops_run
 from opforge.errors import WorkerInternalError
 from opforge.results import CaseResult, OpReport, RunReport, Status
 from opforge.spec.model import OpSpec
@@ -170,6 +171,8 @@ class _OpRun:
     tasks: tuple[TaskHeader, ...] | None = None
     next_index: int = 0
     in_flight: int | None = None
+    # The case the row in flight runs the op on when it is not the row's own (protocol.Sweep).
+    sweeping: Sweep | None = None
     since: float = field(default_factory=time.monotonic)
     spawned: Worker | None = None
     progressed: bool = False
@@ -335,11 +338,13 @@ class Supervisor:
         elif isinstance(event, Loaded):
             self._loaded(op, event)
         elif isinstance(event, Start):
-            op.in_flight, op.since = event.index, time.monotonic()
+            op.in_flight, op.since, op.sweeping = event.index, time.monotonic(), None
+        elif isinstance(event, Sweep):
+            op.sweeping = event
         elif isinstance(event, Result):
             self._add(op, event.result)
         elif isinstance(event, End):
-            op.in_flight, op.since, op.progressed = None, time.monotonic(), True
+            op.in_flight, op.since, op.progressed, op.sweeping = None, time.monotonic(), True, None
             op.next_index = event.index + 1
         elif isinstance(event, Restart):
             self.events.step(f"{op.spec.name}: going on in a fresh process ({event.reason})")
@@ -416,28 +421,36 @@ class Supervisor:
         self._continue(op)
 
     def _lost_row(self, op: _OpRun, index: int, status: Status, message: str, seconds: float | None = None) -> None:
-        """A task that never reported: one result per row name it would have reported."""
+        """A task that never reported: one result per row name it would have reported, on the case it was running
+        (a swept case's own id, dtype and layout), declared by the spec's crash xfails."""
         row = (op.tasks or ())[index]
         seconds = time.monotonic() - op.since if seconds is None else seconds
+        case_id, dtype, layout = row.case_id, row.dtype, row.layout
+        if op.sweeping is not None:
+            case_id, dtype, layout = op.sweeping.case_id, op.sweeping.dtype, op.sweeping.layout
+            message = f"{message} (the row of case {row.case_id} was running the op on this case)"
         for name in row.results:
+            verdict = declared(
+                op.spec, row.implementation, name, dtype, row.device, layout, case_id, Verdict(status, message)
+            )
             self._add(
                 op,
                 CaseResult(
                     op=op.spec.name,
                     implementation=row.implementation,
                     check=name,
-                    case_id=row.case_id,
-                    dtype=row.dtype,
+                    case_id=case_id,
+                    dtype=dtype,
                     device=row.device,
-                    status=status,
+                    status=verdict.status,
                     seconds=seconds,
-                    message=message,
+                    message=verdict.message,
                     seed=row.seed,
                     repro=repro_command(op.spec, row.implementation, name, row.case_id, self.settings.seed),
                 ),
             )
         op.next_index = index + 1
-        op.in_flight = None
+        op.in_flight, op.sweeping = None, None
 
     def _lost_load(self, op: _OpRun, status: Status, how: str) -> None:
         self._add(op, load_result(op.spec, status, _with_stderr(how, op.worker), time.monotonic() - op.since))

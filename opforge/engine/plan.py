@@ -284,9 +284,16 @@ def skip_result(
     )
 
 
-def check_context(loaded: LoadedOp, settings: RunSettings, time_limit: float | None = None) -> CheckContext:
-    """What a check is handed for a run under `settings` (a worker also passes its task's time limit)."""
-    return CheckContext(loaded, settings.seed, time_limit, settings.opt_ins)
+def check_context(
+    loaded: LoadedOp,
+    settings: RunSettings,
+    time_limit: float | None = None,
+    on_sweep: Callable[[Case], None] | None = None,
+) -> CheckContext:
+    """What a check is handed for a run under `settings` (a worker also passes its task's time limit and where the
+    cases a row sweeps go)."""
+    context = CheckContext(loaded, settings.seed, time_limit, settings.opt_ins)
+    return replace(context, on_sweep=on_sweep) if on_sweep else context
 
 
 def build_info(loaded: LoadedOp) -> dict[str, Any] | None:

@@ -46,6 +46,7 @@ class TaskHeader:
     case_id: str
     dtype: str
     device: str
+    layout: str
     seed: int
     results: tuple[str, ...]
     group: int  # Task.group: the parent splits an op's tasks between workers as they do
@@ -114,6 +115,17 @@ class Start(Event):
 
 
 @dataclass(frozen=True)
+class Sweep(Event):
+    """The row in flight now runs its op on another case of the spec (the dtypes check's sweep of an unclaimed
+    dtype): until the next Sweep or End, a death or a hang is this case's."""
+
+    kind: ClassVar[str] = "sweep"
+    case_id: str
+    dtype: str
+    layout: str
+
+
+@dataclass(frozen=True)
 class Result(Event):
     kind: ClassVar[str] = "result"
     result: CaseResult
@@ -164,7 +176,8 @@ class Internal(Event):
 
 
 _EVENTS: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (EnvironmentEvent, Step, Loaded, Start, Result, End, Restart, Done, LoadError, Internal)
+    cls.kind: cls
+    for cls in (EnvironmentEvent, Step, Loaded, Start, Sweep, Result, End, Restart, Done, LoadError, Internal)
 }
 
 

@@ -154,18 +154,31 @@ def _outcome_verdict(check: Check, name: str, outcome: object) -> Verdict:
 
 
 def apply_xfail(spec: OpSpec, implementation: str, check: str, case: Case, verdict: Verdict) -> Verdict:
-    xfail = spec.xfail_for(implementation, check, case.dtype, case.device, case.layout, case.id)
+    return declared(spec, implementation, check, case.dtype, case.device, case.layout, case.id, verdict)
+
+
+def declared(
+    spec: OpSpec, implementation: str, check: str, dtype: str, device: str, layout: str, case_id: str, verdict: Verdict
+) -> Verdict:
+    """A row's verdict under the spec's xfail entries: a declared failure is XFAIL (a crash entry declares only a
+    CRASH or TIMEOUT row, any other entry only a FAIL or ERROR), and a strict entry whose row passed is XPASS."""
+    where = (implementation, check, dtype, device, layout, case_id)
+    if verdict.status == Status.PASS:
+        stale = spec.xfail_for(*where) or spec.xfail_for(*where, crashed=True)
+        if stale is not None and stale.strict:
+            return replace(
+                verdict,
+                status=Status.XPASS,
+                message=f"declared xfail ({stale.reason}) but passed: remove the xfail entry from the spec",
+            )
+        return verdict
+    crashed = verdict.status in (Status.CRASH, Status.TIMEOUT)
+    if not crashed and verdict.status not in (Status.FAIL, Status.ERROR):
+        return verdict
+    xfail = spec.xfail_for(*where, crashed=crashed)
     if xfail is None:
         return verdict
-    if verdict.status in (Status.FAIL, Status.ERROR):
-        return replace(verdict, status=Status.XFAIL, message=f"expected failure ({xfail.reason}): {verdict.message}")
-    if verdict.status == Status.PASS and xfail.strict:
-        return replace(
-            verdict,
-            status=Status.XPASS,
-            message=f"declared xfail ({xfail.reason}) but passed: remove the xfail entry from the spec",
-        )
-    return verdict
+    return replace(verdict, status=Status.XFAIL, message=f"expected failure ({xfail.reason}): {verdict.message}")
 
 
 def repro_command(spec: OpSpec, implementation: str, row: str, case_id: str, seed: int) -> str:

@@ -28,6 +28,7 @@ from opforge.engine.protocol import (
     Result,
     Start,
     Step,
+    Sweep,
     TaskHeader,
     encode,
 )
@@ -79,6 +80,7 @@ def run(job: Job, send: Send) -> None:
                 case_id=row.case.id,
                 dtype=row.case.dtype,
                 device=row.case.device,
+                layout=row.case.layout,
                 seed=row.case.seed(settings.seed),
                 results=tuple(reported_results(filters, spec, row)),
                 group=row.group,
@@ -105,7 +107,9 @@ def run(job: Job, send: Send) -> None:
             send(Restart(unusable[0]))
         return not unusable
 
-    context = check_context(loaded, settings, job.time_limit)
+    context = check_context(
+        loaded, settings, job.time_limit, on_sweep=lambda case: send(Sweep(case.id, case.dtype, case.layout))
+    )
     ran_to_the_end = run_tasks(
         context,
         plan,

@@ -38,7 +38,7 @@ from opforge.checks.catalog import CATALOG
 from opforge.checks.opcheck import outcome
 from opforge.compare import map_tensors
 from opforge.engine.tasks import check_verdicts
-from opforge.fuzz.verdict import DISCARD, FAIL, KNOWN, OUTSIDE_DOMAIN, PASS, REJECT, UNDECIDABLE, Verdict
+from opforge.fuzz.verdict import CRASHED, DISCARD, FAIL, KNOWN, OUTSIDE_DOMAIN, PASS, REJECT, UNDECIDABLE, Verdict
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, ReferenceFailure, short
 from opforge.results import Mismatch, Status
@@ -81,7 +81,7 @@ class Judge:
             if raised is None:  # it returned, with a kernel launch's error left pending
                 return Verdict(FAIL, "correctness", failure.message, cause="a pending CUDA launch error")
             if _is_cuda_fault(raised):
-                return Verdict(FAIL, "crash", f"a CUDA error: {short(raised)}")
+                return Verdict(FAIL, CRASHED, f"a CUDA error: {short(raised)}")
             return Verdict(REJECT, message=short(raised))
         failed = self._first_failure(case, oracles)
         if failed is None:
@@ -269,7 +269,8 @@ def _declared(loaded: LoadedOp, implementation: Implementation, case: Case, verd
     """A failure the spec's xfail entries declare for this check and case becomes `known`: `opforge check` would
     report it as XFAIL, so fuzz must not report it as new (torchvision's upstream bugs, say). An example with a
     special value in an input (NAME=one|row|all:S) is also what the special_values check's entries declare (roi_pool
-    skipping NaN). Crashes and hangs are never declared, as in `opforge check`."""
+    skipping NaN). A crash or hang is declared by the spec's `crash: true` entries, which the search applies
+    (opforge.fuzz.search.declared_crash)."""
     checks = [_XFAIL_CHECKS.get(verdict.oracle, verdict.oracle)]
     if writes_special(case.fill):  # what the special_values check's xfails declare
         checks.append("special_values")

@@ -17,7 +17,7 @@ from typing import Any
 from opforge.child import ChildProcess, describe_exit, with_this_opforge
 from opforge.engine.forkserver import shared_server
 from opforge.errors import OpforgeError, WorkerInternalError
-from opforge.fuzz.verdict import DISCARD, FAIL, TOO_COSTLY, Verdict
+from opforge.fuzz.verdict import CRASHED, DISCARD, FAIL, HUNG, TOO_COSTLY, Verdict
 from opforge.results import mismatch_from_json
 from opforge.spec.model import Regression
 
@@ -81,7 +81,7 @@ class FuzzWorker(ChildProcess):
             tail = self._stderr_since(mark)
             self.child = self._ready()
             return Verdict(
-                FAIL, "crash", f"the op's process died: {answer['how']}" + (f"; stderr: {tail}" if tail else "")
+                FAIL, CRASHED, f"the op's process died: {answer['how']}" + (f"; stderr: {tail}" if tail else "")
             )
         if answer.get("restart"):
             self._until_died()
@@ -145,7 +145,7 @@ class FuzzWorker(ChildProcess):
         self._until_died()
         self.child = self._ready()
         if status == FAIL:
-            return Verdict(FAIL, "hang", why)
+            return Verdict(FAIL, HUNG, why)
         return Verdict(DISCARD, message=f"{why}: too costly to judge", cause=TOO_COSTLY)
 
     def _until_died(self) -> None:

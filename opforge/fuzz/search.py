@@ -11,14 +11,15 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from opforge.cases import kept_case
 from opforge.fuzz.options import FuzzOptions
 from opforge.fuzz.process import FuzzWorker
 from opforge.fuzz.space import Space, examples
-from opforge.fuzz.verdict import DISCARD, FAIL, KNOWN, PASS, REJECT, Verdict
+from opforge.fuzz.verdict import CRASHED, DISCARD, FAIL, HUNG, KNOWN, PASS, REJECT, Verdict
 from opforge.spec.model import OpSpec, Regression
 
 # Examples per hypothesis pass: small, so a pass ends soon after the budget does (~0.1 s an example here), large
@@ -153,9 +154,22 @@ def replay(spec: OpSpec, example: Regression, options: FuzzOptions) -> tuple[Ver
     worker = FuzzWorker(spec.path, options.cuda_arch, EXAMPLE_TIME_LIMIT)
     try:
         oracles = options.oracles or _applicable(spec, example.device)
-        return worker.run(example, oracles), oracles
+        return declared_crash(spec, example, worker.run(example, oracles)), oracles
     finally:
         worker.close()
+
+
+def declared_crash(spec: OpSpec, example: Regression, verdict: Verdict) -> Verdict:
+    """An example whose process died or hung where the spec declares a crash (`crash: true`) is known, as `opforge
+    check` reports its row XFAIL. Its case id (for a `case:` glob) is the matrix's, which a samples spec's example
+    has only in the worker: there only entries without `case:` declare it."""
+    if verdict.status != FAIL or verdict.oracle not in (CRASHED, HUNG):
+        return verdict
+    case_id = "" if example.sample is not None else replace(kept_case(spec, example, "fuzz"), fill="").id
+    xfail = spec.crash_declared("native", example.dtype, example.device, example.layout, case_id)
+    if xfail is None or (xfail.case is not None and not case_id):
+        return verdict
+    return replace(verdict, status=KNOWN, message=f"expected failure ({xfail.reason}): {verdict.message}")
 
 
 def _applicable(spec: OpSpec, device: str) -> tuple[str, ...]:
@@ -246,7 +260,7 @@ class _Search:
         shrinking = bool(self.latest)
         if now > self.deadline + SHRINK_GRACE or (not shrinking and (now > self.deadline or self._out_of_examples())):
             return  # out of time or examples: hypothesis's remaining calls of this pass run nothing
-        verdict = self.worker.run(example, self.report.oracles)
+        verdict = declared_crash(self.spec, example, self.worker.run(example, self.report.oracles))
         self._count(verdict)
         if verdict.status == DISCARD:
             reject()

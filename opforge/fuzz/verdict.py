@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from opforge.results import Mismatch
 
 PASS, FAIL, KNOWN, REJECT, DISCARD = "pass", "fail", "known", "reject", "discard"
+# The oracle of a failure where the op's process died (or its CUDA context did) or stalled.
+CRASHED, HUNG = "crash", "hang"
 
 # Why an example was discarded (a discard's `cause`): nothing in it judged the op.
 OUTSIDE_DOMAIN = "outside the reference's domain"

@@ -126,14 +126,16 @@ class ErrorInput:
 
 
 # What an xfail's `layout` may name: a case's layout, or the spec's `noncontiguous`, which stands for both of its views.
-XFAIL_LAYOUTS = ("contiguous", "offset", "transposed", "strided", "channels_last", "noncontiguous")
+# The matrix's layouts, noncontiguous for both of its views, and expanded, a layout only fuzz draws.
+XFAIL_LAYOUTS = ("contiguous", "offset", "transposed", "strided", "channels_last", "noncontiguous", "expanded")
 
 
 @dataclass(frozen=True)
 class XFail:
     """A known failure. Strict (the default): a case that passes anyway is XPASS and fails the run, so stale
     entries get noticed. Non-strict: for failures that depend on the sampled values, a pass is just a pass.
-    `case` is a glob (fnmatch) on the case id, for a failure that only some shapes or samples have."""
+    `case` is a glob (fnmatch) on the case id, for a failure that only some shapes or samples have. `crash`: the
+    failure is the op's process dying or hanging (a CRASH or TIMEOUT row), which only such an entry declares."""
 
     check: str
     reason: str
@@ -143,6 +145,7 @@ class XFail:
     layout: str | None = None
     case: str | None = None
     strict: bool = True
+    crash: bool = False
 
     def matches(self, implementation: str, check: str, dtype: str, device: str, layout: str, case_id: str) -> bool:
         base = check.split(":", 1)[0]
@@ -339,9 +342,33 @@ class OpSpec:
         return dict(self.device_dtypes).get(device, self.dtypes) if self.device_dtypes else self.dtypes
 
     def xfail_for(
-        self, implementation: str, check: str, dtype: str, device: str, layout: str, case_id: str
+        self,
+        implementation: str,
+        check: str,
+        dtype: str,
+        device: str,
+        layout: str,
+        case_id: str,
+        crashed: bool = False,
     ) -> XFail | None:
-        return next((x for x in self.xfail if x.matches(implementation, check, dtype, device, layout, case_id)), None)
+        """The entry declaring this row's failure: a crash entry for a row whose process died or hung (`crashed`),
+        any other for a failure the check reported."""
+        return next(
+            (
+                x
+                for x in self.xfail
+                if x.crash == crashed and x.matches(implementation, check, dtype, device, layout, case_id)
+            ),
+            None,
+        )
+
+    def crash_declared(self, implementation: str, dtype: str, device: str, layout: str, case_id: str) -> XFail | None:
+        """A crash entry for this case, whatever check it names: fuzz runs every oracle of an example in one process,
+        so a death there is no one check's."""
+        return next(
+            (x for x in self.xfail if x.crash and x.matches(implementation, x.check, dtype, device, layout, case_id)),
+            None,
+        )
 
     @property
     def bench_modes(self) -> tuple[str, ...]:

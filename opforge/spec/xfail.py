@@ -1,5 +1,5 @@
 """The spec's `xfail:` list: known failures, by check (or one of its rows), implementation, dtype, device, layout and
-case id (a glob)."""
+case id (a glob); `crash: true` for a known crash or hang."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _read_xfail(r: Reader, key: str, node: Node) -> XFail:
         r.path,
         node,
         key,
-        ("check", "implementation", "dtype", "device", "layout", "case", "reason", "strict"),
+        ("check", "implementation", "dtype", "device", "layout", "case", "reason", "strict", "crash"),
         required=("check", "reason"),
     )
     check = x.get("check", read_str)
@@ -49,4 +49,5 @@ def _read_xfail(r: Reader, key: str, node: Node) -> XFail:
         layout=x.get("layout", one_of(XFAIL_LAYOUTS)),
         case=x.get("case", read_str),
         strict=x.get("strict", read_bool, True),
+        crash=x.get("crash", read_bool, False),
     )
