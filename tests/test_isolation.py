@@ -466,7 +466,14 @@ def test_a_fresh_worker_that_plans_other_rows_crashes_the_rest_of_the_op_not_the
     run = RunReport({})
     supervisor = Supervisor([], Filters(), RunSettings(), Isolation(), run, Events(), environ={})
     row = TaskHeader(
-        implementation="native", case_id="c", dtype="float32", device="cuda", seed=1, results=("correctness",), group=0
+        implementation="native",
+        case_id="c",
+        dtype="float32",
+        device="cuda",
+        layout="contiguous",
+        seed=1,
+        results=("correctness",),
+        group=0,
     )
     op = _OpRun(spec, OpReport("good", str(spec.path)), 10.0, 0, tasks=(row, row, row), next_index=1, spawned=Closed())
     supervisor.active[0] = op

@@ -159,7 +159,8 @@ class XFail:
         )
 
 
-_LAYOUT_FAMILIES = {"noncontiguous": ("transposed", "strided")}
+# Every layout that is not contiguous: the matrix's two views and fuzz's expanded one.
+_LAYOUT_FAMILIES = {"noncontiguous": ("transposed", "strided", "expanded")}
 
 
 def layout_kind(layout: str) -> str:

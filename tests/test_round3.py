@@ -1,0 +1,109 @@
+"""Issue 40's round three, on ops written like outside code (tests/fixtures/round3/round3.py): each correct op
+passes and each twin fails by the check that should say so; declared crashes; the float32 scan allowance."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+from typer.testing import CliRunner
+
+from opforge.cli import app
+from opforge.errors import SpecError
+from opforge.fuzz.options import FuzzOptions
+from opforge.fuzz.search import fuzz
+from opforge.spec.load import load_spec
+
+ROUND3 = FIXTURES / "round3"
+runner = CliRunner()
+
+
+def check(tmp_path: Path, spec: Path, *args: str) -> tuple[int, list[dict]]:
+    """`opforge check` on `spec`: its exit code and its result rows (from the JSON report)."""
+    report = tmp_path / f"{spec.stem}.json"
+    result = runner.invoke(app, ["check", str(spec), "--json", str(report), *args], env={"NO_COLOR": "1"})
+    assert report.exists(), result.output
+    [entry] = json.loads(report.read_text())["ops"]
+    return result.exit_code, entry["results"]
+
+
+def variant(tmp_path: Path, name: str, edit) -> Path:
+    """A copy of round3's spec `name`, its text passed through `edit`, with a copy of the fixture module beside it."""
+    shutil.copy(ROUND3 / "round3.py", tmp_path / "round3.py")
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(edit((ROUND3 / f"{name}.yaml").read_text()))
+    return path
+
+
+def without_xfails(text: str) -> str:
+    return text[: text.index("xfail:")]
+
+
+# ------------------------------------------------------------------------------------------------ declared crashes
+
+
+@pytest.mark.slow
+def test_a_declared_crash_is_xfail_on_the_case_that_crashed(tmp_path):
+    code, rows = check(tmp_path, ROUND3 / "double_contiguous_only.yaml")
+    assert code == 0, rows
+    by_status = {(r["check"], r["status"]) for r in rows}
+    assert ("correctness", "xfail") in by_status and ("dtypes", "xfail") in by_status, by_status
+    for row in (r for r in rows if r["status"] == "xfail"):
+        assert "SIGSEGV" in row["message"] and "-contiguous-" not in row["case_id"], row
+    # Each unclaimed dtype's row sweeps the spec's cases; it dies on the first non-contiguous one and says so there.
+    swept = [r for r in rows if r["check"] == "dtypes" and r["status"] == "xfail"]
+    assert len(swept) == 9 and all("was running the op on this case" in r["message"] for r in swept), swept
+
+
+@pytest.mark.slow
+def test_an_undeclared_crash_stays_a_crash_row_on_the_case_that_crashed(tmp_path):
+    code, rows = check(tmp_path, variant(tmp_path, "double_contiguous_only", without_xfails))
+    assert code == 1
+    crashed = [r for r in rows if r["status"] == "crash"]
+    assert {r["check"] for r in crashed} == {"correctness", "dtypes"}, crashed
+    # Before, a dtypes row kept its representative (contiguous) case's id whatever case its sweep died on.
+    assert all("-contiguous-" not in r["case_id"] for r in crashed), [r["case_id"] for r in crashed]
+
+
+@pytest.mark.slow
+def test_a_declared_crash_that_does_not_happen_is_xpass(tmp_path):
+    fixed = variant(tmp_path, "double_contiguous_only", lambda t: t.replace("::double_contiguous_only", "::double"))
+    code, rows = check(tmp_path, fixed)
+    assert code == 1
+    xpassed = [r for r in rows if r["status"] == "xpass"]
+    assert xpassed and {r["check"] for r in xpassed} == {"correctness"}, rows
+
+
+def test_a_crash_entry_declares_only_crashes_and_other_entries_only_failures(tmp_path):
+    from opforge.engine.tasks import Verdict, declared
+    from opforge.results import Status
+
+    spec = load_spec(ROUND3 / "double_contiguous_only.yaml")
+    where = ("native", "correctness", "float32", "cpu", "strided", "float32-cpu-strided-x=7")
+    assert declared(spec, *where, Verdict(Status.CRASH, "died")).status == Status.XFAIL
+    assert declared(spec, *where, Verdict(Status.TIMEOUT, "hung")).status == Status.XFAIL
+    # A crash entry is no excuse for a wrong value, and only a crash entry excuses a crash.
+    assert declared(spec, *where, Verdict(Status.FAIL, "wrong")).status == Status.FAIL
+    assert declared(spec, *where, Verdict(Status.PASS)).status == Status.XPASS
+    contiguous = where[:4] + ("contiguous", "float32-cpu-contiguous-x=7")
+    assert declared(spec, *contiguous, Verdict(Status.CRASH, "died")).status == Status.CRASH
+
+
+def test_crash_must_be_a_bool_and_expanded_is_a_layout_an_xfail_can_name(tmp_path):
+    path = variant(tmp_path, "double_contiguous_only", lambda t: t.replace("crash: true", "crash: sometimes", 1))
+    with pytest.raises(SpecError, match=r"xfail\[0\]\.crash"):
+        load_spec(path)
+    path = variant(tmp_path, "double_contiguous_only", lambda t: t.replace("layout: noncontiguous", "layout: expanded"))
+    assert {x.layout for x in load_spec(path).xfail} == {"expanded"}
+
+
+@pytest.mark.slow
+def test_fuzz_counts_a_declared_crash_as_known_and_an_undeclared_one_as_a_failure(tmp_path):
+    options = FuzzOptions(budget=120, max_examples=30, seed=0, database=tmp_path / "db")
+    declared_run = fuzz(load_spec(variant(tmp_path, "double_contiguous_only", lambda t: t)), options)
+    assert declared_run.known > 0 and declared_run.failures == [], declared_run
+    undeclared = fuzz(load_spec(variant(tmp_path, "double_contiguous_only", without_xfails)), options)
+    assert [f.oracle for f in undeclared.failures] == ["crash"], undeclared
