@@ -4,6 +4,7 @@ passes and each twin fails by the check that should say so; declared crashes; th
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -31,8 +32,9 @@ def check(tmp_path: Path, spec: Path, *args: str) -> tuple[int, list[dict]]:
 
 
 def variant(tmp_path: Path, name: str, edit) -> Path:
-    """A copy of round3's spec `name`, its text passed through `edit`, with a copy of the fixture module beside it."""
-    shutil.copy(ROUND3 / "round3.py", tmp_path / "round3.py")
+    """A copy of round3's spec `name`, its text passed through `edit`, with copies of the fixture modules beside it."""
+    for module in ROUND3.glob("*.py"):
+        shutil.copy(module, tmp_path / module.name)
     path = tmp_path / f"{name}.yaml"
     path.write_text(edit((ROUND3 / f"{name}.yaml").read_text()))
     return path
@@ -40,6 +42,57 @@ def variant(tmp_path: Path, name: str, edit) -> Path:
 
 def without_xfails(text: str) -> str:
     return text[: text.index("xfail:")]
+
+
+# ---------------------------------------------------------------------------------- correct ops pass, twins fail
+
+# (spec, its twin op, the check the twin must fail, what the failure must name). Each correct op passes every row.
+TWINS = [
+    # A float32 sequential scan passes under the scan allowance, equal and cancelling huge values too; one term
+    # left out fails in every dtype.
+    ("complete_cumsum", "complete_cumsum_skips_one", "correctness", "result: "),
+    # int32 lengths whose offsets come back int64: the dtype is part of the result in both checks.
+    ("complete_cumsum", "complete_cumsum_widens", "dtypes", "int32 is claimed, but result: expected dtype torch.int32"),
+    # Tensor[]: the last piece of the list output.
+    ("split_scaled", "split_scaled_last_unscaled", "correctness", "result1[1]: "),
+    # Tensor?: the optional output, a tensor in some samples and None in others.
+    ("permute_rows", "permute_rows_keeps_weights", "correctness", "result1: "),
+    # SymInt: a plain integer output compared exactly.
+    ("count_above", "count_above_or_equal", "correctness", "result1: expected 3, got 4"),
+    # compile: a compiled path that floors, wrong against eager and farther from the reference.
+    ("fake_quant", "fake_quant_compiled_floor", "compile", "compiled result is not as close to the float64 reference"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted({spec for spec, *_ in TWINS} | {"permute_rows_unweighted"}))
+def test_each_correct_round3_op_passes_every_row(tmp_path, name):
+    code, rows = check(tmp_path, ROUND3 / f"{name}.yaml")
+    assert code == 0, [(r["check"], r["case_id"], r["message"]) for r in rows if r["status"] not in ("pass", "xfail")]
+    assert any(r["status"] == "pass" for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "twin", "flagged_by", "names"), TWINS, ids=[twin for _, twin, *_ in TWINS])
+def test_each_round3_twin_fails_by_the_check_that_sees_its_bug(tmp_path, name, twin, flagged_by, names):
+    renamed = variant(tmp_path, name, lambda text: re.sub(rf"round3::{name}\b", f"round3::{twin}", text))
+    code, rows = check(tmp_path, renamed)
+    assert code == 1
+    failed = [r for r in rows if r["status"] == "fail" and r["check"] == flagged_by]
+    assert failed and any(names in r["message"] for r in failed), [r["message"][:200] for r in failed]
+
+
+def test_the_scan_allowance_comes_from_the_references_own_terms():
+    import torch
+
+    from opforge.compare import sum_terms
+
+    values = torch.full((1000,), 50.0, dtype=torch.float64, requires_grad=True)
+    offsets = torch.cat([values.new_zeros(1), values.cumsum(0)])
+    count, magnitude = sum_terms(offsets, [values], torch.tensor([0, 1, 1000]))
+    # out[1000] sums all 1000 terms, out[1] one, out[0] none (counted as one, of magnitude 0): a sum's terms, not
+    # the ratio of input to output elements (~1) that the plain-sum allowance had counted.
+    assert count.tolist() == pytest.approx([1, 1, 1000]) and magnitude.tolist() == pytest.approx([0, 50, 50000])
 
 
 # ------------------------------------------------------------------------------------------------ declared crashes
