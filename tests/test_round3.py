@@ -82,6 +82,29 @@ def test_each_round3_twin_fails_by_the_check_that_sees_its_bug(tmp_path, name, t
     assert failed and any(names in r["message"] for r in failed), [r["message"][:200] for r in failed]
 
 
+def differentiated(text: str) -> str:
+    """split_scaled with x differentiated, checked by the gradient checks."""
+    text = text.replace("  differentiable: false", "  differentiable: true")
+    text = text.replace("dtypes:", "inputs:\n  x: {requires_grad: true}\ndtypes:", 1)
+    return re.sub(r"(?m)^checks: .*$", "checks: [gradcheck, grad_lowp]", text)
+
+
+@pytest.mark.slow
+def test_gradients_of_a_list_output_reach_the_same_leaves_of_the_reference(tmp_path):
+    # Before, the reference's Tensor[] output was one value where the op's were its pieces: the pieces' grad_outputs
+    # went to nothing on the reference side, and the correct backward failed grad_lowp on 16 of 16 float32 cases.
+    code, rows = check(tmp_path, variant(tmp_path, "split_scaled", differentiated))
+    assert code == 0 and {r["check"] for r in rows} == {"gradcheck", "grad_lowp"}, rows
+    twin = variant(
+        tmp_path,
+        "split_scaled",
+        lambda t: differentiated(re.sub(r"round3::split_scaled\b", "round3::split_scaled_sum_not_differentiated", t)),
+    )
+    code, rows = check(tmp_path, twin)
+    failed = {r["check"] for r in rows if r["status"] == "fail"}
+    assert code == 1 and failed == {"gradcheck", "grad_lowp"}, rows
+
+
 def test_the_scan_allowance_comes_from_the_references_own_terms():
     import torch
 

@@ -132,27 +132,41 @@ def vector_jacobian_products(
     gradients through the reference computed in the case's dtype (the low-precision baseline, named grad[x])."""
 
     baseline_args = reference_in_op_dtypes(loaded, inputs)
-    outs = differentiable_outputs(outputs_of(loaded, implementation, inputs))
+    named = differentiable_leaves(outputs_of(loaded, implementation, inputs))
+    outs = [leaf for _, leaf in named]
     ref_outs, _ = split_reference(loaded, call_reference(loaded, inputs))
     grad_outs = seeded_grad_outputs(outs, case, base_seed)
     grads = op_gradients(implementation, outs, [argument(inputs, loaded, n) for n in names], grad_outs)
+    leaf_names = [name for name, _ in named]
     try:
         ref_grads = gradients(
-            list(ref_outs[: len(outs)]),
+            matching_leaves(leaf_names, ref_outs),
             [argument(inputs, loaded, n, reference=True) for n in names],
             [g.double().cpu() for g in grad_outs],
         )
     except Exception as exc:
         raise ReferenceFailure(f"backward of the reference raised {short(exc)}") from exc
-    return grads, ref_grads, _gradient_baseline(loaded, baseline_args, names, grad_outs, case.dtype)
+    return grads, ref_grads, _gradient_baseline(loaded, baseline_args, names, leaf_names, grad_outs, case.dtype)
 
 
 def differentiable_outputs(outputs: tuple[Any, ...]) -> list[Any]:
     """The outputs with a gradient graph, a list output's tensors each: those a grad_output goes to."""
+    return [leaf for _, leaf in differentiable_leaves(outputs)]
+
+
+def differentiable_leaves(outputs: tuple[Any, ...]) -> list[tuple[str, Any]]:
+    """differentiable_outputs, each with its place among the outputs' leaves (`1[0]`: output 1's first tensor)."""
     import torch
 
-    flat = [leaf for o in outputs for _, leaf in leaves("", o)]
-    return [o for o in flat if isinstance(o, torch.Tensor) and o.requires_grad]
+    flat = [leaf for i, o in enumerate(outputs) for leaf in leaves(str(i), o)]
+    return [(name, o) for name, o in flat if isinstance(o, torch.Tensor) and o.requires_grad]
+
+
+def matching_leaves(names: list[str], outputs: tuple[Any, ...]) -> list[Any]:
+    """The reference's leaves at the places `names` (differentiable_leaves of the op's outputs) name, so that each
+    grad_output reaches the same value on both sides (None where the reference has no such leaf)."""
+    by_place = dict(leaf for i, o in enumerate(outputs) for leaf in leaves(str(i), o))
+    return [by_place.get(name) for name in names]
 
 
 def seeded_grad_outputs(outputs: list[Any], case: Case, base_seed: int) -> list[Any]:
@@ -191,6 +205,7 @@ def _gradient_baseline(
     loaded: LoadedOp,
     arguments: tuple[tuple[Any, ...], dict[str, Any]],
     names: list[str],
+    leaf_names: list[str],
     grad_outs: list[Any],
     dtype: str,
 ) -> Baseline:
@@ -202,7 +217,7 @@ def _gradient_baseline(
         wrt = [call_args[positions.index(n)] if positions.index(n) < len(call_args) else call_kwargs[n] for n in names]
         outputs, _ = split_reference(loaded, reference_values(loaded, loaded.reference(*call_args, **call_kwargs)))
         seeds = [g.detach().cpu() for g in grad_outs]
-        grads = gradients(list(outputs[: len(grad_outs)]), wrt, [g.double() if wide else g for g in seeds])
+        grads = gradients(matching_leaves(leaf_names, outputs), wrt, [g.double() if wide else g for g in seeds])
         return {f"grad[{n}]": g for n, g in zip(names, grads) if g is not None}
 
     def perturbed(scale: float, draw: int) -> dict[str, Any]:
