@@ -61,6 +61,12 @@ CONDITION_DRAWS = 4
 SUM_ROWS = 4096
 # Batched backward passes hold rows x input elements float64 gradients at once: at most this many (256 MiB).
 SUM_ROW_BATCH_ELEMENTS = 1 << 25
+# Jacobian terms (rows x input elements) read for one comparison at most: fewer rows past 4,096 input elements, none
+# past 2^24. Each term costs ~70 ns (2-core VM, a swish reference: 4,096 rows of 10,000 elements 3.5 s, of 100,000
+# 28 s), so this is about a second. Without the cap a failing float32 output of 1,000,003 elements took ~280 s per
+# comparison (on an H100 host: the stream check of cuda_ops/disagreeing_swish 265 s, the whole spec past 450 s);
+# the scans of up to 1,000 elements this allowance is for keep all of their rows.
+SUM_TERMS_PER_COMPARISON = 1 << 24
 # Dtypes whose reference is the float64 reference itself: no baseline to compare with.
 REFERENCE_DTYPES = ("float64", "complex128")
 
@@ -164,14 +170,16 @@ class Baseline:
         """FLOAT32_SUM_ERROR units of float32 roundoff per term of sum |term| at each flat index in `rows` of output
         `name` (0 elsewhere), its terms read off the float64 reference's Jacobian row (sum_terms): a correct float32
         scan or reduction may be that far off however exact the baseline is (torch.cumsum in float32 accumulates in
-        double on the CPU). None when the reference is not differentiable there."""
+        double on the CPU). Only the first rows whose terms fit SUM_TERMS_PER_COMPARISON get one (`rows` come worst
+        first). None when the reference is not differentiable there, or no row fits."""
         import torch
 
-        if self._tracked is None or rows.numel() == 0:
+        if self._tracked is None or rows.numel() == 0 or self.input_elements > SUM_TERMS_PER_COMPARISON:
             return None
         try:
             outputs, inputs = self._tracked()
-            terms = sum_terms(outputs.get(name), inputs, rows)
+            rows = rows[: SUM_TERMS_PER_COMPARISON // max(1, sum(t.numel() for t in inputs))]
+            terms = sum_terms(outputs.get(name), inputs, rows) if rows.numel() else None
         except Exception:  # a reference autograd cannot go through: no allowance, the other rules decide
             return None
         if terms is None:

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from opforge import compare
 from opforge.compare import Baseline, Rule, check_result
 from opforge.outcomes import CheckFailure
 from opforge.spec.model import Tolerance
@@ -190,3 +191,42 @@ def test_an_ill_conditioned_element_may_be_off_by_what_rounding_its_inputs_costs
     wrong[::7] *= 2  # a wrong value is far past what rounding the inputs moves it
     with pytest.raises(CheckFailure, match="exceeds the"):
         judge_gated(wrong, perturbed)
+
+
+def tracked_reference(x, formula):
+    """A TrackedReference of `formula` on a float64 copy of x that requires grad."""
+
+    def tracked():
+        leaf = x.clone().requires_grad_(True)
+        with torch.enable_grad():
+            return {"result": formula(leaf)}, [leaf]
+
+    return tracked
+
+
+def test_a_scan_gets_a_sum_allowance_at_every_row_asked_for():
+    x = torch.linspace(0.5, 2, 1000, dtype=torch.float64)
+    baseline = Baseline("float32", lambda: {}, x.numel(), tracked=tracked_reference(x, lambda t: t.cumsum(0)))
+    allowance = baseline.sum_allowance("result", torch.arange(1000).flip(0))
+    assert bool(allowance.gt(0).all()) and allowance[-1] > 100 * allowance[0]  # the last element sums 1,000 terms
+
+
+def test_the_sum_allowance_reads_at_most_its_budget_of_jacobian_terms(monkeypatch):
+    # A failing float32 output of 1,000,003 elements read 4,096 Jacobian rows of 1,000,003 terms each, ~280 s per
+    # comparison (an H100 host spent 265 s in the stream check of cuda_ops/disagreeing_swish). Here the budget is
+    # five rows of 10,000 terms: the five worst elements (rows come worst first) get an allowance, no other.
+    monkeypatch.setattr(compare, "SUM_TERMS_PER_COMPARISON", 50_000)
+    x = torch.linspace(1, 4, 10_000, dtype=torch.float64)
+    baseline = Baseline("float32", lambda: {}, x.numel(), tracked=tracked_reference(x, lambda t: t * torch.sigmoid(t)))
+    worst_first = torch.arange(4096).flip(0)
+    allowance = baseline.sum_allowance("result", worst_first)
+    assert allowance.nonzero().view(-1).tolist() == sorted(worst_first[:5].tolist())
+
+
+def test_an_input_past_the_sum_budget_gets_no_sum_allowance_and_runs_no_backward():
+    ran = []
+    baseline = Baseline(
+        "float32", lambda: {}, compare.SUM_TERMS_PER_COMPARISON + 1, tracked=lambda: ran.append(1) or ({}, [])
+    )
+    assert baseline.sum_allowance("result", torch.arange(4096)) is None
+    assert not ran, "the float64 reference ran with autograd for an allowance it could not afford"

@@ -5,6 +5,9 @@ exercise (low-precision comparison, float32 gradcheck, per-input layouts and spe
 
 from __future__ import annotations
 
+import importlib.util
+from types import SimpleNamespace
+
 import pytest
 from conftest import FIXTURES, describe, failures_by_check, requires_cuda, run_spec, run_spec_isolated
 
@@ -145,3 +148,35 @@ def test_a_claimed_double_backward_that_is_silently_missing_is_reported(tmp_path
     failed = failures_by_check(run_spec(path, checks=("gradgradcheck",), dtypes=("float32",)))
     assert failed["gradgradcheck"], "expected gradgradcheck to fail"
     assert all("has no autograd formula" in r.message for r in failed["gradgradcheck"]), failed["gradgradcheck"][0]
+
+
+def _selfcheck():
+    """tests/fixtures/real_ops/selfcheck.py as a module (a script, run by .ci/gpu checks)."""
+    spec = importlib.util.spec_from_file_location("realops_selfcheck", REAL / "selfcheck.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("crashes", [True, False], ids=["number_messages_crash", "number_messages_raise"])
+def test_selfcheck_calls_an_error_path_whose_message_has_numbers_only_where_that_cannot_crash(monkeypatch, crashes):
+    # On the H100 image (2026-12-06) the selfcheck died with SIGSEGV calling scaled_tanh.out with a transposed out: its
+    # TORCH_CHECK streams the strides, and that toolchain crashes on such messages (opforge doctor's probe).
+    import torch
+
+    selfcheck = _selfcheck()
+    monkeypatch.setattr(selfcheck, "number_messages_crash", lambda: crashes)
+    calls = []
+
+    def out(x, scale, out):
+        calls.append(out.stride())
+        raise RuntimeError(f"realops::scaled_tanh.out: out must be contiguous, got strides {list(out.stride())}.")
+
+    ops, x = SimpleNamespace(scaled_tanh=SimpleNamespace(out=out)), torch.zeros(33, 65)
+    if crashes:
+        with pytest.raises(selfcheck.Skip, match="crashes on TORCH_CHECK messages with numbers"):
+            selfcheck.rejects_transposed_out(ops, x)
+        assert not calls, "the error path ran where it crashes the process"
+    else:
+        assert selfcheck.rejects_transposed_out(ops, x).startswith("a transposed out is rejected")
+        assert calls == [(1, 33)]
