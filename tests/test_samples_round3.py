@@ -219,10 +219,19 @@ def test_a_scalar_type_of_case_dtype_follows_each_case():
     """Before, `values: [case_dtype]` reached the op as the string 'case_dtype' (every row failed)."""
     report = run_spec(ROUND3 / "cast_to.yaml")
     assert report.results and not report.failed, describe(report.results)
-    assert {r.dtype for r in report.results} == {"float32", "float64", "float16", "bfloat16"}
+    assert {r.dtype for r in report.results if r.check == "correctness"} == {
+        "float32",
+        "float64",
+        "float16",
+        "bfloat16",
+    }
     assert all(r.case_id.endswith("-dtype=case_dtype") for r in report.results if r.check == "correctness")
-    twin = by_status(run_spec(ROUND3 / "cast_to_through_half.yaml", checks=("correctness",)))
-    assert {i.split(":")[0] for i in twin[Status.FAIL]} == {"bfloat16"}, twin
+    # The case's dtype reaches the op through `dtype` alone (x is float32): dtypes tries the unclaimed ones too.
+    assert {"int8", "int64", "bool"} <= {r.dtype for r in report.results if r.check == "dtypes"}
+    twin = failures_by_check(run_spec(ROUND3 / "cast_to_through_half.yaml"))
+    assert {r.dtype for r in twin["correctness"]} == {"bfloat16"}, describe(twin["correctness"])
+    # int16 is unclaimed, and the twin's float16 detour returns wrong values in it rather than refusing it.
+    assert {r.dtype for r in twin["dtypes"]} == {"bfloat16", "int16"}, describe(twin["dtypes"])
 
 
 def test_a_samples_function_that_returns_its_own_dtype_gives_the_case_dtype(tmp_path):
@@ -318,3 +327,17 @@ def test_sample_name_spec_errors(tmp_path, names, expected, got):
 def test_unnamed_samples_keep_their_index_shapes_and_values():
     report = run_spec(ROUND3 / "jagged_sum.yaml", checks=("correctness",), dtypes=("float64",), keyword="sample0")
     assert "float64-cpu-contiguous-sample0-values=9x4-offsets=4-max_length=5" in {r.case_id for r in report.results}
+
+
+def test_a_named_samples_case_reaches_the_sanitizer_child_unchanged():
+    """compute-sanitizer's child gets each case as JSON (opforge.checks.sanitize)."""
+    import json
+
+    from opforge.cases import build_matrix
+    from opforge.checks.sanitize import _case_json
+    from opforge.checks.sanitize_child import _case
+
+    spec = load_op(load_spec(ROUND3 / "gather_rows.yaml")).spec
+    case = build_matrix(spec, ("int32",), ("cpu",))[1]
+    assert case.sample_name == "repeats"
+    assert _case(json.loads(json.dumps(_case_json(case)))) == case
