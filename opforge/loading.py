@@ -393,9 +393,10 @@ def resolve_samples(spec: OpSpec, arguments: list[Any], make: Callable[..., Any]
             f"{name} ({by_name[name].type}), which no sample gives as a tensor",
             f"Drop inputs.{name}, or give it `values:` if it is a non-tensor argument the samples leave out.",
         )
-    again = _draw_samples(spec, make, SECOND_DRAW_DTYPE, SECOND_DRAW_SEED)
+    again = _draw_samples(spec, make, getattr(torch, SECOND_DRAW_DTYPE), SECOND_DRAW_SEED)
     _sample_names(spec, again)
-    values = _planned_values(spec, drawn, again, names, set(tensor_names))
+    order = [a.name for a in arguments]
+    values = _planned_values(spec, drawn, again, names, set(tensor_names), order)
     tensors = tuple(_sampled_input(spec, settings.get(n), n, [one[n] for one in drawn]) for n in tensor_names)
     scalars = tuple(i for i in spec.inputs if isinstance(i, ScalarInput))
     planned = replace(spec.samples, values=values, names=names if any(names) else ())
@@ -412,7 +413,6 @@ def _draw_samples(spec: OpSpec, make: Callable[..., Any], dtype: Any, seed: int)
     import torch
 
     assert spec.samples is not None
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     try:
         drawn = call_samples(spec, make, dtype, "cpu", torch.Generator().manual_seed(seed))
     except Exception as exc:  # the user's function may raise anything
@@ -454,7 +454,12 @@ def _sample_name_problem(name: Any, earlier: tuple[str, ...]) -> str | None:
 
 
 def _planned_values(
-    spec: OpSpec, drawn: list[dict[str, Any]], again: list[dict[str, Any]], names: tuple[str, ...], tensors: set[str]
+    spec: OpSpec,
+    drawn: list[dict[str, Any]],
+    again: list[dict[str, Any]],
+    names: tuple[str, ...],
+    tensors: set[str],
+    order: list[str],
 ) -> tuple[tuple[tuple[str, Any], ...], ...]:
     """Each sample's values in schema order: its non-tensor arguments and the None of an optional tensor it leaves
     out, the same in the second draw (`again`); a value that is the call's own dtype in both draws is CASE_DTYPE. A
@@ -471,8 +476,8 @@ def _planned_values(
     planned = []
     for index, (first, second) in enumerate(zip(drawn, again)):
         own = []
-        for name, value in first.items():
-            other = second.get(name)
+        for name in (n for n in order if n in first):
+            value, other = first[name], second.get(name)
             follows = value is torch.float64 and other is getattr(torch, SECOND_DRAW_DTYPE)
             if not follows and not _same_in_both(value, other, name in tensors):
                 label = f"sample {index}" + (f" ({names[index]})" if names[index] else "")
