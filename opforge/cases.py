@@ -16,7 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from opforge.spec.model import Avoid, OpSpec, Regression, ScalarInput, TensorInput, layout_kind
+from opforge.spec.model import (
+    CASE_DTYPE,
+    KNOWN_DTYPES,
+    Avoid,
+    OpSpec,
+    Regression,
+    ScalarInput,
+    TensorInput,
+    layout_kind,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +57,8 @@ LAYOUT_FAMILY = {
 FILL_RULES = ("equal", "integers", "ends", "sorted", "reversed", "huge", "tiny")
 SPECIAL_FILLS = ("one", "row", "all")
 FILL_SPECIALS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "0": 0.0, "-0": -0.0}
+# The key of a samples function's dict that names the sample (no argument: a leading underscore), for its case id.
+SAMPLE_NAME_KEY = "_name"
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,10 @@ class Case:
     label: str = ""
     # Its inputs come from sample number `shape_index` of the spec's `samples:` function.
     sample: bool = False
+    # That sample's short name, if it gives one: the id shows it in place of the sample's index, its shapes and the
+    # values it gives itself (`sample_arguments`, the names of both).
+    sample_name: str = ""
+    sample_arguments: tuple[str, ...] = ()
     # How the sampled values are rewritten (fill_values): "" keeps them.
     fill: str = ""
     # The seed of its values, when it is not derived from the run's seed and the id (a case fuzz found, kept).
@@ -70,9 +85,11 @@ class Case:
 
     @property
     def id(self) -> str:
-        shapes = "-".join(f"{name}={_shape_label(shape)}" for name, shape in self.shapes)
-        values = "-".join(f"{name}={value}" for name, value in self.values)
-        sample = f"sample{self.shape_index}" if self.sample and self.shape_index >= 0 else ""
+        at_sample = self.sample and self.shape_index >= 0
+        hidden = set(self.sample_arguments) if at_sample and self.sample_name else set()
+        shapes = "-".join(f"{name}={_shape_label(shape)}" for name, shape in self.shapes if name not in hidden)
+        values = "-".join(f"{name}={value}" for name, value in self.values if name not in hidden)
+        sample = (self.sample_name or f"sample{self.shape_index}") if at_sample else ""
         fill = f"fill={self.fill}" if self.fill else ""
         parts = (self.label, self.dtype, self.device, self.layout, sample, shapes, values, fill)
         return "-".join(p for p in parts if p)
@@ -226,13 +243,21 @@ def crossed_values(spec: OpSpec, case: Case) -> tuple[tuple[str, Any], ...]:
 
 def at_point(spec: OpSpec, case: Case, shape_index: int) -> Case:
     """`case` moved to the spec's shape pairing `shape_index`: its shapes and, in a sample spec, that sample's own
-    non-tensor values in place of the case's (the crossed `values:` stay)."""
-    shapes = tuple((t.name, t.shapes[shape_index]) for t in spec.tensor_inputs())
+    non-tensor values in place of the case's (the crossed `values:` stay). An optional tensor the sample leaves None
+    has no shape: its None is one of the sample's values."""
+    given = ((t.name, t.shapes[shape_index]) for t in spec.tensor_inputs())
+    shapes = tuple((name, shape) for name, shape in given if shape is not None)
     if spec.samples is None:
         return replace(case, shapes=shapes, shape_index=shape_index)
     sampled = spec.samples.values[shape_index]
     return replace(
-        case, shapes=shapes, shape_index=shape_index, values=sampled + crossed_values(spec, case), sample=True
+        case,
+        shapes=shapes,
+        shape_index=shape_index,
+        values=sampled + crossed_values(spec, case),
+        sample=True,
+        sample_name=spec.samples.names[shape_index] if spec.samples.names else "",
+        sample_arguments=tuple(name for name, _ in shapes + sampled),
     )
 
 
@@ -265,8 +290,9 @@ def make_inputs(
 
     generator = torch.Generator().manual_seed(case.seed(base_seed))
     shapes = dict(case.shapes)
+    present = [t for t in spec.tensor_inputs() if t.name in shapes]  # an optional one a sample leaves None is not
     values64 = sampled_tensors(spec, samples, case, generator) if case.sample and samples else {}
-    for t in spec.tensor_inputs():
+    for t in present:
         if t.name in values64:
             continue  # made by the sample function
         make = (generators or {}).get(t.name)
@@ -275,11 +301,11 @@ def make_inputs(
         )
     if case.fill:
         fill_values(spec, case, values64, generator)
-    for t in spec.tensor_inputs():
+    for t in present:
         if input_layout(spec, t.name, case.layout, shapes[t.name]) == "expanded":
             values64[t.name] = values64[t.name].narrow(0, 0, 1).expand(shapes[t.name])
-    for t in spec.tensor_inputs():
-        if t.avoid:
+    for t in present:
+        if t.avoid and (t.avoid.relative_to is None or t.avoid.relative_to in shapes):
             _apply_avoid(t, t.avoid, values64, case.dtype)
     given = {i.name: i for i in spec.inputs}
     scalars = dict(case.values)
@@ -289,7 +315,7 @@ def make_inputs(
             positional = False  # left to its default; later arguments go by name
             continue
         entry = given.get(argument.name)
-        if isinstance(entry, TensorInput):
+        if isinstance(entry, TensorInput) and entry.name in shapes:
             dtype = _torch_dtype(entry.dtype or case.dtype)
             layout = input_layout(spec, entry.name, case.layout, shapes[entry.name])
             value = in_layout(values64[entry.name], layout, dtype, case.device)
@@ -297,14 +323,24 @@ def make_inputs(
             value = value.requires_grad_(grad) if grad else value
             ref = values64[entry.name].to(_reference_dtype(dtype)).requires_grad_(grad)
         else:
-            value = ref = scalars[argument.name]
+            value = ref = argument_value(argument, scalars[argument.name], case.dtype)
         if positional and not argument.kwarg_only:
             args.append(value)
             ref_args.append(ref)
         else:
             kwargs[argument.name] = value
             ref_kwargs[argument.name] = ref
-    return CaseInputs(tuple(args), kwargs, tuple(ref_args), ref_kwargs, tuple(t.name for t in spec.tensor_inputs()))
+    return CaseInputs(tuple(args), kwargs, tuple(ref_args), ref_kwargs, tuple(t.name for t in present))
+
+
+def argument_value(argument: Any, value: Any, case_dtype: str) -> Any:
+    """A non-tensor value as the op takes it: CASE_DTYPE is the case's dtype, and a dtype's name the dtype where
+    the schema argument (`argument`) is a ScalarType."""
+    if isinstance(value, str) and value == CASE_DTYPE:
+        return _torch_dtype(case_dtype)
+    if isinstance(value, str) and value in KNOWN_DTYPES and "ScalarType" in str(argument.real_type):
+        return _torch_dtype(value)
+    return value
 
 
 def _torch_dtype(name: str) -> torch.dtype:
@@ -365,23 +401,80 @@ def generated(
 def sampled_tensors(spec: OpSpec, make: Callable[..., Any], case: Case, generator: Any) -> dict[str, Any]:
     """Sample `case.shape_index`'s tensors as the op will see them (rounded to their dtype), held in float64. The
     function runs with the case's generator, device and dtype (float64 for a case in an integer or bool dtype: it
-    makes floating tensors); its shapes must be those the matrix was planned with."""
+    makes floating tensors); its shapes and non-tensor values must be those the matrix was planned with, since the
+    case's id, and the op, take the planned values."""
     import torch
 
+    assert spec.samples is not None
     dtype = _torch_dtype(case.dtype)
     floating = dtype if dtype.is_floating_point or dtype.is_complex else torch.float64
     drawn = call_samples(spec, make, floating, case.device, generator)[case.shape_index]
-    values64 = {}
-    for t, (name, planned) in zip(spec.tensor_inputs(), case.shapes):
-        value = drawn[name]
-        if tuple(value.shape) != planned:
+    made_in = f"in {case.dtype} on {case.device} from the case's seed"
+    for name, planned in spec.samples.values[case.shape_index]:
+        if not planned_value_matches(planned, drawn.get(name), floating):
             raise ValueError(
-                f"samples: sample {case.shape_index}'s {name}: expected shape {planned} (as made in float64 on cpu), "
-                f"got {tuple(value.shape)} in {case.dtype} on {case.device}. A sample's shapes must not depend on "
-                "dtype or device."
+                f"samples: sample {case.shape_index}'s {name}: expected {planned!r} (as made in float64 on cpu), "
+                f"got {drawn.get(name)!r} {made_in}. {SAME_VALUES_HINT}"
             )
-        values64[name] = value.detach().to("cpu").to(_torch_dtype(t.dtype or case.dtype)).to(torch.float64)
+    entries = {t.name: t for t in spec.tensor_inputs()}
+    values64 = {}
+    for name, planned_shape in case.shapes:
+        value = drawn.get(name)
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != planned_shape:
+            got = f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
+            raise ValueError(
+                f"samples: sample {case.shape_index}'s {name}: expected shape {planned_shape} (as made in float64 on "
+                f"cpu), got {got} {made_in}. {SAME_VALUES_HINT}"
+            )
+        as_op_sees = value.detach().to("cpu").to(_torch_dtype(entries[name].dtype or case.dtype))
+        values64[name] = as_op_sees.to(torch.float64)
     return values64
+
+
+# What a samples function does so that each case's tensors match the shapes and values its id was planned with.
+SAME_VALUES_HINT = (
+    "A sample's shapes and Python values must not depend on dtype, device or seed: draw what they are computed from "
+    "(lengths, offsets, sizes) from a generator of the sample's own (torch.Generator().manual_seed(i)), the values "
+    "the op reads from `generator`; return the function's own `dtype` for a ScalarType argument that follows the "
+    "case."
+)
+
+
+def planned_value_matches(planned: Any, drawn: Any, dtype: Any) -> bool:
+    """Whether a sample's value drawn for a case (whose samples call got `dtype`) is the planned one: CASE_DTYPE
+    stands for that dtype."""
+    if isinstance(planned, str) and planned == CASE_DTYPE:
+        return bool(drawn == dtype)
+    return same_value(planned, drawn)
+
+
+def same_value(first: Any, second: Any) -> bool:
+    """Whether two calls of a samples function gave one argument the same value: equal numbers (NaN equals NaN),
+    sequences of equal items, tensors of one shape and, unless floating (data a seed draws), of equal dtype and
+    values (a list of offsets)."""
+    import torch
+
+    if isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor):
+        return _same_tensor(first, second)
+    if isinstance(first, (list, tuple)) or isinstance(second, (list, tuple)):
+        return (
+            type(first) is type(second)
+            and len(first) == len(second)
+            and all(same_value(a, b) for a, b in zip(first, second))
+        )
+    if isinstance(first, float) and isinstance(second, float) and math.isnan(first) and math.isnan(second):
+        return True
+    return type(first) is type(second) and bool(first == second)
+
+
+def _same_tensor(first: Any, second: Any) -> bool:
+    import torch
+
+    if not (isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)) or first.shape != second.shape:
+        return False
+    if first.is_floating_point() or first.is_complex():
+        return second.is_floating_point() or second.is_complex()
+    return first.dtype == second.dtype and torch.equal(first.cpu(), second.cpu())
 
 
 def call_samples(spec: OpSpec, make: Callable[..., Any], dtype: Any, device: str, generator: Any) -> list[dict]:
@@ -412,7 +505,7 @@ def fill_values(spec: OpSpec, case: Case, values64: dict[str, Any], generator: t
     kind, _, argument = rule.partition(":")
     entries = {t.name: t for t in spec.tensor_inputs()}
     targets = [name] if name else [t.name for t in entries.values() if t.generator is None and not case.sample]
-    for target in targets:
+    for target in (t for t in targets if t in values64):  # an optional input a sample leaves None takes no fill
         entry = entries[target]
         dtype = _torch_dtype(entry.dtype or case.dtype)
         values = values64[target]

@@ -12,6 +12,7 @@ import ast
 import importlib
 import importlib.machinery
 import importlib.util
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -19,10 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opforge.build import BuildPlan, BuildResult, Toolchain, build, detect_toolchain, plan_build
+from opforge.cases import SAME_VALUES_HINT, SAMPLE_NAME_KEY, call_samples, same_value
 from opforge.errors import BuildError, SpecError
 from opforge.outcomes import short
 from opforge.schema import canonical, is_tensor_type
-from opforge.spec.model import OpSpec, ScalarInput, TensorInput
+from opforge.spec.model import CASE_DTYPE, KNOWN_DTYPES, OpSpec, ScalarInput, TensorInput
 
 if TYPE_CHECKING:
     from torch._ops import OpOverload
@@ -324,6 +326,8 @@ def _check_inputs(spec: OpSpec, schema_arguments: list[Any]) -> None:
                 "`shapes:`",
                 "Give a non-tensor argument a list of `values:`.",
             )
+        if isinstance(entry, ScalarInput):
+            _check_dtype_values(spec, entry, arguments[entry.name])
     given = {i.name for i in spec.inputs}
     for name, argument in arguments.items():
         if name not in given and not argument.has_default_value() and spec.samples is None:
@@ -335,25 +339,52 @@ def _check_inputs(spec: OpSpec, schema_arguments: list[Any]) -> None:
             )
 
 
+def _check_dtype_values(spec: OpSpec, entry: ScalarInput, argument: Any) -> None:
+    """A ScalarType argument's values name dtypes (case_dtype: the case's), or are None where it is optional; only a
+    ScalarType argument takes case_dtype."""
+    real_type = str(argument.real_type)
+    if "ScalarType" not in real_type:
+        if CASE_DTYPE in entry.values:
+            raise spec.error(
+                f"inputs.{entry.name}",
+                f"values of {real_type} argument {entry.name} ({CASE_DTYPE} stands for a ScalarType)",
+                repr(CASE_DTYPE),
+                f"Use {CASE_DTYPE} for a ScalarType argument only.",
+            )
+        return
+    allowed = (*KNOWN_DTYPES, CASE_DTYPE, *((None,) if real_type.startswith("Optional[") else ()))
+    for value in entry.values:
+        if value not in allowed:
+            raise spec.error(
+                f"inputs.{entry.name}",
+                f"a dtype name or {CASE_DTYPE} for ScalarType argument {entry.name}",
+                repr(value),
+                f"List dtypes such as float16, or {CASE_DTYPE} for the dtype under test.",
+            )
+
+
 # ------------------------------------------------------------------------------------------------- samples
 
 
 def resolve_samples(spec: OpSpec, arguments: list[Any], make: Callable[..., Any]) -> OpSpec:
     """The spec with its sample function's cases written in: a tensor input per tensor argument the samples give
-    (its shapes one per sample, its settings from `inputs.<arg>`), and each sample's non-tensor values. The samples
-    are made once here, in float64 on the CPU, to plan the matrix; each case makes them again in its own dtype, on
-    its own device, from its own seed (opforge.cases.sampled_tensors)."""
+    (its shapes one per sample, None where an optional one is None; its settings from `inputs.<arg>`), and each
+    sample's non-tensor values and name. The samples are made here in float64 on the CPU to plan the matrix, and
+    again in another dtype from another seed: what a sample's id and its non-tensor values say must hold for every
+    case, which makes them again in its own dtype, on its own device, from its own seed
+    (opforge.cases.sampled_tensors)."""
     import torch
 
     assert spec.samples is not None
-    drawn = _draw_samples(spec, make)
+    drawn = _draw_samples(spec, make, torch.float64, 0)
+    names = _sample_names(spec, drawn)
     by_name = {a.name: a for a in arguments}
     crossed = {i.name for i in spec.inputs if isinstance(i, ScalarInput)}
     for index, one in enumerate(drawn):
         _check_sample_keys(spec, index, one, arguments, crossed)
     tensor_names = [a.name for a in arguments if any(isinstance(one.get(a.name), torch.Tensor) for one in drawn)]
     for name in tensor_names:
-        _check_always_a_tensor(spec, drawn, name)
+        _check_always_a_tensor(spec, drawn, by_name[name])
     settings = {t.name: t for t in spec.tensor_inputs()}
     for name in settings.keys() - set(tensor_names):
         raise spec.error(
@@ -362,32 +393,120 @@ def resolve_samples(spec: OpSpec, arguments: list[Any], make: Callable[..., Any]
             f"{name} ({by_name[name].type}), which no sample gives as a tensor",
             f"Drop inputs.{name}, or give it `values:` if it is a non-tensor argument the samples leave out.",
         )
+    again = _draw_samples(spec, make, getattr(torch, SECOND_DRAW_DTYPE), SECOND_DRAW_SEED)
+    _sample_names(spec, again)
+    order = [a.name for a in arguments]
+    values = _planned_values(spec, drawn, again, names, set(tensor_names), order)
     tensors = tuple(_sampled_input(spec, settings.get(n), n, [one[n] for one in drawn]) for n in tensor_names)
-    values = tuple(
-        tuple((a.name, one[a.name]) for a in arguments if a.name in one and a.name not in tensor_names) for one in drawn
-    )
     scalars = tuple(i for i in spec.inputs if isinstance(i, ScalarInput))
-    return replace(spec, inputs=tensors + scalars, samples=replace(spec.samples, values=values))
+    planned = replace(spec.samples, values=values, names=names if any(names) else ())
+    return replace(spec, inputs=tensors + scalars, samples=planned)
 
 
-def _draw_samples(spec: OpSpec, make: Callable[..., Any]) -> list[dict[str, Any]]:
+# The second call of a samples function at load, beside the planning one (float64, seed 0): another dtype and seed,
+# so that a value computed from the random tensors, or from the dtype, differs and is caught before any case runs.
+SECOND_DRAW_DTYPE = "float32"
+SECOND_DRAW_SEED = 1
+
+
+def _draw_samples(spec: OpSpec, make: Callable[..., Any], dtype: Any, seed: int) -> list[dict[str, Any]]:
     import torch
-
-    from opforge.cases import call_samples
 
     assert spec.samples is not None
     try:
-        drawn = call_samples(spec, make, torch.float64, "cpu", torch.Generator().manual_seed(0))
+        drawn = call_samples(spec, make, dtype, "cpu", torch.Generator().manual_seed(seed))
     except Exception as exc:  # the user's function may raise anything
         raise spec.error(
             "samples",
-            f"{spec.samples.ref}(dtype=torch.float64, device='cpu', generator=...) to return an iterable of dicts",
+            f"{spec.samples.ref}(dtype={dtype}, device='cpu', generator=...) to return an iterable of dicts",
             f"it raised {short(exc)}",
             "Fix the function; call it alone with a torch.Generator() to see the traceback.",
         ) from exc
     if not drawn:
         raise spec.error("samples", f"at least one sample from {spec.samples.ref}", "none", "Yield one dict per case.")
     return drawn
+
+
+def _sample_names(spec: OpSpec, drawn: list[dict[str, Any]]) -> tuple[str, ...]:
+    """Each sample's short name (its `_name` key, taken out of the dict), "" where it gives none: unique, and made
+    of letters, digits, `_` and `.` (a case id's parts are joined by `-`)."""
+    names = tuple(one.pop(SAMPLE_NAME_KEY, "") for one in drawn)
+    for index, name in enumerate(names):
+        problem = _sample_name_problem(name, names[:index])
+        if problem:
+            raise spec.error(
+                "samples",
+                f"sample {index}'s {SAMPLE_NAME_KEY!r} to be {problem}",
+                repr(name),
+                "Name each sample differently, in letters, digits, `_` and `.`, or leave the name out.",
+            )
+    return names
+
+
+def _sample_name_problem(name: Any, earlier: tuple[str, ...]) -> str | None:
+    if not isinstance(name, str) or (name and not re.fullmatch(r"[A-Za-z0-9_.]+", name)):
+        return "a string of letters, digits, `_` and `.`"
+    if re.fullmatch(r"sample\d+", name):
+        return "unlike `sampleN`, the id of a sample without a name"
+    if name and name in earlier:
+        return f"unique (sample {earlier.index(name)} has it too)"
+    return None
+
+
+def _planned_values(
+    spec: OpSpec,
+    drawn: list[dict[str, Any]],
+    again: list[dict[str, Any]],
+    names: tuple[str, ...],
+    tensors: set[str],
+    order: list[str],
+) -> tuple[tuple[tuple[str, Any], ...], ...]:
+    """Each sample's values in schema order: its non-tensor arguments and the None of an optional tensor it leaves
+    out, the same in the second draw (`again`); a value that is the call's own dtype in both draws is CASE_DTYPE. A
+    tensor's shape must be the same in both draws too."""
+    import torch
+
+    if len(again) != len(drawn):
+        raise spec.error(
+            "samples",
+            f"as many samples from {spec.samples.ref if spec.samples else ''} whatever the seed and dtype",
+            f"{len(drawn)} (float64, seed 0) and {len(again)} ({SECOND_DRAW_DTYPE}, seed {SECOND_DRAW_SEED})",
+            SAME_VALUES_HINT,
+        )
+    planned = []
+    for index, (first, second) in enumerate(zip(drawn, again)):
+        own = []
+        for name in (n for n in order if n in first):
+            value, other = first[name], second.get(name)
+            follows = value is torch.float64 and other is getattr(torch, SECOND_DRAW_DTYPE)
+            if not follows and not _same_in_both(value, other, name in tensors):
+                label = f"sample {index}" + (f" ({names[index]})" if names[index] else "")
+                raise spec.error(
+                    "samples",
+                    f"{label}'s {name} the same whatever the seed and dtype",
+                    f"{_shown(value)} (float64, seed 0) and {_shown(other)} ({SECOND_DRAW_DTYPE}, seed "
+                    f"{SECOND_DRAW_SEED})",
+                    SAME_VALUES_HINT,
+                )
+            if name not in tensors or value is None:
+                own.append((name, CASE_DTYPE if follows else value))
+        planned.append(tuple(own))
+    return tuple(planned)
+
+
+def _same_in_both(value: Any, other: Any, is_tensor: bool) -> bool:
+    """A tensor argument's shapes (its values are the case's to draw), any other argument's value."""
+    import torch
+
+    if is_tensor and isinstance(value, torch.Tensor) and isinstance(other, torch.Tensor):
+        return value.shape == other.shape
+    return same_value(value, other)
+
+
+def _shown(value: Any) -> str:
+    import torch
+
+    return f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
 
 
 def _check_sample_keys(
@@ -421,31 +540,37 @@ def _check_sample_keys(
             )
 
 
-def _check_always_a_tensor(spec: OpSpec, drawn: list[dict[str, Any]], name: str) -> None:
+def _check_always_a_tensor(spec: OpSpec, drawn: list[dict[str, Any]], argument: Any) -> None:
+    """A tensor argument is one in every sample; an optional one (`Tensor?`) may be None in some."""
     import torch
 
-    kinds = [isinstance(one.get(name), torch.Tensor) for one in drawn]
+    name = argument.name
+    optional = str(argument.real_type).startswith("Optional[")
+    kinds = [isinstance(one.get(name), torch.Tensor) or (optional and one.get(name) is None) for one in drawn]
     if not all(kinds):
         index = kinds.index(False)
         raise spec.error(
             "samples",
-            f"{name!r} a tensor in every sample (it is one in sample {kinds.index(True)})",
+            f"{name!r} a tensor in every sample{' (or None: it is optional)' if optional else ''} (it is one in "
+            f"sample {next(i for i, one in enumerate(drawn) if isinstance(one.get(name), torch.Tensor))})",
             f"{type(drawn[index].get(name)).__name__} in sample {index}",
-            "Put samples whose argument is not a tensor (None for an optional tensor) in a spec of their own.",
+            "Give it a tensor in every sample; only an optional tensor (`Tensor?`) may be None.",
         )
 
 
 def _sampled_input(spec: OpSpec, entry: TensorInput | None, name: str, values: list[Any]) -> TensorInput:
-    """The tensor input `name` with one shape per sample. A tensor the samples make in an integer or bool dtype
-    (an index, a mask) keeps that dtype in every case, like `inputs.<arg>.dtype`."""
-    kinds = {str(v.dtype).removeprefix("torch.") for v in values if not (v.is_floating_point() or v.is_complex())}
-    if kinds and len({v.dtype for v in values}) > 1:
+    """The tensor input `name` with one shape per sample (None where an optional one is None). A tensor the samples
+    make in an integer or bool dtype (an index, a mask) keeps that dtype in every case, like `inputs.<arg>.dtype`,
+    unless `inputs.<arg>.dtype` is case_dtype."""
+    made = [v for v in values if v is not None]
+    kinds = {str(v.dtype).removeprefix("torch.") for v in made if not (v.is_floating_point() or v.is_complex())}
+    if kinds and len({v.dtype for v in made}) > 1:
         raise spec.error(
             "samples",
             f"{name!r} in one dtype in every sample, or floating in every sample",
-            ", ".join(sorted({str(v.dtype).removeprefix("torch.") for v in values})),
+            ", ".join(sorted({str(v.dtype).removeprefix("torch.") for v in made})),
             "Make an index or mask tensor in one dtype in every sample.",
         )
     base = entry or TensorInput(name=name, shapes=(), low=-1.0, high=1.0, requires_grad=False)
-    pinned = base.dtype or (kinds.pop() if kinds else None)
-    return replace(base, shapes=tuple(tuple(v.shape) for v in values), dtype=pinned)
+    pinned = base.dtype or (kinds.pop() if kinds and not base.follows_case_dtype else None)
+    return replace(base, shapes=tuple(None if v is None else tuple(v.shape) for v in values), dtype=pinned)

@@ -11,7 +11,7 @@ from opforge.compare import Baseline, as_tuple, check_result, leaves, paired_lea
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, ReferenceFailure, short
 from opforge.schema import return_names
-from opforge.spec.model import FLOATING_DTYPES
+from opforge.spec.model import FLOATING_DTYPES, OpSpec
 
 if TYPE_CHECKING:
     import torch
@@ -351,8 +351,9 @@ def compare_with_reference(
     `round_expected` rounds the float64 expected values to the dtype the op returns (what it can hold: 1.1 * max is
     inf in it)."""
     rule = rule_for(loaded.spec, case_dtype)
+    result_dtype = floating_result_dtype(loaded.spec, case_dtype)
     for name, g, e in compared:
-        dtype = compared_dtype(case_dtype, name, g, e)
+        dtype = compared_dtype(result_dtype, name, g, e)
         expected = e.to(dtype).to(e.dtype) if round_expected and hasattr(e, "to") and dtype is not None else e
         check_result(f"{name}{label}", g, expected, rule, dtype, device, baseline=baseline, baseline_key=name)
 
@@ -466,6 +467,16 @@ def compared_dtype(case_dtype: str, name: str, got: Any, expected: Any) -> torch
     if not hasattr(expected, "dtype") or not hasattr(got, "dtype"):
         return None
     return got.dtype if name.endswith(MUTATED) else expected_dtype(case_dtype, expected)
+
+
+def floating_result_dtype(spec: OpSpec, case_dtype: str) -> str:
+    """The dtype a floating output is expected in: the case's; in a case of an integer or bool dtype (an index's),
+    the dtype the op's floating inputs are pinned to where they share one (a float32 table that an int32 index
+    gathers from), since that is what the op computes in."""
+    pinned = {t.dtype for t in spec.tensor_inputs() if t.dtype in FLOATING_DTYPES}
+    if case_dtype in FLOATING_DTYPES or "complex" in case_dtype or len(pinned) != 1:
+        return case_dtype
+    return pinned.pop()
 
 
 def expected_dtype(case_dtype: str, reference_value: torch.Tensor) -> torch.dtype:

@@ -21,7 +21,7 @@ from opforge.checks.calls import (
 from opforge.compare import Rule, check_result, rule_for, tolerance_for
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, PassNote, ReferenceFailure
-from opforge.spec.model import OpSpec, Tolerance
+from opforge.spec.model import CASE_DTYPE, OpSpec, ScalarInput, Tolerance
 
 if TYPE_CHECKING:
     import torch
@@ -53,8 +53,12 @@ def every_dtype_cases(loaded: LoadedOp, implementation: Implementation, cases: l
 
 def case_dtype_reaches_the_op(spec: OpSpec) -> bool:
     """Whether a case's dtype changes the call: a tensor input without a dtype of its own takes it (a samples
-    function's tensors all do)."""
-    return spec.samples is not None or any(t.dtype is None for t in spec.tensor_inputs())
+    function's tensors all do), and so does a ScalarType argument whose values name case_dtype."""
+    return (
+        spec.samples is not None
+        or any(t.dtype is None for t in spec.tensor_inputs())
+        or any(isinstance(s, ScalarInput) and CASE_DTYPE in s.values for s in spec.inputs)
+    )
 
 
 def dtypes(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
-from opforge.cases import Case, sample
+from opforge.cases import Case, argument_value, sample
 from opforge.checks.base import Check, CheckContext, Outcomes
 from opforge.environment import device_unavailable
 from opforge.loading import Implementation, LoadedOp
@@ -67,13 +67,15 @@ def _error_case(spec: OpSpec, entry: ErrorInput, device: str) -> Case:
 
 def _error_tensors(spec: OpSpec, entry: ErrorInput, device: str) -> list[tuple[str, tuple[int, ...], str, str]]:
     """(name, shape, dtype, device) of each tensor argument: the entry's, else the representative valid case's on
-    the case's device."""
+    the case's device (an optional tensor its sample leaves None stays None, one of its values)."""
     index = spec.representative_shape_index()
     given = {t.name: t for t in entry.tensors}
     resolved = []
     for t in spec.tensor_inputs():
         override = given.get(t.name)
         shape = override.shape if override and override.shape is not None else t.shapes[index]
+        if shape is None:
+            continue
         dtype = (override.dtype if override else None) or t.dtype or spec.dtypes_on(device)[0]
         resolved.append((t.name, shape, dtype, (override.device if override else None) or device))
     return resolved
@@ -107,7 +109,7 @@ def error_inputs(ctx: CheckContext, implementation: Implementation, case: Case) 
     unreachable = _unreachable_pin(spec, entry)
     if unreachable:
         raise CheckSkipped(unreachable)
-    kwargs = _error_call(spec, entry, case, ctx.base_seed)
+    kwargs = _error_call(ctx.loaded, entry, case, ctx.base_seed)
     expected = getattr(builtins, entry.error)
     wanted = f"{entry.error} with {entry.match!r} in its message"
     try:
@@ -127,12 +129,17 @@ def error_inputs(ctx: CheckContext, implementation: Implementation, case: Case) 
     )
 
 
-def _error_call(spec: OpSpec, entry: ErrorInput, case: Case, base_seed: int) -> dict[str, Any]:
+def _error_call(loaded: LoadedOp, entry: ErrorInput, case: Case, base_seed: int) -> dict[str, Any]:
     import torch
 
+    spec = loaded.spec
     generator = torch.Generator().manual_seed(case.seed(base_seed))
     inputs = {t.name: t for t in spec.tensor_inputs()}
-    call: dict[str, Any] = dict(_error_scalars(spec, entry))
+    arguments = {a.name: a for a in loaded.arguments}
+    scalars = _error_scalars(spec, entry)
+    call: dict[str, Any] = {
+        n: argument_value(arguments[n], v, case.dtype) if n in arguments else v for n, v in scalars.items()
+    }
     try:
         for name, shape, dtype, device in _error_tensors(spec, entry, case.device):
             values = sample(inputs[name], shape, dtype, generator)

@@ -91,8 +91,8 @@ def grid_shapes(spec: OpSpec) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
     tensors = spec.tensor_inputs()
     if not tensors:
         return None
-    shared = [tensors[0].shapes[i] for i in range(spec.shape_count) if len({t.shapes[i] for t in tensors}) == 1]
-    shape = grown_shape(shared)
+    pairings = [{t.shapes[i] for t in tensors} for i in range(spec.shape_count)]
+    shape = grown_shape([shape for shapes in pairings if len(shapes) == 1 for shape in shapes if shape is not None])
     return tuple((t.name, shape) for t in tensors) if shape is not None else None
 
 
@@ -114,11 +114,11 @@ def missing_shapes_message(spec: OpSpec) -> str:
     its own first non-empty pairing (its largest tensor's first dimension grown past 2^24 elements)."""
     tensors = spec.tensor_inputs()
     index = spec.representative_shape_index()
-    example = {t.name: list(t.shapes[index]) for t in tensors}
-    largest = max(tensors, key=lambda t: math.prod(t.shapes[index]), default=None)
-    if largest is not None and example[largest.name]:
-        rest = math.prod(largest.shapes[index][1:])
-        example[largest.name][0] = math.ceil(ELEMENTS / rest) if rest else ELEMENTS
+    example = {t.name: list(shape) for t in tensors if (shape := t.shapes[index]) is not None}
+    largest = max(example, key=lambda name: math.prod(example[name]), default=None)
+    if largest is not None and example[largest]:
+        rest = math.prod(example[largest][1:])
+        example[largest][0] = math.ceil(ELEMENTS / rest) if rest else ELEMENTS
     written = ", ".join(f"{name}: {shape}" for name, shape in example.items())
     return (
         "grid_size: expected tensor inputs that share a shape of rank 1 or more in one of the spec's pairings, got "

@@ -14,6 +14,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from opforge.cases import argument_value
 from opforge.checks.large_index import Job, required_bytes
 from opforge.loading import LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, short
@@ -132,7 +133,8 @@ def _large_inputs(loaded: LoadedOp, job: Job, shapes: dict[str, tuple[int, ...]]
     for s in loaded.spec.inputs:
         if isinstance(s, ScalarInput):
             kwargs.setdefault(s.name, s.values[0])
-    return kwargs
+    arguments = {a.name: a for a in loaded.arguments}
+    return {n: argument_value(arguments[n], v, job.dtype) if n in arguments else v for n, v in kwargs.items()}
 
 
 def _window_bounds(job: Job, n: int) -> list[tuple[int, int]]:

@@ -59,7 +59,10 @@ def child_main(job_path: str) -> int:
 def _case(data: dict) -> Case:
     shapes = tuple((name, tuple(shape)) for name, shape in data.pop("shapes"))
     values = tuple((name, value) for name, value in data.pop("values"))
-    return replace(Case(**{**data, "shapes": (), "values": ()}), shapes=shapes, values=values)
+    arguments = tuple(data.pop("sample_arguments"))
+    return replace(
+        Case(**{**data, "shapes": (), "values": ()}), shapes=shapes, values=values, sample_arguments=arguments
+    )
 
 
 def _tensors(value: Any) -> list[Any]:

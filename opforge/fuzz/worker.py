@@ -95,7 +95,10 @@ def _space(loaded: LoadedOp) -> dict[str, Any]:
     tensors = spec.tensor_inputs()
     floating = ("float16", "bfloat16", "float32", "float64")
     return {
-        "pairings": [[[t.name, list(t.shapes[i])] for t in tensors] for i in range(spec.shape_count)],
+        "pairings": [
+            [[t.name, list(shape)] for t in tensors if (shape := t.shapes[i]) is not None]
+            for i in range(spec.shape_count)
+        ],
         # Every floating input opforge samples, a spec's `special_values: false` notwithstanding: that keeps
         # special values out of `opforge check`'s matrix, and fuzz looks past the matrix. Generated ones keep
         # their generator's values.

@@ -4,7 +4,16 @@ non-tensor (`values:`). In a spec whose `samples:` function makes the inputs, a 
 
 from __future__ import annotations
 
-from opforge.spec.model import KNOWN_DTYPES, KNOWN_LAYOUTS, SPECIAL_VALUES, Avoid, Input, ScalarInput, TensorInput
+from opforge.spec.model import (
+    CASE_DTYPE,
+    KNOWN_DTYPES,
+    KNOWN_LAYOUTS,
+    SPECIAL_VALUES,
+    Avoid,
+    Input,
+    ScalarInput,
+    TensorInput,
+)
 from opforge.spec.reader import (
     Node,
     Reader,
@@ -72,6 +81,7 @@ def _input(r: Reader, name: str, node: Node, sampled: bool) -> Input:
             repr(high),
             "Give a non-empty value range.",
         )
+    dtype = i.get("dtype", one_of((*KNOWN_DTYPES, CASE_DTYPE)))
     return TensorInput(
         name=name,
         shapes=i.get("shapes", list_of(read_shape), ()),
@@ -79,7 +89,8 @@ def _input(r: Reader, name: str, node: Node, sampled: bool) -> Input:
         high=high,
         requires_grad=i.get("requires_grad", read_bool, False),
         avoid=i.get("avoid", _read_avoid),
-        dtype=i.get("dtype", one_of(KNOWN_DTYPES)),
+        dtype=None if dtype == CASE_DTYPE else dtype,
+        follows_case_dtype=dtype == CASE_DTYPE,
         layouts=i.get("layouts", list_of(one_of(KNOWN_LAYOUTS))),
         generator=i.get("generator", read_callable),
         special_values=i.get("special_values", _read_special_values),

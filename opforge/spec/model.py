@@ -18,6 +18,10 @@ SPEC_SUFFIXES = (".yaml", ".yml")
 FLOATING_DTYPES = ("float32", "float64", "float16", "bfloat16")
 OTHER_DTYPES = ("complex64", "complex128", "int8", "int16", "int32", "int64", "uint8", "bool")
 KNOWN_DTYPES = FLOATING_DTYPES + OTHER_DTYPES
+# Stands for the dtype of the case under test: a `ScalarType` argument's value (`inputs.<arg>.values`, or a samples
+# function's own `dtype` argument returned as the value), and a tensor input's `dtype:` (an index a samples function
+# makes in int64 that follows the int32 and int64 cases).
+CASE_DTYPE = "case_dtype"
 KNOWN_DEVICES = ("cpu", "cuda")
 KNOWN_LAYOUTS = ("contiguous", "noncontiguous", "channels_last")
 # The layouts a benchmark can time: memory formats a tensor is made in (a view's non-contiguity is a check's case,
@@ -60,13 +64,17 @@ class Avoid:
 @dataclass(frozen=True)
 class TensorInput:
     name: str
-    shapes: tuple[tuple[int, ...], ...]
+    # One shape per case's pairing; None where a sample leaves this optional (`Tensor?`) argument None.
+    shapes: tuple[tuple[int, ...] | None, ...]
     low: float
     high: float
     requires_grad: bool
     avoid: Avoid | None = None
     # A fixed dtype (an index tensor, a mask) instead of the dtype under test.
     dtype: str | None = None
+    # `dtype: case_dtype`: the dtype under test even where a samples function makes it in an integer dtype (which
+    # otherwise keeps that dtype in every case).
+    follows_case_dtype: bool = False
     # The layouts this input takes (the cases' other layouts leave it contiguous); None: the spec's `layouts`.
     layouts: tuple[str, ...] | None = None
     # `module:function` that makes the values (valid boxes, sorted indices...) instead of uniform sampling.
@@ -216,10 +224,12 @@ class Load:
 class Samples:
     """`samples: module:function`: the cases' inputs come from a function (OpInfo's sample inputs), for ops whose
     shapes are coupled to their other arguments (a convolution's offsets to its stride and groups). `values` holds
-    each sample's non-tensor arguments once the op is loaded (opforge.loading): the spec alone cannot know them."""
+    each sample's non-tensor arguments (CASE_DTYPE for the function's own `dtype`), and `names` each sample's short
+    name ("" where it gives none), once the op is loaded (opforge.loading): the spec alone cannot know them."""
 
     ref: str
     values: tuple[tuple[tuple[str, Any], ...], ...] = ()
+    names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -326,11 +336,11 @@ class OpSpec:
         return len(tensors[0].shapes) if tensors else 1
 
     def representative_shape_index(self) -> int:
-        """The first shape pairing where every tensor is at least 1-D and non-empty (0-d and empty tensors say
-        little about values), else the first: what the checks that run one case per device use."""
+        """The first shape pairing where every tensor is given, at least 1-D and non-empty (0-d and empty tensors
+        say little about values), else the first: what the checks that run one case per device use."""
         tensors = self.tensor_inputs()
         for i in range(self.shape_count):
-            if all(t.shapes[i] and all(t.shapes[i]) for t in tensors):
+            if all(shape and all(shape) for shape in (t.shapes[i] for t in tensors)):
                 return i
         return 0
 
