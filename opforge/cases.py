@@ -88,7 +88,7 @@ class Case:
         at_sample = self.sample and self.shape_index >= 0
         hidden = set(self.sample_arguments) if at_sample and self.sample_name else set()
         shapes = "-".join(f"{name}={_shape_label(shape)}" for name, shape in self.shapes if name not in hidden)
-        values = "-".join(f"{name}={value}" for name, value in self.values if name not in hidden)
+        values = "-".join(f"{name}={value_label(value)}" for name, value in self.values if name not in hidden)
         sample = (self.sample_name or f"sample{self.shape_index}") if at_sample else ""
         fill = f"fill={self.fill}" if self.fill else ""
         parts = (self.label, self.dtype, self.device, self.layout, sample, shapes, values, fill)
@@ -102,6 +102,18 @@ class Case:
 
 def _shape_label(shape: tuple[int, ...]) -> str:
     return "x".join(map(str, shape)) if shape else "0d"
+
+
+def value_label(value: Any) -> str:
+    """A non-tensor argument as a case id shows it: a tensor (in a sample's `Tensor[]` argument) by its shape, as a
+    tensor input's shape shows, and a list by its items joined with commas (`offsets=4,3`, `max_lengths=2,3`,
+    `empty` for none): no spaces, no brackets, so `-k` takes the id unquoted and an xfail's `case:` glob can name it
+    (a bracket there is a character class)."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return _shape_label(tuple(value.shape))
+    if isinstance(value, (list, tuple)):
+        return ",".join(value_label(item) for item in value) if value else "empty"
+    return str(value)
 
 
 def offset_of(layout: str) -> int:
