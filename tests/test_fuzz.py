@@ -248,12 +248,14 @@ def test_the_command_reports_json_saves_the_case_and_check_then_fails_on_it(tmp_
     assert "FAIL fuzzed::doubles_short_tail correctness" in result.output or "FAIL doubles_short_tail" in result.output
     data = json.loads(out.read_text())
     (failure,) = data["failures"]
-    assert failure["check"] == "correctness" and failure["shapes"] == {"x": [7]} and failure["offset"] == 0
+    elements = math.prod(failure["shapes"]["x"])
+    # A tail of 7 after at most one full vector, as BUGS allows for this fixture.
+    assert failure["check"] == "correctness" and elements in (7, 15) and failure["offset"] == 0, failure
     assert {"message", "layout", "values", "seed", "repro"} <= failure.keys() and data["examples"] > 0
     replay = invoke(*json_repro(failure["repro"]))
     assert replay.exit_code == 1 and "FAIL correctness" in replay.output
     check = invoke("check", str(path), "--check", "correctness", "-k", "regression0")
-    assert check.exit_code == 1 and "1 of 7 elements differ" in check.output
+    assert check.exit_code == 1 and f"1 of {elements} elements differ" in check.output
 
 
 # The example after a killed child runs in a fresh fork. Its first call of a custom op once took ~1 s here quiet and
@@ -337,7 +339,8 @@ def test_a_special_value_example_is_known_to_the_special_values_checks_xfail(tmp
 def test_a_search_counts_declared_failures_and_reports_none(tmp_path):
     path = fixture_copy(tmp_path, "doubles_short_tail")
     path.write_text(path.read_text() + KNOWN_TAIL_BUG)
-    report = fuzz(load_spec(path), FuzzOptions(budget=60, max_examples=100, seed=0, database=tmp_path / "db"))
+    # Seed 0 first draws a failing tail at example 178 (since sizes shrink towards the drawn size, 52ebfce).
+    report = fuzz(load_spec(path), FuzzOptions(budget=60, max_examples=300, seed=0, database=tmp_path / "db"))
     assert report.failures == [] and report.known > 0, [f.message for f in report.failures]
 
 
