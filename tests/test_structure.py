@@ -41,7 +41,7 @@ LAYERS = [
     ("engine", ["engine", "checks.large_index_child", "checks.sanitize_child"]),
     ("bench", ["bench"]),
     ("fuzz", ["fuzz"]),
-    ("tools", ["doctor", "scaffold", "profile", "merge"]),
+    ("tools", ["doctor", "scaffold", "profile", "merge", "scan"]),
     ("reporters", ["reporters"]),
     # One run session for every front end: the CLI runs whole selections through it, the pytest plugin a row a time.
     ("session", ["session"]),

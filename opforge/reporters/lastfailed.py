@@ -1,5 +1,6 @@
 """What failed last time, for `opforge check --last-failed`: full result ids and the spec each came from, kept in
-`.opforge/lastfailed.json` under the directory opforge runs in (like pytest's cache).
+`.opforge/lastfailed.json` under the directory opforge runs in (like pytest's cache). Beside them, per spec, how many
+results its last run gave and how many failed (`runs`), which `opforge scan --specs` shows.
 
 The selection policy is pytest's: rerun the recorded failures of the selected specs; when none of them has any
 recorded, run everything selected (saying so) rather than nothing.
@@ -15,6 +16,7 @@ from opforge.engine.plan import LOAD_CHECK, Filters, load_result_id
 from opforge.files import write_atomically
 from opforge.reporters.base import Reporter
 from opforge.results import OpReport, RunReport
+from opforge.scan import LastRun
 
 STORE = Path(".opforge") / "lastfailed.json"
 
@@ -96,8 +98,35 @@ def record(root: Path, run: RunReport, filters: Filters | None = None, fail_fast
                 failed[r.full_id] = op.spec_path
             else:
                 failed.pop(r.full_id, None)
-    write_atomically(root / STORE, json.dumps({"failed": dict(sorted(failed.items()))}, indent=1) + "\n")
+    runs = {spec: counts for spec, counts in _recorded_runs(root).items() if _exists(root, spec)}
+    for op in run.ops:
+        runs[op.spec_path] = {"results": len(op.results), "failed": sum(r.status.failed for r in op.results)}
+    data = {"failed": dict(sorted(failed.items())), "runs": dict(sorted(runs.items()))}
+    write_atomically(root / STORE, json.dumps(data, indent=1) + "\n")
     return failed
+
+
+def last_runs(root: Path) -> dict[Path, LastRun]:
+    """Resolved spec path -> what its last recorded run gave. An unreadable store counts as empty."""
+    return {
+        _key(root, Path(spec)): LastRun(int(counts["results"]), int(counts["failed"]))
+        for spec, counts in _recorded_runs(root).items()
+    }
+
+
+def _recorded_runs(root: Path) -> dict[str, dict[str, int]]:
+    try:
+        data = json.loads((root / STORE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    runs = data.get("runs") if isinstance(data, dict) else None
+    if not isinstance(runs, dict):
+        return {}
+    return {
+        str(spec): {"results": counts["results"], "failed": counts["failed"]}
+        for spec, counts in runs.items()
+        if isinstance(counts, dict) and isinstance(counts.get("results"), int) and isinstance(counts.get("failed"), int)
+    }
 
 
 def _ran_in_full(run: RunReport, op: OpReport, filters: Filters | None, fail_fast: bool) -> bool:

@@ -1,0 +1,157 @@
+"""The terminal format of `opforge scan`: one table, a row per op, short enough for 80 columns; a flagged op's row
+starts with `!` and its flagged cell says what is missing; after the table, what each flag means and its fix."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+from opforge.reporters.console import console
+from opforge.scan import CEA, CIA, REGISTER_FAKE, TRIVIAL_FAKE, FlagKind, Scan, ScannedOp
+
+FLAG_STYLE = "bold red"
+
+# What each flag says, once, under the table: (the cell it marks, what it means, what to do).
+EXPLAINED = {
+    FlagKind.NO_FAKE: (
+        "fake NONE",
+        "no fake kernel (no register_fake, Meta or composite kernel): torch.compile, torch.export and FakeTensor "
+        "cannot trace the op",
+        "Register one with torch.library.register_fake (from C++: a Meta kernel, or m.impl_abstract_pystub "
+        "naming the Python module that registers it, and --import that module).",
+    ),
+    FlagKind.CUDA_WITHOUT_CPU: (
+        "CPU NONE",
+        "a CUDA kernel and no CPU kernel (nor a composite one): CPU tensors reach no kernel (with an Autograd "
+        "kernel that handles them itself: under torch.inference_mode)",
+        "Register a CPU kernel, or say in its docs that it is CUDA-only.",
+    ),
+    FlagKind.UNDECLARED_MUTATION: (
+        "schema NO WRITE",
+        "it looks like it writes an argument (a name ending in '_', _out or Out, an out overload, an argument "
+        "named out, or no return value) but its schema marks none written (read from the name and schema alone; "
+        "opcheck in `opforge check` runs the kernel and sees what it writes)",
+        "Mark what it writes in the schema, Tensor(a!) x, or rename it.",
+    ),
+}
+
+
+def _source(source: str | None) -> str:
+    """A kernel's source, short: y (its own kernel), CIA/CEA (a composite kernel), fake, Meta, - (none)."""
+    if source is None:
+        return "-"
+    return {
+        CIA: "CIA",
+        CEA: "CEA",
+        REGISTER_FAKE: "fake",
+        TRIVIAL_FAKE: "auto",
+        "Meta": "Meta",
+        "AutogradCPU": "CPU",
+    }.get(source, "CUDA" if source == "AutogradCUDA" else "y")
+
+
+def _flagged(text: str, flagged: bool) -> Text:
+    return Text(text, style=FLAG_STYLE) if flagged else Text(text)
+
+
+def _schema_cell(op: ScannedOp) -> Text:
+    if op.flagged(FlagKind.UNDECLARED_MUTATION):
+        return _flagged("NO WRITE", True)
+    if op.schema is None:
+        return Text("no schema")
+    parts = []
+    for word, names in (("writes", op.writes), ("view of", op.aliases)):
+        if names:
+            parts.append(f"{word} {names[0] if len(names) == 1 else len(names)}")
+    return Text("; ".join(parts) or "-")
+
+
+def _spec_cell(op: ScannedOp) -> str:
+    if not op.specs:
+        return "-"
+    ran = [c for c in op.specs if c.results is not None]
+    if not ran:
+        return "not run"
+    results = sum(c.results or 0 for c in ran)
+    failed = sum(c.failed or 0 for c in ran)
+    return f"{failed}/{results} fail" if failed else f"{results} ok"
+
+
+def render_scan(scan: Scan) -> None:
+    flagged = len(scan.flagged)
+    title = f"opforge scan {scan.namespace}: {len(scan.ops)} ops, {flagged} flagged"
+    table = Table(
+        title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold"
+    )
+    table.add_column("", no_wrap=True, style=FLAG_STYLE)
+    table.add_column("op", overflow="fold", ratio=1)
+    for name in ("CPU", "CUDA", "fake", "grad", "vmap"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("schema", overflow="fold", max_width=16)
+    with_specs = scan.specs_dir is not None
+    if with_specs:
+        table.add_column("spec", no_wrap=True)
+    for op in scan.ops:
+        no_cpu = op.flagged(FlagKind.CUDA_WITHOUT_CPU)
+        no_fake = op.flagged(FlagKind.NO_FAKE)
+        cells: list[str | Text] = [
+            "!" if op.flags else "",
+            op.short_name,
+            _flagged("NONE" if no_cpu else _source(op.cpu), no_cpu),
+            _source(op.cuda),
+            _flagged("NONE" if no_fake else _source(op.fake), no_fake),
+            _source(op.autograd),
+            _source(op.vmap),
+            _schema_cell(op),
+        ]
+        if with_specs:
+            cells.append(_spec_cell(op))
+        table.add_row(*cells)
+    console.print(table)
+    console.print(
+        Text(
+            "y: its own kernel; CIA, CEA: its CompositeImplicitAutograd, CompositeExplicitAutograd kernel; fake: "
+            "register_fake; Meta: a Meta kernel; auto: FakeTensor needs none (no return, or tagged out/inplace); "
+            "grad CPU, CUDA: for that device only; schema: the argument (or how many) it marks written, "
+            "Tensor(a!), or aliased"
+            + ("; spec: results of the specs' last `opforge check` here" if with_specs else ""),
+            style="dim",
+        )
+    )
+    for kind, (cell, meaning, fix) in EXPLAINED.items():
+        count = scan.count(kind)
+        if count:
+            console.print(
+                Text(f"! {cell} ({count} op{'s' if count != 1 else ''}): ", style=FLAG_STYLE)
+                + Text(f"{meaning}. {fix}")
+            )
+            for line in _details(scan, kind):
+                console.print(Text(f"  {line}"))
+    if scan.unreadable_specs:
+        console.print(Text(f"not read (not YAML): {', '.join(scan.unreadable_specs)}", style="yellow"))
+    covered = sum(1 for op in scan.ops if op.specs)
+    summary = [f"{kind.value} {scan.count(kind)}" for kind in FlagKind]
+    spec_note = f"; {covered} named by a spec in {scan.specs_dir}" if with_specs else ""
+    console.print(
+        Text(
+            f"{len(scan.ops)} ops, {flagged} flagged ({', '.join(summary)}){spec_note}; "
+            f"scanned in {scan.scan_seconds:.2f} s (imports {scan.import_seconds:.2f} s)",
+            style=FLAG_STYLE if flagged else "bold green",
+        )
+    )
+
+
+def _details(scan: Scan, kind: FlagKind) -> list[str]:
+    """The flag's own words per op where they add to the table: why each op looks mutating; which module a C++
+    op names for its fake kernel (grouped: a library has dozens)."""
+    messages = [(op.short_name, f.message) for op in scan.ops for f in op.flags if f.kind == kind]
+    if kind == FlagKind.UNDECLARED_MUTATION:
+        return [f"{name}: {message.partition('; ')[0]}" for name, message in messages]
+    if kind == FlagKind.NO_FAKE:
+        grouped: dict[str, int] = {}
+        for _, message in messages:
+            _, _, where = message.partition("; ")
+            if where:
+                grouped[where] = grouped.get(where, 0) + 1
+        return [f"{count} of them: {where}" for where, count in grouped.items()]
+    return []
