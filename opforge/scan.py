@@ -10,9 +10,10 @@ Three flags, each read statically (docs/scan.md says exactly what each one can a
   so torch.compile, torch.export and FakeTensor cannot trace the op.
 - `cuda-without-cpu`: a CUDA kernel and no CPU one (nor a composite one that serves CPU).
 - `undeclared-mutation`: the op looks like it writes an argument (its name ends in one `_`; it is an `out`
-  overload, is named `..._out` or `...Out`, or has a Tensor argument `out` or a keyword-only `out...`; or it
-  returns nothing) while its schema marks no argument written (`Tensor(a!)`). A kernel that writes an input its
-  schema leaves unmarked, under a name that says nothing, is only seen by running it (opcheck).
+  overload; it is named `..._out` or `...Out` and takes a Tensor `out`, `output` or `out_...`; it has a Tensor
+  argument `out` or a keyword-only `out...`; or it returns nothing) while its schema marks no argument written
+  (`Tensor(a!)`). A kernel that writes an input its schema leaves unmarked, under a name that says nothing, is
+  only seen by running it (opcheck).
 
 What is read where (torch 2.13): the kernels from `torch._C._dispatch_has_kernel_for_dispatch_key` (a kernel
 registered for that very key, alias keys such as Autograd and CompositeImplicitAutograd included); a Python fake
@@ -359,7 +360,7 @@ def _with_flags(op: ScannedOp, schema: Any, overload: str) -> ScannedOp:
 
     flags = []
     if op.fake is None:
-        flags.append(Flag(FlagKind.NO_FAKE, _no_fake_message(op.name)))
+        flags.append(Flag(FlagKind.NO_FAKE, _no_fake_message(op)))
     if op.cuda is not None and op.cpu is None:
         autograd = [k for k in op.kernels if k.startswith("Autograd")]
         where = (
@@ -375,12 +376,16 @@ def _with_flags(op: ScannedOp, schema: Any, overload: str) -> ScannedOp:
     return replace(op, flags=tuple(flags))
 
 
-def _no_fake_message(name: str) -> str:
-    """Where the fake kernel could have been: a C++ op may name the Python module that registers it (a pystub)."""
+def _no_fake_message(op: ScannedOp) -> str:
+    """Where the fake kernel could have been: a C++ op may name the Python module that registers it (a pystub). An
+    op whose only kernel is an Autograd one runs it on fake tensors too (outside torch.inference_mode): what it calls
+    decides whether that traces."""
     import torch
 
     message = "no register_fake, Meta or composite kernel"
-    qualname, _, overload = name.partition(".")
+    if op.kernels and all(k.startswith("Autograd") for k in op.kernels):
+        message += "; its only kernel is Autograd, which fake tensors reach outside torch.inference_mode"
+    qualname, _, overload = op.name.partition(".")
     try:
         stub = torch._C._dispatch_pystub(qualname, overload)
     except (AttributeError, RuntimeError):
@@ -394,28 +399,29 @@ def _no_fake_message(name: str) -> str:
 
 def _looks_mutating(base: str, overload: str, schema: Any) -> str | None:
     """Why an op's name or schema says it writes an argument, or None. Read from the name and schema alone: the
-    conventions of ATen (`add_`, `add.out`, `out=`) and of C++ libraries (`fooOut`, `foo_out(Tensor output, ...)`)."""
+    conventions of ATen (`add_`, `add.out`, `out=`) and of C++ libraries (`fooOut(Tensor output, ...)`).
+
+    A name's `_out` alone is not enough, nor an argument's `output` alone: fbgemm_gpu 1.8.0's sll ops end in
+    `_jagged_out` (their result is jagged) and write nothing; ten of its ops read an `output` or `output_offsets`
+    argument (a backward's forward output, the offsets of the output to build). Its three ops named ...Out or
+    ..._out that take `Tensor output` write it."""
     if schema is None:
         return None
     if base.endswith("_") and not base.endswith("__"):
         return "named in-place (ends in '_')"
     if overload == "out" or overload.endswith("_out"):
         return f"an out overload (.{overload})"
-    if base.endswith("_out") or (base.endswith("Out") and base[:-3][-1:].islower()):
-        return f"named as an out variant (ends in {'_out' if base.endswith('_out') else 'Out'})"
-    outs = [a.name for a in schema.arguments if _is_tensor(a) and _output_name(a.name, a.kwarg_only)]
+    tensors = [a for a in schema.arguments if _is_tensor(a)]
+    buffers = [a.name for a in tensors if a.name in ("out", "output") or a.name.startswith(("out_", "output_"))]
+    suffix = "_out" if base.endswith("_out") else "Out" if base.endswith("Out") and base[:-3][-1:].islower() else ""
+    if suffix and buffers:
+        return f"named as an out variant (ends in {suffix}) and takes Tensor {buffers[0]}"
+    outs = [a.name for a in tensors if a.name == "out" or (a.kwarg_only and a.name.startswith("out"))]
     if outs:
         return f"an output argument ({', '.join(outs)})"
     if not schema.returns and any(_is_tensor(a) for a in schema.arguments):
         return "it returns nothing (its work can only be writing an argument)"
     return None
-
-
-def _output_name(name: str, kwarg_only: bool) -> bool:
-    """An argument named as a buffer to write: `out`, or a keyword-only `out...` (ATen's out=). Not `output` or
-    `output_offsets`: fbgemm 1.8.0 has 10 ops whose such arguments are read (a backward's forward output, the
-    offsets of the output to build) and 2 whose `output` is written; the latter are named ...Out."""
-    return name == "out" or (kwarg_only and name.startswith("out"))
 
 
 def _is_tensor(argument: Any) -> bool:

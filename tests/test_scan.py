@@ -33,6 +33,7 @@ EXPECTED_FLAGS = {
     "add_out": {MUTATION},
     "good": set(),
     "composite": set(),
+    "autograd_only": {NO_FAKE},
     "custom": {NO_FAKE},
     "custom_with_fake": set(),
 }
@@ -69,6 +70,7 @@ def test_the_kernels_fake_formula_and_vmap_rule_of_each_op(library):
         "cuda_only": (None, "CUDA", "register_fake", None, None),
         "good": ("CPU", None, "register_fake", "Autograd", "FuncTorchBatched"),
         "composite": (CIA, CIA, CIA, CIA, CIA),
+        "autograd_only": (None, None, None, "Autograd", None),
         # custom_op registers Meta and Autograd kernels whatever was given: scan reads what was registered.
         "custom": (CEA, CEA, None, None, None),
         "custom_with_fake": ("CPU", None, "register_fake", "register_autograd", "register_vmap"),
@@ -92,7 +94,7 @@ def test_what_each_schema_writes_and_why_a_mutation_is_flagged(library):
         "named in-place (ends in '_'); its schema marks no argument written"
     ]
     assert [f.message for f in ops["add_out"].flags] == [
-        "named as an out variant (ends in _out); its schema marks no argument written"
+        "named as an out variant (ends in _out) and takes Tensor out; its schema marks no argument written"
     ]
     assert ops["cuda_only"].flags[0].message.endswith("on CPU tensors it raises NotImplementedError")
 
@@ -102,7 +104,13 @@ def test_what_each_schema_writes_and_why_a_mutation_is_flagged(library):
     [
         ("f(Tensor x, *, Tensor out) -> Tensor", "an output argument (out)"),
         ("f.out(Tensor x, Tensor o) -> Tensor", "an out overload (.out)"),
-        ("fOut(Tensor output, Tensor x) -> Tensor", "named as an out variant (ends in Out)"),
+        ("fOut(Tensor output, Tensor x) -> Tensor", "named as an out variant (ends in Out) and takes Tensor output"),
+        (
+            "f_out(Tensor x, Tensor? out_lengths) -> Tensor",
+            "named as an out variant (ends in _out) and takes Tensor out_lengths",
+        ),
+        ("f_jagged_out(Tensor x, Tensor x_offsets) -> Tensor", None),  # fbgemm's sll ops: a jagged result
+        ("fOut(Tensor x) -> Tensor", None),
         ("f(Tensor x) -> ()", "it returns nothing (its work can only be writing an argument)"),
         ("f(Tensor grad_output, Tensor output) -> Tensor", None),  # a backward reads its forward's output
         ("f(Tensor x, Tensor output_offsets) -> Tensor", None),
@@ -133,23 +141,25 @@ def test_the_table_fits_80_columns_marks_each_flagged_cell_and_exits_1(tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80, "\n".join(lines)
-    rows = {line.split()[1] if line.startswith("!") else line.split()[0]: line for line in lines[2:11]}
+    rows = {line.split()[1] if line.startswith("!") else line.split()[0]: line for line in lines[2:12]}
     assert sorted(rows) == sorted(EXPECTED_FLAGS)
     cells = {name: row.split()[1:] if not row.startswith("!") else row.split()[2:] for name, row in rows.items()}
-    #                 CPU    CUDA  fake    grad   vmap   schema
+    #                 CPU    CUDA  fake    grad   vmap   writes
     assert cells["no_fake"] == ["y", "-", "NONE", "-", "-", "-"]
     assert cells["cuda_only"] == ["NONE", "y", "fake", "-", "-", "-"]
-    assert cells["scale_"] == ["y", "-", "fake", "-", "-", "NO", "WRITE"]
+    assert cells["scale_"] == ["y", "-", "fake", "-", "-", "NONE"]
     assert cells["good"] == ["y", "-", "fake", "y", "y", "-"]
     assert cells["composite"] == ["CIA", "CIA", "CIA", "CIA", "CIA", "-"]
-    assert cells["scale_declared_"] == ["y", "-", "auto", "-", "-", "writes", "x"]
+    assert cells["autograd_only"] == ["-", "-", "NONE", "y", "-", "-"]
+    assert cells["scale_declared_"] == ["y", "-", "auto", "-", "-", "x"]
     flagged = {name for name, row in rows.items() if row.startswith("!")}
     assert flagged == {name for name, flags in EXPECTED_FLAGS.items() if flags}
     text = " ".join(done.stdout.split())
-    assert "! fake NONE (2 ops): no fake kernel" in text
+    assert "! fake NONE (3 ops): no fake kernel" in text
+    assert "1 of them: its only kernel is Autograd, which fake tensors reach outside torch.inference_mode" in text
     assert "! CPU NONE (1 op): a CUDA kernel and no CPU kernel" in text
-    assert "! schema NO WRITE (2 ops)" in text and "scale_: named in-place (ends in '_')" in text
-    assert "9 ops, 5 flagged (no-fake 2, cuda-without-cpu 1, undeclared-mutation 2)" in text
+    assert "! writes NONE (2 ops)" in text and "scale_: named in-place (ends in '_')" in text
+    assert "10 ops, 6 flagged (no-fake 3, cuda-without-cpu 1, undeclared-mutation 2)" in text
 
 
 def test_specs_that_name_an_op_and_their_last_run(library, tmp_path, monkeypatch):
@@ -194,7 +204,7 @@ def test_specs_that_name_an_op_and_their_last_run(library, tmp_path, monkeypatch
     assert out.exit_code == 1, out.output
     rows = {
         line.split()[1] if line.startswith("!") else line.split()[0]: line.split()[-2:]
-        for line in out.output.splitlines()[2:11]
+        for line in out.output.splitlines()[2:12]
     }
     assert rows["good"] == ["2/15", "fail"]
     assert rows["no_fake"][-2:] == ["not", "run"]
@@ -202,7 +212,7 @@ def test_specs_that_name_an_op_and_their_last_run(library, tmp_path, monkeypatch
     assert "2 named by a spec in specs" in " ".join(out.output.split())
     data = json.loads((tmp_path / "scan.json").read_text())
     assert data["kind"] == "scan" and data["namespace"] == "scanlib"
-    assert data["counts"] == {"ops": 9, "flagged": 5, "no-fake": 2, "cuda-without-cpu": 1, "undeclared-mutation": 2}
+    assert data["counts"] == {"ops": 10, "flagged": 6, "no-fake": 3, "cuda-without-cpu": 1, "undeclared-mutation": 2}
     by_name = {op["name"]: op for op in data["ops"]}
     assert by_name["scanlib::no_fake"]["flags"] == [
         {"kind": "no-fake", "message": "no register_fake, Meta or composite kernel"}

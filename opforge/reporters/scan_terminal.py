@@ -27,7 +27,7 @@ EXPLAINED = {
         "Register a CPU kernel, or say in its docs that it is CUDA-only.",
     ),
     FlagKind.UNDECLARED_MUTATION: (
-        "schema NO WRITE",
+        "writes NONE",
         "it looks like it writes an argument (a name ending in '_', _out or Out, an out overload, an argument "
         "named out, or no return value) but its schema marks none written (read from the name and schema alone; "
         "opcheck in `opforge check` runs the kernel and sees what it writes)",
@@ -54,15 +54,18 @@ def _flagged(text: str, flagged: bool) -> Text:
     return Text(text, style=FLAG_STYLE) if flagged else Text(text)
 
 
-def _schema_cell(op: ScannedOp) -> Text:
+def _writes_cell(op: ScannedOp) -> Text:
+    """The argument the schema marks written (or how many), and aliased ones as `view x`; NONE when flagged."""
     if op.flagged(FlagKind.UNDECLARED_MUTATION):
-        return _flagged("NO WRITE", True)
+        return _flagged("NONE", True)
     if op.schema is None:
         return Text("no schema")
-    parts = []
-    for word, names in (("writes", op.writes), ("view of", op.aliases)):
-        if names:
-            parts.append(f"{word} {names[0] if len(names) == 1 else len(names)}")
+
+    def named(names: tuple[str, ...]) -> str:
+        return names[0] if len(names) == 1 else f"{len(names)} args"
+
+    parts = [named(op.writes)] if op.writes else []
+    parts += [f"view {named(op.aliases)}"] if op.aliases else []
     return Text("; ".join(parts) or "-")
 
 
@@ -87,7 +90,7 @@ def render_scan(scan: Scan) -> None:
     table.add_column("op", overflow="fold", ratio=1)
     for name in ("CPU", "CUDA", "fake", "grad", "vmap"):
         table.add_column(name, no_wrap=True)
-    table.add_column("schema", overflow="fold", max_width=16)
+    table.add_column("writes", overflow="fold", max_width=14)
     with_specs = scan.specs_dir is not None
     if with_specs:
         table.add_column("spec", no_wrap=True)
@@ -102,7 +105,7 @@ def render_scan(scan: Scan) -> None:
             _flagged("NONE" if no_fake else _source(op.fake), no_fake),
             _source(op.autograd),
             _source(op.vmap),
-            _schema_cell(op),
+            _writes_cell(op),
         ]
         if with_specs:
             cells.append(_spec_cell(op))
@@ -112,8 +115,8 @@ def render_scan(scan: Scan) -> None:
         Text(
             "y: its own kernel; CIA, CEA: its CompositeImplicitAutograd, CompositeExplicitAutograd kernel; fake: "
             "register_fake; Meta: a Meta kernel; auto: FakeTensor needs none (no return, or tagged out/inplace); "
-            "grad CPU, CUDA: for that device only; schema: the argument (or how many) it marks written, "
-            "Tensor(a!), or aliased"
+            "grad CPU, CUDA: for that device only; writes: the argument (or how many) its schema marks written, "
+            "Tensor(a!), and aliased (view)"
             + ("; spec: results of the specs' last `opforge check` here" if with_specs else ""),
             style="dim",
         )
@@ -150,8 +153,7 @@ def _details(scan: Scan, kind: FlagKind) -> list[str]:
     if kind == FlagKind.NO_FAKE:
         grouped: dict[str, int] = {}
         for _, message in messages:
-            _, _, where = message.partition("; ")
-            if where:
-                grouped[where] = grouped.get(where, 0) + 1
-        return [f"{count} of them: {where}" for where, count in grouped.items()]
+            for note in message.split("; ")[1:]:
+                grouped[note] = grouped.get(note, 0) + 1
+        return [f"{count} of them: {note}" for note, count in grouped.items()]
     return []
