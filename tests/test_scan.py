@@ -157,7 +157,7 @@ def test_the_table_fits_80_columns_marks_each_flagged_cell_and_exits_1(tmp_path)
     text = " ".join(done.stdout.split())
     assert "! fake NONE (3 ops): no fake kernel" in text
     assert "1 of them: its only kernel is Autograd, which fake tensors reach outside torch.inference_mode" in text
-    assert "! CPU NONE (1 op): a CUDA kernel and no CPU kernel" in text
+    assert "! CPU NONE (1 op): a CUDA kernel and no CPU or composite one" in text
     assert "! writes NONE (2 ops)" in text and "scale_: named in-place (ends in '_')" in text
     assert "10 ops, 6 flagged (no-fake 3, cuda-without-cpu 1, undeclared-mutation 2)" in text
 

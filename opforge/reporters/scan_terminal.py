@@ -16,22 +16,21 @@ EXPLAINED = {
     FlagKind.NO_FAKE: (
         "fake NONE",
         "no fake kernel (no register_fake, Meta or composite kernel): torch.compile, torch.export and FakeTensor "
-        "cannot trace the op",
-        "Register one with torch.library.register_fake (from C++: a Meta kernel, or m.impl_abstract_pystub "
-        "naming the Python module that registers it, and --import that module).",
+        "cannot trace it",
+        "Add torch.library.register_fake (in C++: a Meta kernel, or m.impl_abstract_pystub naming the module that "
+        "registers one).",
     ),
     FlagKind.CUDA_WITHOUT_CPU: (
         "CPU NONE",
-        "a CUDA kernel and no CPU kernel (nor a composite one): CPU tensors reach no kernel (with an Autograd "
-        "kernel that handles them itself: under torch.inference_mode)",
-        "Register a CPU kernel, or say in its docs that it is CUDA-only.",
+        "a CUDA kernel and no CPU or composite one: CPU tensors reach no kernel (where an Autograd kernel handles "
+        "them: under torch.inference_mode)",
+        "Add a CPU kernel, or document the op as CUDA-only.",
     ),
     FlagKind.UNDECLARED_MUTATION: (
         "writes NONE",
-        "it looks like it writes an argument (a name ending in '_', _out or Out, an out overload, an argument "
-        "named out, or no return value) but its schema marks none written (read from the name and schema alone; "
-        "opcheck in `opforge check` runs the kernel and sees what it writes)",
-        "Mark what it writes in the schema, Tensor(a!) x, or rename it.",
+        "looks like it writes an argument (named in-place or out, an out argument, no return value) but its "
+        "schema marks none written: read from the name and schema, not by running it (opcheck does)",
+        "Mark the write, Tensor(a!) x, or rename the op.",
     ),
 }
 
