@@ -10,10 +10,10 @@ Three flags, each read statically (docs/scan.md says exactly what each one can a
   so torch.compile, torch.export and FakeTensor cannot trace the op.
 - `cuda-without-cpu`: a CUDA kernel and no CPU one (nor a composite one that serves CPU).
 - `undeclared-mutation`: the op looks like it writes an argument (its name ends in one `_`; it is an `out`
-  overload; it is named `..._out` or `...Out` and takes a Tensor `out`, `output` or `out_...`; it has a Tensor
-  argument `out` or a keyword-only `out...`; or it returns nothing) while its schema marks no argument written
-  (`Tensor(a!)`). A kernel that writes an input its schema leaves unmarked, under a name that says nothing, is
-  only seen by running it (opcheck).
+  overload; it is named `..._out` or `...Out` and takes a Tensor `out`, `output` or `out_...`; it has a
+  keyword-only Tensor `out...`; or it returns nothing and torch.compile's dead-code elimination would drop it)
+  while its schema marks no argument written (`Tensor(a!)`). A kernel that writes an input its schema leaves
+  unmarked, under a name that says nothing, is only seen by running it (opcheck).
 
 What is read where (torch 2.13): the kernels from `torch._C._dispatch_has_kernel_for_dispatch_key` (a kernel
 registered for that very key, alias keys such as Autograd and CompositeImplicitAutograd included); a Python fake
@@ -370,7 +370,7 @@ def _with_flags(op: ScannedOp, schema: Any, overload: str) -> ScannedOp:
             else "on CPU tensors it raises NotImplementedError"
         )
         flags.append(Flag(FlagKind.CUDA_WITHOUT_CPU, f"a CUDA kernel and no CPU or composite kernel: {where}"))
-    looks = _looks_mutating(op.short_name.split(".", 1)[0], overload, schema)
+    looks = _looks_mutating(op.name.partition(".")[0], overload, schema)
     if looks is not None and not op.writes:
         flags.append(Flag(FlagKind.UNDECLARED_MUTATION, f"{looks}; its schema marks no argument written"))
     return replace(op, flags=tuple(flags))
@@ -397,16 +397,19 @@ def _no_fake_message(op: ScannedOp) -> str:
     return message
 
 
-def _looks_mutating(base: str, overload: str, schema: Any) -> str | None:
+def _looks_mutating(qualname: str, overload: str, schema: Any) -> str | None:
     """Why an op's name or schema says it writes an argument, or None. Read from the name and schema alone: the
     conventions of ATen (`add_`, `add.out`, `out=`) and of C++ libraries (`fooOut(Tensor output, ...)`).
 
-    A name's `_out` alone is not enough, nor an argument's `output` alone: fbgemm_gpu 1.8.0's sll ops end in
-    `_jagged_out` (their result is jagged) and write nothing; ten of its ops read an `output` or `output_offsets`
-    argument (a backward's forward output, the offsets of the output to build). Its three ops named ...Out or
-    ..._out that take `Tensor output` write it."""
+    A name's `_out` alone is not enough, nor a positional argument's `out` or `output` alone: fbgemm_gpu 1.8.0's sll
+    ops end in `_jagged_out` (their result is jagged) and write nothing; ten of its ops read an `output` or
+    `output_offsets` argument (a backward's forward output, the offsets of the output to build), as ATen's attention
+    backwards read `Tensor out`. Its three ops named ...Out or ..._out that take `Tensor output` write it. An op that
+    returns nothing is flagged only when torch.compile would drop it (torch keeps its own checks, `_assert_async`,
+    and ops registered as effectful)."""
     if schema is None:
         return None
+    base = qualname.split("::", 1)[1]
     if base.endswith("_") and not base.endswith("__"):
         return "named in-place (ends in '_')"
     if overload == "out" or overload.endswith("_out"):
@@ -416,12 +419,27 @@ def _looks_mutating(base: str, overload: str, schema: Any) -> str | None:
     suffix = "_out" if base.endswith("_out") else "Out" if base.endswith("Out") and base[:-3][-1:].islower() else ""
     if suffix and buffers:
         return f"named as an out variant (ends in {suffix}) and takes Tensor {buffers[0]}"
-    outs = [a.name for a in tensors if a.name == "out" or (a.kwarg_only and a.name.startswith("out"))]
+    outs = [a.name for a in tensors if a.kwarg_only and a.name.startswith("out")]
     if outs:
-        return f"an output argument ({', '.join(outs)})"
-    if not schema.returns and any(_is_tensor(a) for a in schema.arguments):
-        return "it returns nothing (its work can only be writing an argument)"
+        return f"an out= argument ({', '.join(outs)})"
+    if not schema.returns and tensors and not _impure(qualname, overload):
+        return (
+            "it returns nothing and torch.compile drops it as dead code (if it only checks, register it as effectful)"
+        )
     return None
+
+
+def _impure(qualname: str, overload: str) -> bool:
+    """Whether torch.compile's dead-code elimination keeps the op though nothing uses its result
+    (torch._library.utils.is_impure: a mutable schema, an effect registered, torch's own side-effectful ops)."""
+    import torch
+
+    namespace, base = qualname.split("::", 1)
+    try:
+        op = getattr(getattr(getattr(torch.ops, namespace), base), overload or "default")
+        return bool(torch._library.utils.is_impure(op))
+    except (AttributeError, RuntimeError, AssertionError, ImportError):
+        return False
 
 
 def _is_tensor(argument: Any) -> bool:

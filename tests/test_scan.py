@@ -31,6 +31,7 @@ EXPECTED_FLAGS = {
     "scale_": {MUTATION},
     "scale_declared_": set(),
     "add_out": {MUTATION},
+    "clear": {MUTATION},
     "good": set(),
     "composite": set(),
     "autograd_only": {NO_FAKE},
@@ -102,7 +103,8 @@ def test_what_each_schema_writes_and_why_a_mutation_is_flagged(library):
 @pytest.mark.parametrize(
     ("schema", "why"),
     [
-        ("f(Tensor x, *, Tensor out) -> Tensor", "an output argument (out)"),
+        ("f(Tensor x, *, Tensor out) -> Tensor", "an out= argument (out)"),
+        ("f(Tensor grad, Tensor out) -> Tensor", None),  # ATen's attention backwards read their forward's out
         ("f.out(Tensor x, Tensor o) -> Tensor", "an out overload (.out)"),
         ("fOut(Tensor output, Tensor x) -> Tensor", "named as an out variant (ends in Out) and takes Tensor output"),
         (
@@ -111,7 +113,10 @@ def test_what_each_schema_writes_and_why_a_mutation_is_flagged(library):
         ),
         ("f_jagged_out(Tensor x, Tensor x_offsets) -> Tensor", None),  # fbgemm's sll ops: a jagged result
         ("fOut(Tensor x) -> Tensor", None),
-        ("f(Tensor x) -> ()", "it returns nothing (its work can only be writing an argument)"),
+        (
+            "f(Tensor x) -> ()",
+            "it returns nothing and torch.compile drops it as dead code (if it only checks, register it as effectful)",
+        ),
         ("f(Tensor grad_output, Tensor output) -> Tensor", None),  # a backward reads its forward's output
         ("f(Tensor x, Tensor output_offsets) -> Tensor", None),
         ("f__(Tensor x) -> Tensor", None),
@@ -124,7 +129,19 @@ def test_what_looks_like_a_mutation_from_the_name_and_schema_alone(schema, why):
     from opforge.scan import _looks_mutating
 
     parsed = torch._C.parse_schema(f"scanlib::{schema}")
-    assert _looks_mutating(parsed.name.split("::")[1], parsed.overload_name, parsed) == why
+    assert _looks_mutating(parsed.name, parsed.overload_name, parsed) == why
+
+
+def test_ops_that_return_nothing_and_torch_compile_keeps_are_not_flagged():
+    """aten::_linalg_check_errors returns nothing and writes nothing; torch.compile keeps it (torch lists it as
+    side-effectful), so it writes nothing unmarked that compile would lose."""
+    import torch
+
+    from opforge.scan import _looks_mutating
+
+    schema = torch.ops.aten._linalg_check_errors.default._schema
+    assert _looks_mutating("aten::_linalg_check_errors", "", schema) is None
+    assert _looks_mutating("scanlib::f", "", schema) is not None  # the same schema, an op torch knows nothing of
 
 
 def test_the_table_fits_80_columns_marks_each_flagged_cell_and_exits_1(tmp_path):
@@ -141,7 +158,7 @@ def test_the_table_fits_80_columns_marks_each_flagged_cell_and_exits_1(tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80, "\n".join(lines)
-    rows = {line.split()[1] if line.startswith("!") else line.split()[0]: line for line in lines[2:12]}
+    rows = {line.split()[1] if line.startswith("!") else line.split()[0]: line for line in lines[2:13]}
     assert sorted(rows) == sorted(EXPECTED_FLAGS)
     cells = {name: row.split()[1:] if not row.startswith("!") else row.split()[2:] for name, row in rows.items()}
     #                 CPU    CUDA  fake    grad   vmap   writes
@@ -158,8 +175,8 @@ def test_the_table_fits_80_columns_marks_each_flagged_cell_and_exits_1(tmp_path)
     assert "! fake NONE (3 ops): no fake kernel" in text
     assert "1 of them: its only kernel is Autograd, which fake tensors reach outside torch.inference_mode" in text
     assert "! CPU NONE (1 op): a CUDA kernel and no CPU or composite one" in text
-    assert "! writes NONE (2 ops)" in text and "scale_: named in-place (ends in '_')" in text
-    assert "10 ops, 6 flagged (no-fake 3, cuda-without-cpu 1, undeclared-mutation 2)" in text
+    assert "! writes NONE (3 ops)" in text and "scale_: named in-place (ends in '_')" in text
+    assert "11 ops, 7 flagged (no-fake 3, cuda-without-cpu 1, undeclared-mutation 3)" in text
 
 
 def test_specs_that_name_an_op_and_their_last_run(library, tmp_path, monkeypatch):
@@ -204,7 +221,7 @@ def test_specs_that_name_an_op_and_their_last_run(library, tmp_path, monkeypatch
     assert out.exit_code == 1, out.output
     rows = {
         line.split()[1] if line.startswith("!") else line.split()[0]: line.split()[-2:]
-        for line in out.output.splitlines()[2:12]
+        for line in out.output.splitlines()[2:13]
     }
     assert rows["good"] == ["2/15", "fail"]
     assert rows["no_fake"][-2:] == ["not", "run"]
@@ -212,7 +229,7 @@ def test_specs_that_name_an_op_and_their_last_run(library, tmp_path, monkeypatch
     assert "2 named by a spec in specs" in " ".join(out.output.split())
     data = json.loads((tmp_path / "scan.json").read_text())
     assert data["kind"] == "scan" and data["namespace"] == "scanlib"
-    assert data["counts"] == {"ops": 10, "flagged": 6, "no-fake": 3, "cuda-without-cpu": 1, "undeclared-mutation": 2}
+    assert data["counts"] == {"ops": 11, "flagged": 7, "no-fake": 3, "cuda-without-cpu": 1, "undeclared-mutation": 3}
     by_name = {op["name"]: op for op in data["ops"]}
     assert by_name["scanlib::no_fake"]["flags"] == [
         {"kind": "no-fake", "message": "no register_fake, Meta or composite kernel"}
