@@ -181,6 +181,13 @@ def test_an_example_that_is_not_json_is_a_usage_error():
     assert result.exit_code == 2 and "--example: expected JSON" in result.output
 
 
+def test_an_example_replay_writes_no_report_so_asking_for_one_is_a_usage_error(tmp_path):
+    example = '{"shapes": {"x": [7]}, "seed": 1}'
+    result = invoke("fuzz", str(FUZZ_OPS / "doubles.yaml"), "--example", example, "--junit", str(tmp_path / "f.xml"))
+    assert result.exit_code == 2 and "--junit: expected a search to report" in result.output, result.output
+    assert not (tmp_path / "f.xml").exists()
+
+
 @pytest.mark.parametrize(
     ("example", "fragment"),
     [

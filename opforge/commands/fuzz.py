@@ -128,7 +128,7 @@ def fuzz(
             cuda_arch=cuda_arch,
             exit_first=exit_first,
         )
-        files = file_reporters(reports)
+        files = file_reporters(_search_reports(reports, example))
         if example is not None:
             kept = read_example(example, spec, chosen)
             verdict, oracles = replay(spec, kept, options)
@@ -145,6 +145,16 @@ def fuzz(
         return code if written else max(code, EXIT_USAGE)
 
     guarded(body)
+
+
+def _search_reports(reports: dict[ReportFormat, Path | None], example: str | None) -> dict[ReportFormat, Path | None]:
+    """The reports asked for, which only a search writes: --example replays one example and reports nothing."""
+    asked = [fmt.option for fmt, path in reports.items() if path is not None]
+    if example is not None and asked:
+        raise UsageError(
+            " ".join(asked), "a search to report", "--example (one example replayed)", "Drop --example or the reports."
+        )
+    return reports
 
 
 def _replay_exit(status: Status) -> int:
