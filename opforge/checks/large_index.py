@@ -26,7 +26,7 @@ from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, Outcome
 from opforge.child import describe_exit, entry_point, with_this_opforge
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
-from opforge.results import Mismatch, Status
+from opforge.results import Status, mismatch_from_json
 from opforge.spec.model import KNOWN_DTYPES, TensorInput
 from opforge.spec.reader import Reader, one_of, read_bool, read_shape
 
@@ -157,9 +157,7 @@ def verdict(
         if status == Status.ERROR:
             raise ReferenceFailure(final["message"])
         mismatch = final.get("mismatch")
-        return CheckFailure(
-            final["message"], Mismatch(**{**mismatch, "index": tuple(mismatch["index"])}) if mismatch else None
-        )
+        return CheckFailure(final["message"], mismatch_from_json(mismatch) if mismatch else None)
     tail = "\n".join(line for line in stderr.splitlines() if line.strip())[-2000:].splitlines()[-STDERR_LINES:]
     how = f"did not finish within {timeout_s:g} s" if returncode is None else f"ended with {describe_exit(returncode)}"
     if not any(r.get("stage") == "running" for r in records):
