@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from opforge.errors import UsageError
-from opforge.results import JSON_SCHEMA_VERSION, CaseResult, OpReport, RunReport, run_from_json
+from opforge.results import READABLE_SCHEMA_VERSIONS, CaseResult, OpReport, RunReport, run_from_json
 from opforge.shard import Shard, shard_of_text
 
 CHECK, BENCH = "check", "bench"
@@ -34,7 +34,7 @@ class Report:
 
 def read_report(path: Path) -> Report:
     what = f"merge-reports {path}"
-    hint = "Pass files written by `opforge check --json` or `opforge bench --json`."
+    hint = "Pass files written by `opforge check --json`, `opforge fuzz --json` or `opforge bench --json`."
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
@@ -44,10 +44,10 @@ def read_report(path: Path) -> Report:
     if not isinstance(data, dict) or data.get("tool") != "opforge":
         raise UsageError(what, "an opforge JSON report", "another kind of file", hint)
     kind = BENCH if data.get("kind") == "bench" else CHECK
-    if kind == CHECK and data.get("schema_version") != JSON_SCHEMA_VERSION:
+    if kind == CHECK and data.get("schema_version") not in READABLE_SCHEMA_VERSIONS:
         raise UsageError(
             what,
-            f"report schema version {JSON_SCHEMA_VERSION}",
+            f"report schema version {' or '.join(map(str, READABLE_SCHEMA_VERSIONS))}",
             repr(data.get("schema_version")),
             "Merge reports written by this opforge version.",
         )

@@ -1,7 +1,9 @@
 """The result model: what a run found, as data. Rendering lives in opforge.reporters; nothing here prints.
 
-One CaseResult per (implementation, check, case). The JSON form is versioned (JSON_SCHEMA_VERSION); add fields
-freely, bump the version when one changes meaning or goes away.
+One status vocabulary (Status) and one verdict type (Verdict) for `opforge check`'s results, `opforge fuzz`'s
+examples and failures and `opforge bench`'s timings; one CaseResult per (implementation, check, case), made only by
+case_result. The JSON form is versioned (JSON_SCHEMA_VERSION); add fields freely, bump the version when one changes
+meaning or goes away (docs/ci.md lists the versions).
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ from typing import Any
 
 from opforge.shard import Shard, shard_of_text, shard_text
 
-JSON_SCHEMA_VERSION = 2
+# 3: the statuses reject and discard (fuzz's) joined the vocabulary, so every report's counts name them; the
+# reports of `opforge fuzz --json` carry their results in this form too.
+JSON_SCHEMA_VERSION = 3
+# What `opforge merge-reports` reads: a version-2 report's statuses are a subset of version 3's.
+READABLE_SCHEMA_VERSIONS = (2, 3)
 
 
 class Status(str, enum.Enum):
@@ -26,6 +32,10 @@ class Status(str, enum.Enum):
     XPASS = "xpass"  # declared xfail but passed: the spec is stale, so the run fails
     CRASH = "crash"  # the process running the check died (a signal, an abort, an exit)
     TIMEOUT = "timeout"  # the check ran past its time limit and was killed
+    # A fuzz example that judged nothing: the op refused a call its reference took (a narrower domain), or nothing
+    # could judge it (outside the reference's domain, too costly, beyond the dtype: Verdict.cause says which).
+    REJECT = "reject"
+    DISCARD = "discard"
 
     @property
     def failed(self) -> bool:
@@ -60,6 +70,23 @@ class Mismatch:
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """What one check on one case, one fuzz example or one bench timing says: its status and why.
+
+    `detail`: what a pass adds for `-v` (outcomes.PassDetail). `oracle`: of a fuzz verdict, which oracle judged it
+    ("crash" and "hang" when the op's process died or stalled). `cause`: of a fuzz failure, what went wrong (the kind
+    of mismatch and the special value it needs), which tells distinct failures apart; of a discard, why nothing
+    judged the example."""
+
+    status: Status
+    message: str = ""
+    mismatch: Mismatch | None = None
+    detail: str = ""
+    oracle: str = ""
+    cause: str = ""
+
+
+@dataclass(frozen=True)
 class CaseResult:
     op: str
     implementation: str
@@ -83,14 +110,56 @@ class CaseResult:
         return result_id(self.op, self.implementation, self.check, self.case_id)
 
 
+def case_result(
+    op: str,
+    implementation: str,
+    check: str,
+    case_id: str,
+    dtype: str,
+    device: str,
+    verdict: Verdict,
+    *,
+    seconds: float = 0.0,
+    seed: int | None = None,
+    repro: str | None = None,
+    warnings: tuple[str, ...] = (),
+) -> CaseResult:
+    """The one place a result is made: where it ran, its verdict, and what reruns it."""
+    return CaseResult(
+        op=op,
+        implementation=implementation,
+        check=check,
+        case_id=case_id,
+        dtype=dtype,
+        device=device,
+        status=verdict.status,
+        seconds=seconds,
+        message=verdict.message,
+        mismatch=verdict.mismatch,
+        seed=seed,
+        repro=repro,
+        warnings=warnings,
+        detail=verdict.detail,
+    )
+
+
 def result_from_json(data: dict[str, Any]) -> CaseResult:
     """The inverse of the JSON form of a result (what an isolated worker sends and a report stores)."""
-    fields = {k: v for k, v in data.items() if k in CaseResult.__dataclass_fields__}
-    fields["status"] = Status(data["status"])
-    fields["warnings"] = tuple(data.get("warnings", ()))
-    if data.get("mismatch"):
-        fields["mismatch"] = mismatch_from_json(data["mismatch"])
-    return CaseResult(**fields)
+    mismatch = mismatch_from_json(data["mismatch"]) if data.get("mismatch") else None
+    verdict = Verdict(Status(data["status"]), data.get("message", ""), mismatch, data.get("detail", ""))
+    return case_result(
+        data["op"],
+        data["implementation"],
+        data["check"],
+        data["case_id"],
+        data["dtype"],
+        data["device"],
+        verdict,
+        seconds=data.get("seconds", 0.0),
+        seed=data.get("seed"),
+        repro=data.get("repro"),
+        warnings=tuple(data.get("warnings", ())),
+    )
 
 
 def mismatch_from_json(data: dict[str, Any]) -> Mismatch:

@@ -8,6 +8,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from xml.etree import ElementTree as ET
 
 import pytest
 from conftest import FIXTURES, SPECS, requires_cuda
@@ -94,6 +95,22 @@ def test_wrong_implementations_are_reported_and_not_timed(tmp_path):
     assert rows[f"good/wrong_gradient[{bwd}]"]["message"].startswith("grad_lowp: grad[x]:")
     assert "WRONG" in result.output and "worst mismatch in result at [" in result.output
     assert "FAILED: 5 timed, 3 wrong" in result.output
+
+
+def junit_cases(path: Path) -> dict[tuple[str, str], ET.Element]:
+    return {(c.get("classname", ""), c.get("name", "")): c for c in ET.parse(path).getroot().iter("testcase")}
+
+
+def test_bench_junit_fails_a_wrong_case_and_passes_a_timed_one(tmp_path):
+    out = tmp_path / "bench.xml"
+    impls = ("--impl", "native", "--impl", "scaled")
+    result = invoke("bench", BENCH_GOOD, "--sizes", "256", "--mode", "fwd", *impls, "--junit", str(out), *QUICK)
+    assert result.exit_code == 1, result.output
+    cases = junit_cases(out)
+    wrong = cases["good.scaled.bench", "fwd-float32-cpu-n=2^8"].find("failure")
+    assert wrong is not None and wrong.get("message", "").startswith("correctness: result:"), cases
+    assert "worst mismatch in result at [" in (wrong.text or "")
+    assert not list(cases["good.native.bench", "fwd-float32-cpu-n=2^8"])
 
 
 @pytest.mark.slow
@@ -269,6 +286,17 @@ def test_gate_fails_a_twenty_percent_slower_run(tmp_path, fake_timer):
     # The eager baseline slowed down too: shown, but only the op's own implementations gate.
     assert "regression (baseline, not gated)" in text
     assert "FAILED: 2 timed, 1 regression(s)" in result.output
+
+
+def test_bench_junit_fails_a_regressed_implementation_not_a_slower_baseline(tmp_path, fake_timer):
+    baseline = record_baseline(tmp_path, fake_timer)
+    fake_timer["median_s"] = 1.2e-3
+    result = gate(baseline, "--junit", str(tmp_path / "gate.xml"))
+    assert result.exit_code == 1, result.output
+    cases = junit_cases(tmp_path / "gate.xml")
+    regressed = cases["good.native.bench", "fwd-float32-cpu-n=2^8"].find("failure")
+    assert regressed is not None and regressed.get("message", "").startswith("regression: new/old median 1.2"), cases
+    assert not list(cases["good.eager.bench", "fwd-float32-cpu-n=2^8"])
 
 
 def test_gate_passes_a_noisy_run_whose_interval_includes_the_threshold(tmp_path, fake_timer):

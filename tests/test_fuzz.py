@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from xml.etree import ElementTree as ET
 
 import pytest
 import torch
@@ -179,6 +181,13 @@ def test_an_example_that_is_not_json_is_a_usage_error():
     assert result.exit_code == 2 and "--example: expected JSON" in result.output
 
 
+def test_an_example_replay_writes_no_report_so_asking_for_one_is_a_usage_error(tmp_path):
+    example = '{"shapes": {"x": [7]}, "seed": 1}'
+    result = invoke("fuzz", str(FUZZ_OPS / "doubles.yaml"), "--example", example, "--junit", str(tmp_path / "f.xml"))
+    assert result.exit_code == 2 and "--junit: expected a search to report" in result.output, result.output
+    assert not (tmp_path / "f.xml").exists()
+
+
 @pytest.mark.parametrize(
     ("example", "fragment"),
     [
@@ -256,6 +265,41 @@ def test_the_command_reports_json_saves_the_case_and_check_then_fails_on_it(tmp_
     assert replay.exit_code == 1 and "FAIL correctness" in replay.output
     check = invoke("check", str(path), "--check", "correctness", "-k", "regression0")
     assert check.exit_code == 1 and f"1 of {elements} elements differ" in check.output
+
+
+def junit_cases(path: Path) -> dict[tuple[str, str], ET.Element]:
+    return {(c.get("classname", ""), c.get("name", "")): c for c in ET.parse(path).getroot().iter("testcase")}
+
+
+@pytest.mark.slow
+def test_fuzz_junit_and_markdown_fail_the_minimal_example_of_a_broken_op(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = fixture_copy(tmp_path, "doubles_short_tail")
+    junit, summary = tmp_path / "fuzz.xml", tmp_path / "fuzz.md"
+    args = ("--seed", "0", "-x", "--budget", "60", "--junit", str(junit), "--markdown", str(summary))
+    result = invoke("fuzz", str(path), *args)
+    assert result.exit_code == 1, result.output
+    failed = [(key, case) for key, case in junit_cases(junit).items() if case.find("failure") is not None]
+    [((classname, name), case)] = failed
+    shape = re.fullmatch(r"float(?:32|64)-cpu-x=([0-9x]+)-\S+", name)
+    # A tail of 7 after at most one full vector, as BUGS allows for this fixture.
+    assert classname == "doubles_short_tail.native.correctness" and shape, name
+    assert math.prod(map(int, shape.group(1).split("x"))) in (7, 15), name
+    assert "repro: opforge fuzz" in (case.find("failure").text or "")
+    text = summary.read_text()
+    assert text.startswith("## opforge: FAILED") and f"`doubles_short_tail/native::correctness[{name}]`" in text
+
+
+@pytest.mark.slow
+def test_fuzz_junit_passes_each_oracle_of_a_correct_op(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = fixture_copy(tmp_path, "doubles")
+    junit = tmp_path / "fuzz.xml"
+    result = invoke("fuzz", str(path), "--seed", "0", "--max-examples", "30", "--budget", "60", "--junit", str(junit))
+    assert result.exit_code == 0, result.output
+    cases = junit_cases(junit)
+    assert ("doubles.native.correctness", "search") in cases, cases
+    assert all(not list(case) for case in cases.values()), ET.tostring(ET.parse(junit).getroot(), encoding="unicode")
 
 
 # The example after a killed child runs in a fresh fork. Its first call of a custom op once took ~1 s here quiet and

@@ -11,11 +11,11 @@ not compared. A gate that compared no case at all fails: it cannot vouch for any
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from opforge.bench import environment
-from opforge.bench.model import BASELINE, BENCH_SCHEMA_VERSION, OK, BenchRun, point_key
+from opforge.bench.model import BASELINE, BENCH_SCHEMA_VERSION, OK, BenchRun, point_key, status_word
 from opforge.bench.stats import RatioInterval, ratio_of_medians
 from opforge.bench.timing import Timing
 from opforge.errors import UsageError
@@ -97,7 +97,7 @@ def compare(run: BenchRun, baseline: dict, threshold_pct: float, path: str = "")
     old = {
         r["id"]: r
         for r in baseline["results"]
-        if r.get("status") == OK
+        if r.get("status") == status_word(OK)
         and _samples(r)
         and owns(shard, point_key(r["op"], r["mode"], r["dtype"], r["device"], r["case"]))
     }
@@ -128,6 +128,25 @@ def compare(run: BenchRun, baseline: dict, threshold_pct: float, path: str = "")
         )
     comparison.only_old = [i for i in old if i not in seen]
     return comparison
+
+
+def gate(run: BenchRun, comparison: Comparison) -> BenchRun:
+    """`run` with the gate's verdicts in it: each gated regression's result failed, and the run failed when the gate
+    compared nothing (what the JUnit report and the exit code read)."""
+    regressed = {r.id: _regression(r, comparison) for r in comparison.regressions}
+    results = [replace(r, regression=regressed[r.id]) if r.id in regressed else r for r in run.results]
+    nothing = f"nothing compared with the baseline {comparison.baseline_path}" if comparison.nothing_compared else ""
+    return replace(run, results=results, gate_failure=nothing)
+
+
+def _regression(row: CaseComparison, comparison: Comparison) -> str:
+    interval = row.interval
+    return (
+        f"regression: new/old median {interval.ratio:.3f} ({format_seconds(row.old_median_s)} -> "
+        f"{format_seconds(row.new_median_s)}), its {round(100 * interval.confidence)}% confidence interval "
+        f"[{interval.low:.3f}, {interval.high:.3f}] above {1 + comparison.threshold_pct / 100:.3g} "
+        f"(--max-regression {comparison.threshold_pct:g}%, against {comparison.baseline_path})"
+    )
 
 
 def timing_differences(old: dict, new: Timing) -> list[str]:

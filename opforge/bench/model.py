@@ -10,13 +10,20 @@ from typing import Any
 
 from opforge.bench.stats import iqr, median
 from opforge.bench.timing import Timing
-from opforge.results import Mismatch
+from opforge.results import CaseResult, Mismatch, OpReport, RunReport, Status, Verdict, case_result
 
 BENCH_SCHEMA_VERSION = 2
 IMPLEMENTATION, BASELINE = "implementation", "baseline"
-# Statuses: timed; wrong (output differs from the reference: not timed); error (could not run); skip (its check
-# could not apply here, e.g. not enough memory for the case: not timed, not a failure).
-OK, WRONG, ERROR, SKIP = "ok", "wrong", "error", "skip"
+# Bench's names for the statuses it uses (results.Status): timed; wrong (output differs from the reference: not
+# timed); error (could not run); skip (its check could not apply here, e.g. not enough memory for the case: not
+# timed, not a failure).
+OK, WRONG, ERROR, SKIP = Status.PASS, Status.FAIL, Status.ERROR, Status.SKIP
+# How the bench JSON, its CSV and its terminal spell them: the saved baselines of schema 2 say "ok" and "wrong".
+_WORDS = {OK: "ok", WRONG: "wrong"}
+
+
+def status_word(status: Status) -> str:
+    return _WORDS.get(status, status.value)
 
 
 def point_key(op: str, mode: str, dtype: str, device: str, case: str) -> str:
@@ -35,12 +42,14 @@ class BenchResult:
     mode: str  # fwd, bwd, fwd+bwd
     case: str  # the size point: "n=16777216" or "pred=4096x4096,target=4096"
     elements: int  # the largest tensor input's numel: the x axis of the plot
-    status: str
+    status: Status
     bytes: int | None = None  # moved per call (spec expression or default count)
     message: str = ""
     mismatch: Mismatch | None = None
     timing: Timing | None = None
     peak_gbps: float | None = None
+    # Why the regression gate (opforge.bench.baseline.gate) failed this result, when it did.
+    regression: str = ""
 
     @property
     def id(self) -> str:
@@ -80,6 +89,7 @@ class BenchResult:
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if k not in ("timing", "mismatch")}
         data.update(
+            status=status_word(self.status),
             id=self.id,
             median_s=self.median_s,
             iqr_s=self.iqr_s,
@@ -113,6 +123,8 @@ class BenchRun:
     # Device -> why it was not benchmarked (no GPU here).
     skipped: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    # Why the regression gate failed the run as a whole (it compared nothing), when it did.
+    gate_failure: str = ""
 
     @property
     def nothing_timed(self) -> bool:
@@ -121,7 +133,8 @@ class BenchRun:
 
     @property
     def failed(self) -> bool:
-        return any(r.status in (WRONG, ERROR) for r in self.results)
+        """A WRONG or ERROR result, one the regression gate failed, or a gate that compared nothing."""
+        return any(r.status.failed or r.regression for r in self.results) or bool(self.gate_failure)
 
     def ops(self) -> list[str]:
         return list(dict.fromkeys(r.op for r in self.results))
@@ -138,3 +151,22 @@ class BenchRun:
             "seconds": self.seconds,
             "results": [r.to_json() for r in self.results],
         }
+
+    def run_report(self) -> RunReport:
+        """The run as results (an op's per contender and case, `bench` their check), for the JUnit and Markdown
+        reports: a WRONG or ERROR result, and one the regression gate failed, fails; a gate that compared nothing
+        is a failed result of its own."""
+        ops = [OpReport(op, "", [_case_result(r) for r in self.results if r.op == op]) for op in self.ops()]
+        if self.gate_failure:
+            gate = case_result(
+                "baseline", "-", "regression_gate", "-", "-", "-", Verdict(Status.FAIL, self.gate_failure)
+            )
+            ops.append(OpReport("baseline", "", [gate]))
+        notes = [f"{device} not benchmarked: {why}" for device, why in self.skipped.items()]
+        return RunReport(self.environment, ops, seconds=self.seconds, notes=notes)
+
+
+def _case_result(r: BenchResult) -> CaseResult:
+    verdict = Verdict(Status.FAIL, r.regression) if r.regression else Verdict(r.status, r.message, r.mismatch)
+    case_id = f"{r.mode}-{r.dtype}-{r.device}-{r.case}"
+    return case_result(r.op, r.contender, "bench", case_id, r.dtype, r.device, verdict, seconds=sum(r.samples))

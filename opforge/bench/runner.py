@@ -163,7 +163,7 @@ def run_point(
     """Every contender on one point, each on the same input values (the same seed)."""
     results = []
 
-    def emit(contender: Contender, status: str, **fields: Any) -> None:
+    def emit(contender: Contender, status: Status, **fields: Any) -> None:
         result = BenchResult(
             loaded.spec.name,
             contender.name,
@@ -275,7 +275,7 @@ def _run_contender(
     timing: TimingOptions,
     seed: int,
     timer: Timer,
-) -> tuple[str, dict]:
+) -> tuple[Status, dict]:
     """(status, the row's fields). Whatever a contender raises costs its row, never the benchmark."""
     fields: dict = {}
     if contender.role == IMPLEMENTATION and contender.implementation is not None:
@@ -316,7 +316,9 @@ def graph_rotation(first: Callable[[], Any], others: list[Callable[[], Any]]) ->
     return lambda: next(turns)()
 
 
-def verify(loaded: LoadedOp, implementation: Implementation, point: BenchPoint, seed: int) -> tuple[str | None, dict]:
+def verify(
+    loaded: LoadedOp, implementation: Implementation, point: BenchPoint, seed: int
+) -> tuple[Status | None, dict]:
     """(None, fields) when the implementation may be timed, else (WRONG, ERROR or SKIP, the row's fields): the
     point's checks (correctness for a forward, grad_lowp for a backward) through the engine's own outcome and xfail
     mapping. A mismatch the spec declares as xfail (for this implementation, check, dtype, device) is timed, with a

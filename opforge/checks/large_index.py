@@ -26,7 +26,7 @@ from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, Outcome
 from opforge.child import describe_exit, entry_point, with_this_opforge
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
-from opforge.results import Mismatch
+from opforge.results import Status, mismatch_from_json
 from opforge.spec.model import KNOWN_DTYPES, TensorInput
 from opforge.spec.reader import Reader, one_of, read_bool, read_shape
 
@@ -149,16 +149,15 @@ def verdict(
     """The outcome from what the child wrote (its stages, then its verdict) and how it ended."""
     final = next((r for r in reversed(records) if "verdict" in r), None)
     if final is not None:
-        if final["verdict"] == "pass":
+        status = Status(final["verdict"])
+        if status == Status.PASS:
             return None
-        if final["verdict"] == "skip":
+        if status == Status.SKIP:
             raise CheckSkipped(final["message"])
-        if final["verdict"] == "error":
+        if status == Status.ERROR:
             raise ReferenceFailure(final["message"])
         mismatch = final.get("mismatch")
-        return CheckFailure(
-            final["message"], Mismatch(**{**mismatch, "index": tuple(mismatch["index"])}) if mismatch else None
-        )
+        return CheckFailure(final["message"], mismatch_from_json(mismatch) if mismatch else None)
     tail = "\n".join(line for line in stderr.splitlines() if line.strip())[-2000:].splitlines()[-STDERR_LINES:]
     how = f"did not finish within {timeout_s:g} s" if returncode is None else f"ended with {describe_exit(returncode)}"
     if not any(r.get("stage") == "running" for r in records):

@@ -18,6 +18,7 @@ from opforge.cases import argument_value
 from opforge.checks.large_index import Job, required_bytes
 from opforge.loading import LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, short
+from opforge.results import Status
 from opforge.spec.model import ScalarInput, Tolerance
 
 
@@ -37,23 +38,23 @@ def child_main(job_path: str) -> int:
     try:
         record = _child_run(job, write)
     except CheckSkipped as exc:
-        record = {"verdict": "skip", "message": str(exc)}
+        record = {"verdict": Status.SKIP.value, "message": str(exc)}
     except CheckFailure as failure:
         record = {
-            "verdict": "fail",
+            "verdict": Status.FAIL.value,
             "message": failure.message,
             "mismatch": asdict(failure.mismatch) if failure.mismatch else None,
         }
     except ReferenceFailure as exc:
-        record = {"verdict": "error", "message": str(exc)}
+        record = {"verdict": Status.ERROR.value, "message": str(exc)}
     except torch.OutOfMemoryError as exc:
         record = {
-            "verdict": "skip",
+            "verdict": Status.SKIP.value,
             "message": f"out of memory on {job.device} outside the op (its inputs past 2^31 "
             f"elements, their windows): {_summary(exc)}",
         }
     except Exception as exc:  # a bug outside the op (loading, the windows, the reference): not the op's failure
-        record = {"verdict": "error", "message": f"the large_index child process failed: {_summary(exc)}"}
+        record = {"verdict": Status.ERROR.value, "message": f"the large_index child process failed: {_summary(exc)}"}
     write(record)
     return 0
 
@@ -98,7 +99,7 @@ def _child_run(job: Job, write: Callable[[dict[str, Any]], None]) -> dict[str, A
             "or size overflows (an illegal memory access is the usual sign). Index with int64_t."
         ) from exc
     _compare_windows(loaded, job, returned, kwargs, before)
-    return {"verdict": "pass"}
+    return {"verdict": Status.PASS.value}
 
 
 def _check_memory(loaded: LoadedOp, job: Job, shapes: dict[str, tuple[int, ...]]) -> None:

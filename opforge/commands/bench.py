@@ -142,9 +142,10 @@ def bench(
         bench_terminal.render_bench(run)
         comparison = None
         if old is not None:
-            from opforge.bench.baseline import compare, markdown
+            from opforge.bench.baseline import compare, gate, markdown
 
             comparison = compare(run, old, max_regression, str(baseline))
+            run = gate(run, comparison)
             summary = markdown(comparison)
             bench_terminal.render_comparison(comparison, summary)
             if markdown_path:
@@ -153,8 +154,7 @@ def bench(
                 write_atomically(markdown_path, summary)
         written = finish_files(files, run)
         bench_terminal.render_bench_totals(run, comparison)
-        failed = run.failed or (comparison is not None and comparison.failed)
-        code = EXIT_FAILED if failed else EXIT_NOTHING_RAN if run.nothing_timed else EXIT_OK
+        code = EXIT_FAILED if run.failed else EXIT_NOTHING_RAN if run.nothing_timed else EXIT_OK
         return code if written else max(code, EXIT_USAGE)
 
     guarded(body)

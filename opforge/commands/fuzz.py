@@ -8,9 +8,23 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from opforge.commands.app import EXECUTION, REPORTS, SELECTION, CudaArch, app, guarded, spec_paths
-from opforge.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, UsageError
+from opforge.commands.app import (
+    EXECUTION,
+    REPORTS,
+    SELECTION,
+    CudaArch,
+    app,
+    file_reporters,
+    finish_files,
+    guarded,
+    spec_paths,
+    with_report_options,
+)
+from opforge.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, UsageError
 from opforge.fuzz.options import DEFAULT_BUDGET, DEFAULT_MAX_NUMEL, FuzzOptions
+from opforge.reporters import FUZZ_FORMATS
+from opforge.reporters.base import ReportFormat
+from opforge.results import Status
 from opforge.spec.model import KNOWN_DEVICES, OpSpec
 
 if TYPE_CHECKING:
@@ -20,6 +34,7 @@ ORACLE_NAMES = ("correctness", "fake", "determinism", "devices", "compile")
 
 
 @app.command()
+@with_report_options(FUZZ_FORMATS)
 def fuzz(
     op: Annotated[str, typer.Argument(help="An op name (see `opforge list`) or a spec file.")],
     budget: Annotated[
@@ -57,9 +72,6 @@ def fuzz(
             "--max-numel", metavar="N", help="Elements of all inputs together, at most.", rich_help_panel=SELECTION
         ),
     ] = DEFAULT_MAX_NUMEL,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE", help="Write the failures as JSON.", rich_help_panel=REPORTS)
-    ] = None,
     save: Annotated[
         bool,
         typer.Option(
@@ -82,6 +94,8 @@ def fuzz(
         ),
     ] = None,
     cuda_arch: CudaArch = None,
+    *,
+    reports: dict[ReportFormat, Path | None],
 ) -> None:
     """Search for inputs that break an op, beyond its spec's matrix: shapes, layouts, storage offsets and values
     hypothesis draws and shrinks. Exit 1 when it found a failure, 0 when the budget ran out without one, 5 when it
@@ -91,12 +105,13 @@ def fuzz(
     Examples:
       opforge fuzz leaky_swish
       opforge fuzz my_op.yaml --budget 300 --device cuda --json fuzz.json --save
+      opforge fuzz my_op.yaml --junit fuzz.xml --markdown "$GITHUB_STEP_SUMMARY"
     """
 
     def body() -> int:
         from opforge.fuzz.search import fuzz as search
         from opforge.fuzz.search import replay
-        from opforge.reporters.fuzz_report import Live, render_fuzz, render_replay, write_fuzz_json
+        from opforge.reporters.fuzz_report import Live, render_fuzz, render_replay
         from opforge.spec.load import load_spec
         from opforge.spec.regressions import read_example
 
@@ -113,6 +128,7 @@ def fuzz(
             cuda_arch=cuda_arch,
             exit_first=exit_first,
         )
+        files = file_reporters(_search_reports(reports, example))
         if example is not None:
             kept = read_example(example, spec, chosen)
             verdict, oracles = replay(spec, kept, options)
@@ -122,27 +138,36 @@ def fuzz(
         with live.shown():
             report = search(spec, options, live.update)
         render_fuzz(report)
-        if json_path is not None:
-            write_fuzz_json(json_path, report)
+        written = finish_files(files, report)
         if save and report.failures:
             _save(spec, report)
-        return EXIT_FAILED if report.failed else EXIT_NOTHING_RAN if report.judged_too_few else EXIT_OK
+        code = EXIT_FAILED if report.failed else EXIT_NOTHING_RAN if report.judged_too_few else EXIT_OK
+        return code if written else max(code, EXIT_USAGE)
 
     guarded(body)
 
 
-def _replay_exit(status: str) -> int:
+def _search_reports(reports: dict[ReportFormat, Path | None], example: str | None) -> dict[ReportFormat, Path | None]:
+    """The reports asked for, which only a search writes: --example replays one example and reports nothing."""
+    asked = [fmt.option for fmt, path in reports.items() if path is not None]
+    if example is not None and asked:
+        raise UsageError(
+            " ".join(asked), "a search to report", "--example (one example replayed)", "Drop --example or the reports."
+        )
+    return reports
+
+
+def _replay_exit(status: Status) -> int:
     """A failure 1; a pass, or a failure the spec declares, 0; an example nothing judged (the reference or the op
     refused it, or it was discarded) 5: never a pass."""
-    if status == "fail":
+    if status == Status.FAIL:
         return EXIT_FAILED
-    return EXIT_OK if status in ("pass", "known") else EXIT_NOTHING_RAN
+    return EXIT_OK if status in (Status.PASS, Status.XFAIL) else EXIT_NOTHING_RAN
 
 
 def _save(spec: OpSpec, report: FuzzReport) -> None:
-    from opforge.fuzz.save import save_regressions
+    from opforge.fuzz.save import example_json, save_regressions
     from opforge.reporters import console as out
-    from opforge.reporters.fuzz_report import example_json
 
     entries = [{**example_json(f.example), "found": f"{f.oracle}: {f.message}"[:300]} for f in report.failures]
     today = datetime.date.today().isoformat()

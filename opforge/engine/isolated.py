@@ -50,9 +50,9 @@ from opforge.engine.protocol import (
     TaskHeader,
     decode,
 )
-from opforge.engine.tasks import Verdict, declared, repro_command, stops_run
+from opforge.engine.tasks import declared, repro_command, stops_run
 from opforge.errors import WorkerInternalError
-from opforge.results import CaseResult, OpReport, RunReport, Status
+from opforge.results import CaseResult, OpReport, RunReport, Status, Verdict, case_result
 from opforge.spec.model import OpSpec
 
 # Per-check time limit when neither the spec (`timeout:`) nor --timeout sets one. Generous: the slowest row measured
@@ -435,16 +435,15 @@ class Supervisor:
             )
             self._add(
                 op,
-                CaseResult(
-                    op=op.spec.name,
-                    implementation=row.implementation,
-                    check=name,
-                    case_id=case_id,
-                    dtype=dtype,
-                    device=row.device,
-                    status=verdict.status,
+                case_result(
+                    op.spec.name,
+                    row.implementation,
+                    name,
+                    case_id,
+                    dtype,
+                    row.device,
+                    verdict,
                     seconds=seconds,
-                    message=verdict.message,
                     seed=row.seed,
                     repro=repro_command(op.spec, row.implementation, name, row.case_id, self.settings.seed),
                 ),

@@ -13,7 +13,7 @@ from opforge.cases import Case, build_matrix
 from opforge.checks.base import Check, CheckContext, OptIns
 from opforge.checks.catalog import CATALOG
 from opforge.errors import OpforgeError
-from opforge.results import CaseResult, OpReport, Status, result_id
+from opforge.results import CaseResult, OpReport, Status, Verdict, case_result, result_id
 from opforge.shard import Shard, owns
 from opforge.spec.model import OpSpec
 
@@ -90,16 +90,15 @@ def load_result_id(op: str) -> str:
 
 def load_result(spec: OpSpec, status: Status, message: str, seconds: float = 0.0) -> CaseResult:
     """The row that stands for an op that never got to run its checks: its loading failed, crashed or hung."""
-    return CaseResult(
-        op=spec.name,
-        implementation=NATIVE,
-        check=LOAD_CHECK,
-        case_id=LOAD_CASE,
-        dtype="-",
-        device="-",
-        status=status,
+    return case_result(
+        spec.name,
+        NATIVE,
+        LOAD_CHECK,
+        LOAD_CASE,
+        "-",
+        "-",
+        Verdict(status, message),
         seconds=seconds,
-        message=message,
         repro=f"opforge check {shlex.quote(str(spec.path))} --no-isolation",
     )
 
@@ -107,15 +106,14 @@ def load_result(spec: OpSpec, status: Status, message: str, seconds: float = 0.0
 def unloadable_spec_report(path: Path, exc: OpforgeError) -> OpReport:
     """An op whose spec does not load (bad YAML, an unknown key): one ERROR load row named after the file."""
     op = path.stem
-    row = CaseResult(
-        op=op,
-        implementation=NATIVE,
-        check=LOAD_CHECK,
-        case_id=LOAD_CASE,
-        dtype="-",
-        device="-",
-        status=Status.ERROR,
-        message=str(exc),
+    row = case_result(
+        op,
+        NATIVE,
+        LOAD_CHECK,
+        LOAD_CASE,
+        "-",
+        "-",
+        Verdict(Status.ERROR, str(exc)),
         repro=f"opforge check {shlex.quote(str(path))}",
     )
     return OpReport(op=op, spec_path=str(path), results=[row], load_exit_code=exc.exit_code)
@@ -272,16 +270,7 @@ def skip_result(
 ) -> CaseResult:
     """A row that does not run here, and why: a device that is missing (one per dtype: `float32-cuda`), or an
     opt-in check not asked for (one per case it would run)."""
-    return CaseResult(
-        op=spec.name,
-        implementation=implementation.name,
-        check=row,
-        case_id=case_id,
-        dtype=dtype,
-        device=device,
-        status=Status.SKIP,
-        message=reason,
-    )
+    return case_result(spec.name, implementation.name, row, case_id, dtype, device, Verdict(Status.SKIP, reason))
 
 
 def check_context(

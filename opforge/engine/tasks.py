@@ -9,25 +9,15 @@ import shlex
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes
 from opforge.checks.catalog import CATALOG
 from opforge.engine.plan import Filters, Plan, RunSettings, Task, part_of, reported_results
 from opforge.outcomes import CheckFailure, CheckSkipped, PassDetail, PassNote, ReferenceFailure, short
-from opforge.results import CaseResult, Mismatch, Status, result_id
+from opforge.results import CaseResult, Status, Verdict, case_result, result_id
 from opforge.spec.model import OpSpec
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What one result says, before the spec's xfail entries are applied."""
-
-    status: Status
-    message: str = ""
-    mismatch: Mismatch | None = None
-    detail: str = ""
 
 
 def stops_run(settings: RunSettings, results: list[CaseResult]) -> bool:
@@ -79,18 +69,15 @@ def run_task(ctx: CheckContext, row: Task, filters: Filters) -> list[CaseResult]
     for name in reported_results(filters, spec, row):
         verdict = apply_xfail(spec, row.implementation.name, name, row.case, verdicts[name])
         results.append(
-            CaseResult(
-                op=spec.name,
-                implementation=row.implementation.name,
-                check=name,
-                case_id=row.case.id,
-                dtype=row.case.dtype,
-                device=row.case.device,
-                status=verdict.status,
+            case_result(
+                spec.name,
+                row.implementation.name,
+                name,
+                row.case.id,
+                row.case.dtype,
+                row.case.device,
+                verdict,
                 seconds=seconds,
-                message=verdict.message,
-                mismatch=verdict.mismatch,
-                detail=verdict.detail,
                 seed=row.case.seed(ctx.base_seed),
                 repro=repro_command(spec, row.implementation.name, name, row.case.id, ctx.base_seed)
                 if verdict.status.failed

@@ -38,10 +38,10 @@ from opforge.checks.catalog import CATALOG
 from opforge.checks.opcheck import outcome
 from opforge.compare import map_tensors
 from opforge.engine.tasks import check_verdicts
-from opforge.fuzz.verdict import CRASHED, DISCARD, FAIL, KNOWN, OUTSIDE_DOMAIN, PASS, REJECT, UNDECIDABLE, Verdict
+from opforge.fuzz.verdict import CRASHED, OUTSIDE_DOMAIN, UNDECIDABLE
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, ReferenceFailure, short
-from opforge.results import Mismatch, Status
+from opforge.results import Mismatch, Status, Verdict
 
 ORACLES = ("correctness", "fake", "determinism", "devices", "compile")
 
@@ -70,7 +70,7 @@ class Judge:
             call_reference(self.loaded, inputs)
         except Exception as exc:  # the reference (or a spec generator) refuses the call: not the op's domain
             message = str(exc) if isinstance(exc, ReferenceFailure) else short(exc)
-            return Verdict(DISCARD, message=message, cause=OUTSIDE_DOMAIN)
+            return Verdict(Status.DISCARD, message, cause=OUTSIDE_DOMAIN)
         took("reference", time.monotonic() - started)
         started = time.monotonic()
         try:
@@ -79,13 +79,13 @@ class Judge:
         except CheckFailure as failure:
             raised = failure.__cause__
             if raised is None:  # it returned, with a kernel launch's error left pending
-                return Verdict(FAIL, "correctness", failure.message, cause="a pending CUDA launch error")
+                return Verdict(Status.FAIL, failure.message, oracle="correctness", cause="a pending CUDA launch error")
             if _is_cuda_fault(raised):
-                return Verdict(FAIL, CRASHED, f"a CUDA error: {short(raised)}")
-            return Verdict(REJECT, message=short(raised))
+                return Verdict(Status.FAIL, f"a CUDA error: {short(raised)}", oracle=CRASHED)
+            return Verdict(Status.REJECT, short(raised))
         failed = self._first_failure(case, oracles)
         if failed is None:
-            return Verdict(PASS)
+            return Verdict(Status.PASS)
         undecided = self._undecidable(case, failed) if failed.oracle == "correctness" else None
         if undecided is not None:
             return undecided
@@ -104,7 +104,7 @@ class Judge:
             try:
                 verdict = _ORACLES[oracle](self.context, self.native, case)
             except Exception as exc:  # as `opforge check` makes a check that raises an ERROR row, not a dead worker
-                verdict = Verdict(FAIL, oracle, f"the {oracle} oracle raised {short(exc)}")
+                verdict = Verdict(Status.FAIL, f"the {oracle} oracle raised {short(exc)}", oracle=oracle)
             if verdict is not None:
                 return verdict
         return None
@@ -144,11 +144,13 @@ class Judge:
             in_dtype = baseline.value(name)
             if in_dtype is not None and not _equal(in_dtype, value):
                 why = f"{name}: {baseline.label} disagrees with the float64 reference too"
-                return Verdict(DISCARD, "correctness", f"{why}; the op: {failed.message}", cause=UNDECIDABLE)
+                return Verdict(
+                    Status.DISCARD, f"{why}; the op: {failed.message}", oracle="correctness", cause=UNDECIDABLE
+                )
         overflow = _overflow_in_dtype(loaded, inputs) if failing else ""
         if overflow:
             why = f"{failing[0][0]}: the reference computed in {case.dtype} overflows ({overflow})"
-            return Verdict(DISCARD, "correctness", f"{why}; the op: {failed.message}", cause=UNDECIDABLE)
+            return Verdict(Status.DISCARD, f"{why}; the op: {failed.message}", oracle="correctness", cause=UNDECIDABLE)
         return None
 
 
@@ -286,7 +288,7 @@ def _declared(loaded: LoadedOp, implementation: Implementation, case: Case, verd
     )
     if xfail is None:
         return verdict
-    return replace(verdict, status=KNOWN, message=f"expected failure ({xfail.reason}): {verdict.message}")
+    return replace(verdict, status=Status.XFAIL, message=f"expected failure ({xfail.reason}): {verdict.message}")
 
 
 def _is_cuda_fault(exc: BaseException) -> bool:
@@ -301,7 +303,7 @@ def _from_check(name: str, oracle: str) -> Oracle:
         check = CATALOG.get(name)
         for verdict in check_verdicts(check, lambda: check.run(context, implementation, case)).values():
             if verdict.status in (Status.FAIL, Status.ERROR):
-                return Verdict(FAIL, oracle, verdict.message, verdict.mismatch)
+                return replace(verdict, status=Status.FAIL, oracle=oracle)
         return None
 
     return judged
@@ -317,7 +319,7 @@ def _fake(context: CheckContext, implementation: Implementation, case: Case) -> 
         implementation.overload, inputs.args, inputs.kwargs, test_utils=("test_faketensor",), raise_exception=False
     )
     failure = outcome(verdicts.get("test_faketensor", "SUCCESS"), inputs)
-    return Verdict(FAIL, "fake", failure.message) if isinstance(failure, CheckFailure) else None
+    return Verdict(Status.FAIL, failure.message, oracle="fake") if isinstance(failure, CheckFailure) else None
 
 
 _ORACLES: dict[str, Oracle] = {

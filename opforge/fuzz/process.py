@@ -17,8 +17,8 @@ from typing import Any
 from opforge.child import ChildProcess, describe_exit, with_this_opforge
 from opforge.engine.forkserver import shared_server
 from opforge.errors import OpforgeError, WorkerInternalError
-from opforge.fuzz.verdict import CRASHED, DISCARD, FAIL, HUNG, TOO_COSTLY, Verdict
-from opforge.results import mismatch_from_json
+from opforge.fuzz.verdict import CRASHED, HUNG, TOO_COSTLY
+from opforge.results import Status, Verdict, mismatch_from_json
 from opforge.spec.model import Regression
 
 # Loading an op may build it: the first build of a C++ extension takes ~40 s on this 2-core VM, a CUDA one minutes.
@@ -80,9 +80,8 @@ class FuzzWorker(ChildProcess):
         if answer["event"] == "died":
             tail = self._stderr_since(mark)
             self.child = self._ready()
-            return Verdict(
-                FAIL, CRASHED, f"the op's process died: {answer['how']}" + (f"; stderr: {tail}" if tail else "")
-            )
+            died = f"the op's process died: {answer['how']}" + (f"; stderr: {tail}" if tail else "")
+            return Verdict(Status.FAIL, died, oracle=CRASHED)
         if answer.get("restart"):
             self._until_died()
             self.child = self._ready()
@@ -113,22 +112,22 @@ class FuzzWorker(ChildProcess):
         costly = self.time_limit * COSTLY_SHARE
         answer = self._within(costly)
         if answer is None:
-            return self._abandoned(DISCARD, f"the reference ran past {costly:g} s")
+            return self._abandoned(Status.DISCARD, f"the reference ran past {costly:g} s")
         if answer["event"] != "reference":  # the reference refused the call, or the child died
             return answer
         reference_seconds = float(answer["seconds"])
         answer = self._within(self.time_limit)
         if answer is None:
-            return self._abandoned(FAIL, f"the op ran past the {self.time_limit:g} s limit of one call")
+            return self._abandoned(Status.FAIL, f"the op ran past the {self.time_limit:g} s limit of one call")
         if answer["event"] != "op":  # the op refused the call, or its process died
             return answer
         cost = reference_seconds + float(answer["seconds"])
         if cost > costly:
-            return self._abandoned(DISCARD, f"the reference and one call of the op took {cost:.3g} s")
+            return self._abandoned(Status.DISCARD, f"the reference and one call of the op took {cost:.3g} s")
         limit = self.time_limit + ORACLE_CALLS * cost + (COMPILE_TIME_LIMIT if "compile" in oracles else 0.0)
         answer = self._within(limit)
         if answer is None:
-            return self._abandoned(FAIL, f"the op ran past the {limit:.3g} s limit of this example")
+            return self._abandoned(Status.FAIL, f"the op ran past the {limit:.3g} s limit of this example")
         return answer
 
     def _within(self, limit: float) -> dict[str, Any] | None:
@@ -138,15 +137,15 @@ class FuzzWorker(ChildProcess):
         except TimeoutError:
             return None
 
-    def _abandoned(self, status: str, why: str) -> Verdict:
+    def _abandoned(self, status: Status, why: str) -> Verdict:
         """The example stopped where it was (its child killed, a fresh one ready): a hang, or too costly to judge."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.child, signal.SIGKILL)
         self._until_died()
         self.child = self._ready()
-        if status == FAIL:
-            return Verdict(FAIL, HUNG, why)
-        return Verdict(DISCARD, message=f"{why}: too costly to judge", cause=TOO_COSTLY)
+        if status == Status.FAIL:
+            return Verdict(Status.FAIL, why, oracle=HUNG)
+        return Verdict(Status.DISCARD, f"{why}: too costly to judge", cause=TOO_COSTLY)
 
     def _until_died(self) -> None:
         while self._next(READY_TIME_LIMIT, "a killed child's end")["event"] != "died":
@@ -181,9 +180,9 @@ class FuzzWorker(ChildProcess):
 def _verdict(answer: dict[str, Any]) -> Verdict:
     mismatch = answer.get("mismatch")
     return Verdict(
-        answer["status"],
-        answer["oracle"],
+        Status(answer["status"]),
         answer["message"],
         mismatch_from_json(mismatch) if mismatch else None,
-        answer["cause"],
+        oracle=answer["oracle"],
+        cause=answer["cause"],
     )

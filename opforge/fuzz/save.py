@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 from opforge.files import write_atomically
+from opforge.spec.model import Regression
 
 _SECTION = re.compile(r"^regressions:\s*(\[\s*\])?\s*(#.*)?$")
 _TOP_LEVEL = re.compile(r"^[^\s#]")
@@ -45,3 +47,26 @@ def _existing(spec_path: Path) -> list[dict[str, Any]]:
     data = yaml.safe_load(spec_path.read_text(encoding="utf-8")) or {}
     kept = data.get("regressions") or []
     return [dict(entry) for entry in kept if isinstance(entry, dict)]
+
+
+def example_json(example: Regression) -> dict[str, Any]:
+    """An example as `--example` takes it and `regressions:` keeps it."""
+    data: dict[str, Any] = {
+        "dtype": example.dtype,
+        "device": example.device,
+        "layout": example.layout,
+    }
+    if example.sample is not None:
+        data["sample"] = example.sample
+    else:
+        data["shapes"] = {name: list(shape) for name, shape in example.shapes}
+    if example.values:
+        data["values"] = dict(example.values)
+    if example.fill:
+        data["fill"] = example.fill
+    data["seed"] = example.seed
+    return data
+
+
+def repro_command(spec_path: Path, example: Regression) -> str:
+    return shlex.join(["opforge", "fuzz", str(spec_path), "--example", json.dumps(example_json(example))])

@@ -16,10 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from opforge.cases import kept_case
+from opforge.environment import host_environment
 from opforge.fuzz.options import FuzzOptions
 from opforge.fuzz.process import FuzzWorker
+from opforge.fuzz.save import repro_command
 from opforge.fuzz.space import Space, examples
-from opforge.fuzz.verdict import CRASHED, DISCARD, FAIL, HUNG, KNOWN, PASS, REJECT, Verdict
+from opforge.fuzz.verdict import CRASHED, HUNG
+from opforge.loading import NATIVE
+from opforge.results import CaseResult, OpReport, RunReport, Status, Verdict, case_result
 from opforge.spec.model import OpSpec, Regression
 
 # Examples per hypothesis pass: small, so a pass ends soon after the budget does (~0.1 s an example here), large
@@ -73,6 +77,10 @@ class Discards:
     first: str = ""
 
 
+# The case id of an oracle's result when it found no failure: the search as a whole.
+SEARCH_CASE = "search"
+
+
 @dataclass
 class FuzzReport:
     op: str
@@ -103,8 +111,52 @@ class FuzzReport:
         needed = min(MIN_JUDGED, self.max_examples or MIN_JUDGED)
         return self.judged < needed or self.judged < MIN_JUDGED_SHARE * self.examples
 
+    def run_report(self) -> RunReport:
+        """The search as results, what the JUnit, Markdown and JSON reports render as they do a check run's: each
+        failure a failed result of its oracle on its minimal example; each oracle that found none a pass over the
+        search (a skip when the search judged too few examples to mean anything)."""
+        results = [_failure_result(self, f) for f in self.failures]
+        failed = {f.oracle for f in self.failures}
+        judged = f"{self.judged} of {self.examples} examples judged on {self.device} in {self.seconds:.0f} s"
+        verdict = (
+            Verdict(Status.SKIP, f"too few examples judged to mean anything: {judged}")
+            if self.judged_too_few
+            else Verdict(Status.PASS, detail=f"no failure found: {judged}")
+        )
+        for oracle in self.oracles:
+            if oracle not in failed:
+                results.append(case_result(self.op, NATIVE, oracle, SEARCH_CASE, "-", self.device, verdict))
+        notes = [f"{self.known} examples failed as the spec's xfail entries declare"] if self.known else []
+        op = OpReport(self.op, str(self.spec_path), results, seconds=self.seconds)
+        return RunReport(host_environment(), [op], seconds=self.seconds, notes=notes)
+
 
 Progress = Callable[[FuzzReport, float], None]
+
+
+def _failure_result(report: FuzzReport, failure: Failure) -> CaseResult:
+    example = failure.example
+    cause = f" ({failure.verdict.cause})" if failure.verdict.cause else ""
+    return case_result(
+        report.op,
+        NATIVE,
+        failure.oracle,
+        example_id(example),
+        example.dtype,
+        example.device,
+        replace(failure.verdict, message=f"{failure.message}{cause}"),
+        seed=example.seed,
+        repro=repro_command(report.spec_path, example),
+    )
+
+
+def example_id(example: Regression) -> str:
+    """A minimal example as a case id: dtype, device, shapes (or sample), layout, then its fill and arguments."""
+    shapes = ",".join(f"{name}={'x'.join(map(str, shape))}" for name, shape in example.shapes)
+    parts = [example.dtype, example.device, shapes or f"sample{example.sample}", example.layout]
+    parts += [f"fill={example.fill}"] if example.fill else []
+    parts += [f"{name}={value}" for name, value in example.values]
+    return "-".join(parts)
 
 
 def failure_key(verdict: Verdict) -> str:
@@ -163,13 +215,13 @@ def declared_crash(spec: OpSpec, example: Regression, verdict: Verdict) -> Verdi
     """An example whose process died or hung where the spec declares a crash (`crash: true`) is known, as `opforge
     check` reports its row XFAIL. Its case id (for a `case:` glob) is the matrix's, which a samples spec's example
     has only in the worker: there only entries without `case:` declare it."""
-    if verdict.status != FAIL or verdict.oracle not in (CRASHED, HUNG):
+    if verdict.status != Status.FAIL or verdict.oracle not in (CRASHED, HUNG):
         return verdict
     case_id = "" if example.sample is not None else replace(kept_case(spec, example, "fuzz"), fill="").id
     xfail = spec.crash_declared("native", example.dtype, example.device, example.layout, case_id)
     if xfail is None or (xfail.case is not None and not case_id):
         return verdict
-    return replace(verdict, status=KNOWN, message=f"expected failure ({xfail.reason}): {verdict.message}")
+    return replace(verdict, status=Status.XFAIL, message=f"expected failure ({xfail.reason}): {verdict.message}")
 
 
 def _applicable(spec: OpSpec, device: str) -> tuple[str, ...]:
@@ -262,10 +314,10 @@ class _Search:
             return  # out of time or examples: hypothesis's remaining calls of this pass run nothing
         verdict = declared_crash(self.spec, example, self.worker.run(example, self.report.oracles))
         self._count(verdict)
-        if verdict.status == DISCARD:
+        if verdict.status == Status.DISCARD:
             reject()
         key = failure_key(verdict)
-        if verdict.status == FAIL and key not in self.found:
+        if verdict.status == Status.FAIL and key not in self.found:
             found_after, found_at, first = self.first_seen.setdefault(
                 key, (now - self.start, self.report.examples, example)
             )
@@ -275,17 +327,17 @@ class _Search:
     def _count(self, verdict: Verdict) -> None:
         report = self.report
         report.examples += 1
-        if verdict.status in (PASS, FAIL, KNOWN):
+        if verdict.status in (Status.PASS, Status.FAIL, Status.XFAIL):
             report.judged += 1
-        if verdict.status == DISCARD:
+        if verdict.status == Status.DISCARD:
             report.rejected += 1
             discards = report.discards.setdefault(verdict.cause, Discards())
             discards.count += 1
             discards.first = discards.first or verdict.message
-        elif verdict.status == REJECT:
+        elif verdict.status == Status.REJECT:
             report.op_rejects += 1
             report.first_reject = report.first_reject or verdict.message
-        elif verdict.status == KNOWN:
+        elif verdict.status == Status.XFAIL:
             report.known += 1
             report.first_known = report.first_known or verdict.message
         self.progress(report, self.deadline - time.monotonic())

@@ -2,7 +2,9 @@
 below register the file formats, and the CLI builds its report options (`--json`, `--junit`, ...) from them.
 
 Formats of `opforge check`: `terminal` (always), `json_report`, `junit`, `markdown`, `lastfailed` (always: what
-`--last-failed` reruns). Of `opforge bench`: `bench_terminal` (always), `json_report`, `csv_report`, `plot`.
+`--last-failed` reruns). Of `opforge bench`: `bench_terminal` (always), `json_report`, `junit`, `csv_report`, `plot`.
+Of `opforge fuzz`: `fuzz_report` (the terminal and its own JSON), `junit`, `markdown`. JUnit and Markdown render a
+results.RunReport; bench and fuzz give theirs (BenchRun.run_report, FuzzReport.run_report).
 `console` owns the rich Console; `base` says what a reporter and a file format are.
 """
 
@@ -17,15 +19,31 @@ def _require_plotting() -> None:
     require_plotting()
 
 
+MARKDOWN = ReportFormat(
+    "--markdown",
+    "Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY).",
+    "Markdown summary",
+    "markdown:MarkdownReport",
+)
 CHECK_FORMATS = (
     ReportFormat("--json", "Write a JSON report here.", "JSON report", "json_report:JsonReport"),
     ReportFormat("--junit", "Write a JUnit XML report here.", "JUnit report", "junit:JunitReport"),
+    MARKDOWN,
+)
+FUZZ_FORMATS = (
     ReportFormat(
-        "--markdown",
-        "Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY).",
-        "Markdown summary",
-        "markdown:MarkdownReport",
+        "--json",
+        "Write the failures, the search's figures and its results (the `opforge check --json` form) here.",
+        "JSON report",
+        "fuzz_report:FuzzJsonReport",
     ),
+    ReportFormat(
+        "--junit",
+        "Write a JUnit XML report here: a failed testcase per failure, named by its oracle and minimal example.",
+        "JUnit report",
+        "junit:JunitReport",
+    ),
+    MARKDOWN,
 )
 BENCH_FORMATS = (
     ReportFormat(
@@ -33,6 +51,12 @@ BENCH_FORMATS = (
         "Write every result with its raw samples and the environment here.",
         "JSON",
         "json_report:BenchJsonReport",
+    ),
+    ReportFormat(
+        "--junit",
+        "Write a JUnit XML report here: a testcase per contender and case, a WRONG or regressed one failed.",
+        "JUnit report",
+        "junit:JunitReport",
     ),
     ReportFormat("--csv", "Write one CSV row per result here.", "CSV", "csv_report:BenchCsvReport"),
     ReportFormat(

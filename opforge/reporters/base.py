@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from opforge.engine.events import Events
-from opforge.results import CaseResult
+from opforge.results import CaseResult, RunReport
 
 
 class Reporter:
@@ -71,3 +71,9 @@ def fan_out(reporters: list[Reporter]) -> Events:
             reporter.result(op, result)
 
     return Events(step=step, planned=planned, result=result)
+
+
+def as_results(run: Any) -> RunReport:
+    """What the result formats (JSON, JUnit, Markdown) render: a check run as it is, a bench run or a fuzz search as
+    the results its `run_report()` gives."""
+    return run if isinstance(run, RunReport) else run.run_report()

@@ -217,10 +217,10 @@ def render_comparison(comparison: Comparison, markdown: str) -> None:
 
 
 def render_bench_totals(run: BenchRun, comparison: Comparison | None = None) -> None:
-    from opforge.bench.model import ERROR, OK, SKIP, WRONG
+    from opforge.bench.model import ERROR, OK, SKIP, WRONG, status_word
 
     counts = {s: sum(r.status == s for r in run.results) for s in (OK, WRONG, ERROR, SKIP)}
-    parts = [f"{counts[OK]} timed"] + [f"{counts[s]} {s}" for s in (WRONG, ERROR, SKIP) if counts[s]]
+    parts = [f"{counts[OK]} timed"] + [f"{counts[s]} {status_word(s)}" for s in (WRONG, ERROR, SKIP) if counts[s]]
     if comparison is not None:
         parts.append(f"{len(comparison.regressions)} regression(s)")
         if comparison.nothing_compared:
@@ -231,14 +231,15 @@ def render_bench_totals(run: BenchRun, comparison: Comparison | None = None) -> 
             )
     if run.nothing_timed:
         why = [f"skip {device}: {reason}" for device, reason in run.skipped.items()]
-        why += [f"{counts[s]} {s}" for s in (WRONG, ERROR, SKIP) if counts[s]] or ([] if why else ["no case planned"])
+        why += [f"{counts[s]} {status_word(s)}" for s in (WRONG, ERROR, SKIP) if counts[s]] or (
+            [] if why else ["no case planned"]
+        )
         error(
             f"opforge bench: expected at least one timed case, got none ({'; '.join(why)}). Pick a device, dtype, "
             "mode and contender that can run here (--device, --dtype, --mode, --contender), or fix the errors above."
         )
-    failed = run.failed or (comparison is not None and comparison.failed)
     verdict, style = "OK", "bold green"
-    if failed:
+    if run.failed:
         verdict, style = "FAILED", "bold red"
     elif run.nothing_timed:
         verdict, style = "NOTHING TIMED", "bold yellow"

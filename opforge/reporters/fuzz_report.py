@@ -3,8 +3,6 @@ command, and the --json form."""
 
 from __future__ import annotations
 
-import json
-import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -15,34 +13,13 @@ from rich.text import Text
 
 from opforge.cases import offset_of
 from opforge.files import write_atomically
+from opforge.fuzz.save import repro_command
 from opforge.fuzz.search import MIN_JUDGED, Failure, FuzzReport
-from opforge.fuzz.verdict import OUTSIDE_DOMAIN, TOO_COSTLY, UNDECIDABLE, Verdict
+from opforge.fuzz.verdict import OUTSIDE_DOMAIN, TOO_COSTLY, UNDECIDABLE
 from opforge.reporters import console as out
-from opforge.results import dumps_json
+from opforge.reporters.base import Reporter
+from opforge.results import Status, Verdict, dumps_json
 from opforge.spec.model import Regression
-
-
-def example_json(example: Regression) -> dict[str, Any]:
-    """An example as `--example` takes it and `regressions:` keeps it."""
-    data: dict[str, Any] = {
-        "dtype": example.dtype,
-        "device": example.device,
-        "layout": example.layout,
-    }
-    if example.sample is not None:
-        data["sample"] = example.sample
-    else:
-        data["shapes"] = {name: list(shape) for name, shape in example.shapes}
-    if example.values:
-        data["values"] = dict(example.values)
-    if example.fill:
-        data["fill"] = example.fill
-    data["seed"] = example.seed
-    return data
-
-
-def repro_command(spec_path: Path, example: Regression) -> str:
-    return shlex.join(["opforge", "fuzz", str(spec_path), "--example", json.dumps(example_json(example))])
 
 
 class Live:
@@ -164,16 +141,16 @@ def _described(example: Regression) -> str:
 
 def render_replay(verdict: Verdict, oracles: tuple[str, ...]) -> None:
     console = out.console
-    if verdict.status == "fail":
+    if verdict.status == Status.FAIL:
         cause = f" ({verdict.cause})" if verdict.cause else ""
         console.print(Text(f"FAIL {verdict.oracle}{cause}: {verdict.message}", style="bold red"))
-    elif verdict.status == "pass":
+    elif verdict.status == Status.PASS:
         console.print(Text(f"pass ({', '.join(oracles)})", style="green"))
-    elif verdict.status == "known":
+    elif verdict.status == Status.XFAIL:
         console.print(Text(f"known {verdict.oracle}: {verdict.message}", style="yellow"))
     else:
-        what = verdict.cause if verdict.status == "discard" else "the op refused it"
-        console.print(Text(f"{verdict.status}: {what}: {verdict.message}; nothing judged"))
+        what = verdict.cause if verdict.status == Status.DISCARD else "the op refused it"
+        console.print(Text(f"{verdict.status.value}: {what}: {verdict.message}; nothing judged"))
 
 
 def fuzz_json(report: FuzzReport) -> dict[str, Any]:
@@ -216,5 +193,12 @@ def _failure_json(report: FuzzReport, failure: Failure) -> dict[str, Any]:
     }
 
 
-def write_fuzz_json(path: Path, report: FuzzReport) -> None:
-    write_atomically(path, dumps_json(fuzz_json(report)))
+class FuzzJsonReport(Reporter):
+    """`opforge fuzz --json`: its results in the form of `opforge check --json` (what `merge-reports` reads), with
+    the search's own account (each failure's example, the counts of what was judged and discarded) beside them."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def finish(self, run: FuzzReport) -> None:
+        write_atomically(self.path, dumps_json({**run.run_report().to_json(), **fuzz_json(run)}))

@@ -1,12 +1,14 @@
-"""The JUnit XML format of `opforge check`: a testsuite per op, a testcase per result (FAIL and XPASS as failures;
-ERROR, CRASH and TIMEOUT as errors; SKIP and XFAIL as skipped), each failure's full account as its text."""
+"""The JUnit XML format of `opforge check`, `opforge fuzz` and `opforge bench`: a testsuite per op, a testcase
+per result (FAIL and XPASS as failures; ERROR, CRASH and TIMEOUT as errors; SKIP and XFAIL as skipped), each
+failure's full account as its text."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from opforge.files import write_atomically
-from opforge.reporters.base import Reporter
+from opforge.reporters.base import Reporter, as_results
 from opforge.results import RunReport, Status, failure_text
 
 
@@ -14,8 +16,8 @@ class JunitReport(Reporter):
     def __init__(self, path: Path):
         self.path = path
 
-    def finish(self, run: RunReport) -> None:
-        write_junit(run, self.path)
+    def finish(self, run: Any) -> None:
+        write_junit(as_results(run), self.path)
 
 
 def write_junit(report: RunReport, path: Path) -> None:

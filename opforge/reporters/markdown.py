@@ -1,12 +1,13 @@
-"""The Markdown format of `opforge check`: a compact account of a run, for a CI job summary or a pull-request
-comment (`--markdown "$GITHUB_STEP_SUMMARY"`)."""
+"""The Markdown format of `opforge check` and `opforge fuzz`: a compact account of a run, for a CI job summary or
+a pull-request comment (`--markdown "$GITHUB_STEP_SUMMARY"`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from opforge.files import write_atomically
-from opforge.reporters.base import Reporter
+from opforge.reporters.base import Reporter, as_results
 from opforge.results import RunReport, Status, failure_details
 
 # Failures listed in full; a CI summary should stay readable, the JSON/JUnit reports hold the rest.
@@ -29,8 +30,8 @@ class MarkdownReport(Reporter):
     def __init__(self, path: Path):
         self.path = path
 
-    def finish(self, run: RunReport) -> None:
-        write_atomically(self.path, render_markdown(run))
+    def finish(self, run: Any) -> None:
+        write_atomically(self.path, render_markdown(as_results(run)))
 
 
 def render_markdown(run: RunReport) -> str:
