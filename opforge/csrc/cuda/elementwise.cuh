@@ -33,7 +33,7 @@ namespace opforge::cuda {
 // 256 threads, one 16-byte vector each, one tile per block: the sweep's best shape, for one input or several.
 constexpr int kElementwiseThreads = 256;
 constexpr int kElementwiseUnroll = 1;
-// Resident blocks per SM: a tensor of fewer tiles than this fills the GPU is "small" (its loads stream).
+// Resident blocks per SM: a tensor with fewer tiles than the GPU holds at once is "small" (its loads stream).
 constexpr int kBlocksPerSm = 8;
 // Plain loads for large tensors (streaming ones lost to them), streaming loads for small ones (they won there).
 constexpr bool kStreamingLoads = false;

@@ -1,12 +1,16 @@
-// CUDA kernels of opforge::rms_norm and its backward ops (schemas and the math are in ../rms_norm.cpp).
+// CUDA kernels of opforge::rms_norm and its backward ops (schemas and the math are in ../rms_norm.cpp):
+//   y = x * r * weight, r = 1 / sqrt(mean(x^2) + eps) per row; grad_x per row, grad_weight = sum over rows.
+// Memory traffic: every value crosses DRAM once: the forward reads x and weight and writes y; the backward reads
+// grad, x and weight and writes grad_x, recomputing each row's r from the x it holds, plus grad_weight's partial
+// rows (grid x hidden sums, a few MiB), written once and read once. Rows too long to hold in registers are read
+// twice, the second time mostly from L2.
 //
 // A row is split into units: 16-byte vectors of kVec elements (one element in the scalar fallback, taken when a
 // pointer is not 16-byte aligned or the hidden size is no multiple of kVec). A group of threads owns one row at a
 // time and keeps it in registers: thread t of the group owns units t, t + group size, ... (kN of them), so each of a
 // warp's loads is contiguous. The row's sums are reduced by warp shuffles, then across the group's warps through
-// shared memory. Every value crosses DRAM once: the forward reads x and weight and writes y; the backward reads grad,
-// x and weight and writes grad_x, recomputing each row's 1 / rms from the x it holds anyway. The weight, which
-// every row reads, comes from L1/L2 (forward) or from a copy in shared memory (backward).
+// shared memory. The weight, which every row reads, comes from L1/L2 (forward) or from a copy in shared memory
+// (backward).
 //
 // The weight gradient sums grad * x * r over all rows, without atomics: the backward runs a capped grid of blocks
 // that loop over the rows (block b takes row steps b, b + grid, ...); each thread adds its columns' terms in
@@ -123,22 +127,21 @@ __device__ __forceinline__ double inverse_rms(double sum_xx, int64_t n, double e
   return 1.0 / sqrt(sum_xx / static_cast<double>(n) + eps);
 }
 
-// A row whose squares overflow float: a float32 or bfloat16 value past ~1.8e19 squares to inf in float, and the row
-// came out as zeros (its gradient NaN) where its norm is finite, as F.rms_norm's still does. Such a row, and only such
-// a row (its float sum of squares is not finite), is summed again in double by its group, its units read again from
-// memory (L2, mostly), never from the registers that hold them: a path that read those kept them, or their widened
-// elements, live across it, and the backward's bfloat16 kernels at 128 registers spilled (ptxas, sm_90). An ordinary
-// row pays one isfinite and a branch. The CPU kernels do the same (../rms_norm.cpp, row_inverse_rms). Sums already in
-// double (float32's backward, float64) need no second sum, nor does float16, whose largest value squares to 4.3e9.
+// A row whose squares overflow float (a float32 or bfloat16 value past ~1.8e19 squares to inf) would come out as
+// zeros, its gradient NaN, though its norm is finite. Such a row alone (its float sum of squares is not finite) is
+// summed again in double by its group, its units read again from memory rather than from the registers that hold
+// them, which would keep those live across the path and make the backward spill (docs/measurements/kernel-notes.md,
+// "rms_norm overflow re-sum"). As in the CPU kernels (../rms_norm.cpp, row_inverse_rms). Sums already in double
+// (float32's backward, float64) need no second sum, nor does float16, whose largest value squares to 4.3e9.
 template <typename T, typename sum_t>
 constexpr bool kResumOverflow = std::is_same_v<sum_t, float> && !std::is_same_v<T, c10::Half>;
 
 // ------------------------------------------------------------------------------------------------------ units
 
 // A unit of kVec elements as the kernels hold it: a 16-byte vector as four 32-bit words (uint4), or one element in
-// the scalar fallback. Held as words, not as an array of 2-byte elements: the compiler split a Pack<BFloat16, 8>
-// into one register per element (the backward's bfloat16 grad and x took 64 registers instead of 32 per thread,
-// 146 in all, so half as many blocks fitted); from words each element is a shift or a mask away when it is used.
+// the scalar fallback. Held as words, not as an array of 2-byte elements, which the compiler splits into one register
+// per element (twice the registers; docs/measurements/kernel-notes.md, "rms_norm units as words"); from words each
+// element is a shift or a mask away when it is used.
 template <typename T, int kVec_>
 struct Unit {
   static constexpr int kVec = kVec_;
@@ -289,11 +292,10 @@ __device__ __forceinline__ void forward_resummed_row(const T* __restrict__ xr, c
   }
 }
 
-// The float32 and bfloat16 forward's resident blocks per SM, for __launch_bounds__: what the registers per thread it
-// took before the overflowing rows' path (kResumOverflow) allow. Before, the shapes of one or two units per thread (or
-// scalar) took 24-32 registers, those of 4 units 30-40 (ptxas, sm_90); the path, inlined, raised them to 34-52 (a
-// 256-thread block of 40 registers fits 6 times on an SM, of 48 only 5). Capped, they are back under both budgets
-// without spills. 0 (no minimum, as before) for the other dtypes, which have no such path.
+// The float32 and bfloat16 forward's resident blocks per SM, for __launch_bounds__: the register budget the shapes
+// had before the overflowing rows' path (kResumOverflow), which would otherwise cost occupancy; they fit it without
+// spills (docs/measurements/kernel-notes.md, "rms_norm forward register budget"). No minimum for the other dtypes,
+// which have no such path.
 constexpr int kForwardRegistersFewUnits = 32;
 constexpr int kForwardRegisters = 40;
 template <typename T, class S>
