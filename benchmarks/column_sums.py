@@ -5,8 +5,8 @@ Run on a GPU machine from the repository root:
     python benchmarks/column_sums.py                   # both ops, torch.compile of custom_loss's backward too
     python benchmarks/column_sums.py --op custom_loss --no-compile
     python benchmarks/column_sums.py --device cpu --no-compile   # the CPU kernels, roughly (no cache flush)
-Tuning column_sums.cuh (rebuilt under its own cache key):
-    OPFORGE_EXTRA_CUDA_CFLAGS=-DOPFORGE_MIN_ROW_STEPS_PER_PARTIAL=8 python benchmarks/column_sums.py
+Tuning a constant of the CUDA kernels: edit its constexpr value in the source and rerun; the build cache keys on
+the sources (docs/measurements/tuned-constants.md lists the constants and what chose each value).
 
 Contenders:
   custom_loss   opforge::custom_loss_grads_repeated(grad, pred, target), target repeated over pred's rows: rows x

@@ -2,7 +2,6 @@
 
 Run on a GPU machine from the repository root:
     python benchmarks/cuda_bandwidth.py [--sizes 20,22,24,26,28] [--json out.json] [--markdown out.md]
-    python benchmarks/cuda_bandwidth.py --sweep [--sizes 20,24,28 --dtypes float32]   # compare tuned constants
 
 Bandwidth counts each input read once and the output written once: forward 1 read + 1 write, leaky_swish backward
 2 reads + 1 write, custom_loss forward 2 + 1 and backward 3 + 1. Times are triton.testing.do_bench medians (it
@@ -16,7 +15,6 @@ import argparse
 import functools
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -272,76 +270,6 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# Variants of the tuned constants in opforge/csrc/cuda/elementwise.cuh that --sweep compares, as -D overrides.
-SWEEP_VARIANTS = {
-    "default": "",
-    "streaming loads": "-DOPFORGE_CUDA_STREAMING_LOADS=1",
-    "small tensors plain loads": "-DOPFORGE_CUDA_STREAMING_LOADS_SMALL=0",
-    "plain stores": "-DOPFORGE_CUDA_STREAMING_STORES=0",
-    "multi-input 128 threads": "-DOPFORGE_CUDA_THREADS_MULTI=128",
-    "multi-input 128 threads x 2 vectors": "-DOPFORGE_CUDA_THREADS_MULTI=128 -DOPFORGE_CUDA_UNROLL_MULTI=2",
-    "multi-input 256 threads x 2 vectors": "-DOPFORGE_CUDA_UNROLL_MULTI=2",
-    "multi-input 512 threads": "-DOPFORGE_CUDA_THREADS_MULTI=512",
-    "small tensors 128 threads": "-DOPFORGE_CUDA_THREADS_SMALL=128",
-    "small tensors 512 threads": "-DOPFORGE_CUDA_THREADS_SMALL=512",
-    # The shape torch.compile's Triton kernels take at 2^20 float32 (4 warps, 2 vectors per thread).
-    "small tensors 128 threads x 2 vectors": "-DOPFORGE_CUDA_THREADS_SMALL=128 -DOPFORGE_CUDA_UNROLL_SMALL=2",
-}
-
-
-def sweep(sizes: str, dtypes: str, ops: str, names: list[str]) -> None:
-    """Rebuild the kernels with each named variant's constants (all builds in parallel), then time each variant in a
-    child process of its own against torch.compile of the reference, one variant after another."""
-    unknown = sorted(set(names) - set(SWEEP_VARIANTS))
-    if unknown:
-        sys.exit(f"--variants: expected names from {sorted(SWEEP_VARIANTS)}, got {unknown}. Pick from that list.")
-    variants = {name: SWEEP_VARIANTS[name] for name in names}
-    script = str(Path(__file__).resolve())
-    builds = {
-        name: subprocess.Popen(
-            [sys.executable, script, "--build-only", "--ops", ops],
-            cwd=REPO,
-            env=dict(os.environ, OPFORGE_EXTRA_CUDA_CFLAGS=flags),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for name, flags in variants.items()
-    }
-    for name, process in builds.items():
-        output, _ = process.communicate()
-        if process.returncode:
-            print(f"sweep {name}: build failed\n{output[-2000:]}", flush=True)
-    for name, flags in variants.items():
-        command = [
-            sys.executable,
-            script,
-            "--sizes",
-            sizes,
-            "--dtypes",
-            dtypes,
-            "--ops",
-            ops,
-            "--no-seed",
-            "--no-eager",
-        ]
-        out = subprocess.run(
-            command, env=dict(os.environ, OPFORGE_EXTRA_CUDA_CFLAGS=flags), cwd=REPO, capture_output=True, text=True
-        )
-        for line in out.stdout.splitlines():
-            if line.startswith("{"):
-                r = json.loads(line)
-                vs_compile = r["opforge"] / r["torch.compile(ref)"]
-                graphed = f", graph {r['opforge / compile graph']:.3f}x" if "opforge / compile graph" in r else ""
-                print(
-                    f"sweep [{name}] {r['case']} {r['dtype']} 2^{r['log2_n']}: {r['opforge']} GB/s "
-                    f"({r['opforge_pct_of_copy']}% of copy, {vs_compile:.3f}x torch.compile{graphed})",
-                    flush=True,
-                )
-        if out.returncode:
-            print(f"sweep {name}: failed\n{out.stderr[-2000:]}", flush=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="20,22,24,26,28")
@@ -350,21 +278,9 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     parser.add_argument("--no-seed", action="store_true")
-    parser.add_argument("--sweep", action="store_true")
-    parser.add_argument(
-        "--variants", default=",".join(SWEEP_VARIANTS), help="comma-separated names of the --sweep variants to time"
-    )
     parser.add_argument("--no-compile", action="store_true", help="leave out the eager and torch.compile baselines")
     parser.add_argument("--no-eager", action="store_true", help="leave out the eager baseline")
-    parser.add_argument("--build-only", action="store_true", help="build (or find cached) kernels and stop")
     args = parser.parse_args()
-    if args.sweep:
-        sweep(args.sizes, args.dtypes, args.ops, args.variants.split(","))
-        return
-    if args.build_only:
-        for op in args.ops.split(","):
-            __import__(f"opforge.ops.{op}")
-        return
     global BASELINES
     BASELINES = (
         {"opforge"}

@@ -5,8 +5,8 @@ dependencies, or leave it in .whl/, where this script finds it and unpacks it in
     pip install --no-deps .whl/liger_kernel-*.whl
     python benchmarks/rms_norm_peers.py [--json out.json] [--markdown out.md]
     python benchmarks/rms_norm_peers.py --shapes 4096x4096 --dtypes bfloat16 --modes bwd --impl opforge --impl liger
-Tuning a constant of the CUDA kernels (rebuilt under its own cache key):
-    OPFORGE_EXTRA_CUDA_CFLAGS=-DOPFORGE_RMS_BWD_BLOCKS_PER_SM=1 python benchmarks/rms_norm_peers.py --impl opforge
+Tuning a constant of the CUDA kernels: edit its constexpr value in the source and rerun; the build cache keys on
+the sources (docs/measurements/tuned-constants.md lists the constants and what chose each value).
 
 Contenders, each at rows x hidden = 4096x4096, 32768x4096, 8192x8192 in bfloat16 and float32:
   opforge      opforge.ops.rms_norm.rms_norm (forward), its autograd backward (rms_norm_backward)

@@ -4,7 +4,6 @@ Run on a GPU machine from the repository root:
     python benchmarks/rms_norm_timeline.py                       # 4096x4096 bfloat16 and float32
     python benchmarks/rms_norm_timeline.py --shapes 32768x4096 --dtypes bfloat16
     python benchmarks/rms_norm_timeline.py --raw blocks.txt     # also every block's line, for analysis elsewhere
-    OPFORGE_EXTRA_CUDA_CFLAGS=-DOPFORGE_RMS_BWD_BLOCKS_PER_SM=1 python benchmarks/rms_norm_timeline.py   # a variant
 
 It copies opforge/ and specs/ into a temporary folder, stamps backward_kernel (opforge/csrc/cuda/rms_norm.cu) and
 the column sum it ends with (sum_partial_columns, opforge/csrc/cuda/column_sums.cuh) with the GPU's %globaltimer at

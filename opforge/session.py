@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 # `opforge check`'s default worker count is one per core up to this many: each worker imports torch and loads the
 # op (~3 s, ~0.5 GB, a CUDA context per GPU it uses), so on a large machine more workers than an op has checks
 # worth splitting cost more than they save. Measured on 2 cores only (leaky_swish warm: 33.1 s with one worker,
-# 22.5 s with two, docs/performance.md).
+# 22.5 s with two, docs/measurements/performance-history.md).
 AUTO_JOBS_LIMIT = 4
 
 

@@ -4,6 +4,10 @@
 // is not needed); custom_loss_grads_repeated both gradients in their inputs' shapes when target is repeated over
 // pred's rows (a loss against a per-feature target), target's summed over the rows in the same pass. The Python
 // autograd formula (opforge/ops/custom_loss.py) picks one and reduces what is left to each input's shape.
+//
+// Memory traffic: each input read once and each output written once (a target broadcast over pred's leading
+// dimensions is read in place, not copied full-size, once its rows hold kMinBroadcastRow elements);
+// custom_loss_grads_repeated adds one row of double partial sums per chunk of rows.
 #include <torch/library.h>
 
 #include <tuple>

@@ -127,12 +127,9 @@ inline int64_t row_grain(int64_t row_len) {
 // the order of the additions. 128 chunks keep 2-64 threads busy.
 constexpr int64_t kMaxChunks = 128;
 // A chunk's partial row (8 bytes per column) is zeroed, read and written for each of its rows, and read once more at
-// the end: over few rows it costs more than the rows themselves. 16 rows: custom_loss_grads_repeated 256x65536
-// bfloat16 11.8 ms against 31.9 ms at 1, with twice 32's chunks (docs/measurements/kernel-notes.md, "kMinChunkRows").
-#ifndef OPFORGE_MIN_CHUNK_ROWS
-#define OPFORGE_MIN_CHUNK_ROWS 16
-#endif
-constexpr int64_t kMinChunkRows = OPFORGE_MIN_CHUNK_ROWS;
+// the end: over few rows it costs more than the rows themselves. 16 rows: far faster than 1, within a few percent of
+// 32 with twice the chunks (docs/measurements/kernel-notes.md, "kMinChunkRows").
+constexpr int64_t kMinChunkRows = 16;
 
 // Runs add_rows(first, last, partial) for each chunk [first, last) of `rows` rows of `n` columns, in parallel;
 // returns the chunks' partial sums, [chunks, n] doubles.

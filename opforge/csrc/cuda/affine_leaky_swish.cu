@@ -7,6 +7,10 @@
 // per channel it covers, and a second kernel adds the partial sums of each channel in a fixed order (column_sums.cuh;
 // NHWC is its rows_with_column_sums, channels as columns). The blocks depend on the shape (and, for NHWC, on how
 // many fit on the device) alone, so the sums come out bitwise the same on every run.
+//
+// Memory traffic: the forward reads x and writes y once (scale and shift, one value per channel, from L1/L2); the
+// backward reads grad and x and writes grad_x once, plus the partial sums (at most 1/16 of grad_x's bytes, in float)
+// written once and read once.
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <ATen/ops/zeros.h>
@@ -27,14 +31,13 @@ using affine_leaky_swish::Plan;
 using affine_leaky_swish::plan_for;
 using at::cuda::detail::IntDivider;
 
-// Threads per block of every kernel here (the block reductions assume it). The elementwise kernels' measured
-// default (elementwise.cuh, OPFORGE_CUDA_THREADS).
+// Threads per block of every kernel here (the block reductions assume it): elementwise.cuh's kElementwiseThreads.
 constexpr int kThreads = 256;
 static_assert(kThreads == kRowThreads, "NCHW blocks are shaped by column_sums.cuh's inner_threads");
 // NCHW backward: each thread visits at most this many batch entries and this many vectors along a plane. Untuned:
 // enough loads per thread to amortize the block's reduction and its partial-sum writes (1/16 of grad_x's bytes at
-// most, in float), few enough that a 56 x 56 x 256 x 32 tensor still makes hundreds of blocks; measured at 62-91%
-// of the copy on an H200 (docs/performance.md, "CUDA: H200, the seed's other ops").
+// most, in float), few enough that a 56 x 56 x 256 x 32 tensor still makes hundreds of blocks
+// (docs/measurements/tuned-constants.md, "affine_leaky_swish NCHW backward").
 constexpr int64_t kRowsPerThread = 16;
 constexpr int64_t kVectorsPerThread = 8;
 

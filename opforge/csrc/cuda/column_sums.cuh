@@ -7,6 +7,9 @@
 // sum_partial_columns is the second step, inside a kernel of the caller's (rms_norm's cooperative backward) or as
 // sum_partials' kernel; rows_with_column_sums runs both steps for a row-wise function given as an Op (below).
 // load_sums and store_sums read and write partial sums 16 bytes at a time.
+//
+// Memory traffic: the rows' inputs read once and their elementwise outputs written once; the partial rows (one per
+// block, cols sums each) written once and read once, a few MiB where the rows move tens.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -17,13 +20,6 @@
 #include <type_traits>
 
 #include "elementwise.cuh"
-
-// rows_with_column_sums: each block's rows are at least this many row steps of its threads, so that a partial row
-// (cols sums, written once and read once more) is spread over at least this many rows of the inputs.
-// 256x65536 bfloat16: 69.5 us at 32 against 77.2 us at 8 and 2 (docs/measurements/kernel-notes.md, "min row steps").
-#ifndef OPFORGE_MIN_ROW_STEPS_PER_PARTIAL
-#define OPFORGE_MIN_ROW_STEPS_PER_PARTIAL 32
-#endif
 
 namespace opforge::cuda {
 
@@ -46,8 +42,8 @@ struct SumOutputs {
 
 // The partial rows' columns are added by tiles of columns, the blocks taking turns at the tiles; a tile is as
 // narrow as covers the row in one pass of the blocks (so that all of a thread's loads go out together), but at
-// least kMinSumCols wide (64-byte runs of float partials): with fixed 16-column tiles rms_norm's fused sum at hidden
-// 8192 cost 6.8 us against 3.3 us for a kernel of its own (docs/measurements/kernel-notes.md, "kMinSumCols").
+// least kMinSumCols wide (64-byte runs of float partials): fixed 16-column tiles made rms_norm's fused sum at hidden
+// 8192 twice as slow as a kernel of its own (docs/measurements/kernel-notes.md, "kMinSumCols").
 constexpr int kMinSumCols = 16;
 
 // A column's sum, added in double, as the output's type, through the math type (float for float16/bfloat16):
@@ -110,7 +106,7 @@ __device__ __forceinline__ void store_sums(Sum* p, const Sum (&v)[n]) {
 template <int kPack>
 constexpr int kMinSumWidth = std::max(1, kMinSumCols / kPack);
 
-// Not std::countr_zero: that is C++20, and torch 2.11 (the H200's) builds extensions as C++17.
+// Not std::countr_zero: that is C++20, and torch 2.11 builds extensions as C++17.
 constexpr int log2_of_power_of_two(unsigned value) { return value <= 1 ? 0 : 1 + log2_of_power_of_two(value >> 1); }
 
 // The shared memory sum_partial_columns needs, in doubles.
@@ -244,8 +240,8 @@ __global__ void __launch_bounds__(kSumThreads)
 }
 
 // The standalone sum's grid: tiles as wide as leave each thread one batch of loads (slices >= parts / kLoads), then
-// narrower while the grid would not give every SM two blocks (a floor not tuned on its own: the whole change took
-// custom_loss 256 x 65536 bfloat16 62.6 -> 43.3 us; docs/measurements/kernel-notes.md, "sum_partials grid").
+// narrower while the grid would not give every SM two blocks (a floor not tuned on its own, measured only as part
+// of the change that brought it; docs/measurements/kernel-notes.md, "sum_partials grid").
 template <int kPack, int kSums, typename part_t>
 int64_t sum_partials_grid(int64_t parts, int64_t cols) {
   constexpr int kLoads = sum_loads<kSums, kPack, part_t>();
@@ -289,10 +285,13 @@ void sum_partials(const part_t* partial, int64_t parts, int64_t cols, SumOutputs
 // Threads per block of rows_kernel.
 constexpr int kRowThreads = 256;
 // Row steps whose loads a thread issues together. 4 steps of two 16-byte loads hold 8 loads in flight per thread,
-// as many as the elementwise kernels' fastest shape keeps per SM; with it affine_leaky_swish's NHWC backward went
-// from 17-35% to 70-96% of the copy (docs/measurements/kernel-notes.md, "kRowSteps").
+// as many as the elementwise kernels' fastest shape keeps per SM: affine_leaky_swish's NHWC backward needed them
+// (docs/measurements/kernel-notes.md, "kRowSteps").
 constexpr int kRowSteps = 4;
-constexpr int kMinRowStepsPerPartial = OPFORGE_MIN_ROW_STEPS_PER_PARTIAL;
+// Each block's rows are at least this many row steps, so that a partial row (cols sums, written once and read once
+// more) is spread over at least this many rows of the inputs: 32 beat 8 and 2 (docs/measurements/kernel-notes.md,
+// "min row steps").
+constexpr int kMinRowStepsPerPartial = 32;
 // gridDim.y's hardware limit.
 constexpr int64_t kMaxGridY = 65535;
 

@@ -1,4 +1,11 @@
 // CUDA kernels of opforge::custom_loss and its backward ops (schemas are defined in ../custom_loss.cpp).
+//
+//   loss = where(d < 0, d^2, |d|),  d = pred - target;  dL/dd = 2d where d < 0, sign(d) elsewhere
+//
+// The forward and the backward ops are elementwise.cuh's kernels, the two gradients written from one read of the
+// inputs; custom_loss_grads_repeated writes pred's gradient and sums target's over the rows on column_sums.cuh.
+// Memory traffic: each input read once and each output written once (a target repeated over pred's rows is read in
+// place, from L2); the repeated-target backward adds one row of partial sums per block, written once and read once.
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 

@@ -1,6 +1,11 @@
-// Shared CUDA machinery for opforge's elementwise kernels: 128-bit vectorized loads and stores with a scalar tail,
-// a scalar fallback when a pointer is not 16-byte aligned, int64 indexing throughout, launches on the current
-// stream of the input's device, and low-precision dtypes computed in float.
+// Shared CUDA machinery for opforge's elementwise kernels: out[i] = fn(in...[i]), each thread one 16-byte vector of
+// every input (a scalar fallback when a pointer is not 16-byte aligned, element by element in the tensor's last,
+// partial tile), low-precision dtypes computed in float, int64 indexing throughout, launches on the current stream
+// of the input's device.
+//
+// Memory traffic: each input element read once and each output element written once, in coalesced 16-byte accesses;
+// the aim is a device copy's rate for those bytes. An input repeated over the output's leading dimensions (a
+// per-feature operand) is read in place, from L2, instead of copied full-size first.
 #pragma once
 
 #include <ATen/OpMathType.h>
@@ -23,69 +28,16 @@
 
 namespace opforge::cuda {
 
-// The tuned constants. benchmarks/cuda_bandwidth.py --sweep rebuilds with -D overrides of the macros below and
-// measures each variant; docs/performance.md has the H200 tables that chose the defaults.
-// Shape: one 16-byte vector per thread, one tile per block, the sweep's best: 95.5-96.6% of a copy at 2^28.
-// Caching: plain loads, streaming stores (multi-input float32: 1.02-1.06x torch.compile, streaming loads 0.95-0.99x)
-// (docs/measurements/kernel-notes.md, "elementwise shape and caching").
-#ifndef OPFORGE_CUDA_THREADS
-#define OPFORGE_CUDA_THREADS 256
-#endif
-#ifndef OPFORGE_CUDA_UNROLL
-#define OPFORGE_CUDA_UNROLL 1
-#endif
-// Kernels that read two or more inputs may want another shape: they keep more bytes in flight per element.
-#ifndef OPFORGE_CUDA_THREADS_MULTI
-#define OPFORGE_CUDA_THREADS_MULTI OPFORGE_CUDA_THREADS
-#endif
-#ifndef OPFORGE_CUDA_UNROLL_MULTI
-#define OPFORGE_CUDA_UNROLL_MULTI OPFORGE_CUDA_UNROLL
-#endif
-// Threads per block and vectors per thread for tensors too small to fill the GPU; threads 0: the kernel's own.
-#ifndef OPFORGE_CUDA_THREADS_SMALL
-#define OPFORGE_CUDA_THREADS_SMALL 0
-#endif
-#ifndef OPFORGE_CUDA_UNROLL_SMALL
-#define OPFORGE_CUDA_UNROLL_SMALL 1
-#endif
-#ifndef OPFORGE_CUDA_BLOCKS_PER_SM
-#define OPFORGE_CUDA_BLOCKS_PER_SM 8
-#endif
-#ifndef OPFORGE_CUDA_GRID_STRIDE
-#define OPFORGE_CUDA_GRID_STRIDE 0
-#endif
-#ifndef OPFORGE_CUDA_STREAMING_LOADS
-#define OPFORGE_CUDA_STREAMING_LOADS 0
-#endif
-// Streaming loads for tensors too small to fill the GPU: at 2^20 1.019-1.089x torch.compile against 0.955-1.025x
-// with plain loads; at 2^24..2^28 they lose (docs/measurements/kernel-notes.md, "elementwise small-tensor loads").
-#ifndef OPFORGE_CUDA_STREAMING_LOADS_SMALL
-#define OPFORGE_CUDA_STREAMING_LOADS_SMALL 1
-#endif
-#ifndef OPFORGE_CUDA_STREAMING_STORES
-#define OPFORGE_CUDA_STREAMING_STORES 1
-#endif
-
-// Threads per block and 16-byte vectors a thread keeps in flight per input, for kernels of one input and of
-// several: more bytes in flight hide DRAM latency, fewer threads per block let more blocks be resident.
-struct LaunchShape {
-  int threads;
-  int unroll;
-};
-constexpr LaunchShape kSingleInput{OPFORGE_CUDA_THREADS, OPFORGE_CUDA_UNROLL};
-constexpr LaunchShape kMultiInput{OPFORGE_CUDA_THREADS_MULTI, OPFORGE_CUDA_UNROLL_MULTI};
-template <int kInputs>
-constexpr LaunchShape kShapeFor = kInputs == 1 ? kSingleInput : kMultiInput;
-// Resident blocks per SM: the grid-stride loop's grid, and the occupancy below which a tensor is "small" and gets
-// one vector per thread (more blocks) instead of `unroll`.
-constexpr int kBlocksPerSm = OPFORGE_CUDA_BLOCKS_PER_SM;
-// A capped grid looping over the tensor, or one tile per block.
-constexpr bool kGridStride = OPFORGE_CUDA_GRID_STRIDE;
-// Streaming (evict-first) stores: every output byte is written once, so keep it from crowding L2. Loads use the
-// default caching, but for small tensors: see the measurements above.
-constexpr bool kStreamingLoads = OPFORGE_CUDA_STREAMING_LOADS;
-constexpr bool kStreamingLoadsSmall = OPFORGE_CUDA_STREAMING_LOADS_SMALL;
-constexpr bool kStreamingStores = OPFORGE_CUDA_STREAMING_STORES;
+// The launch shape, chosen by a sweep of threads, vectors per thread and cache hints over 2^20..2^28 elements
+// (docs/measurements/tuned-constants.md has each constant's measurement).
+// 256 threads, one 16-byte vector each, one tile per block: the sweep's best shape, for one input or several.
+constexpr int kElementwiseThreads = 256;
+constexpr int kElementwiseUnroll = 1;
+// Resident blocks per SM: a tensor with fewer tiles than the GPU holds at once is "small" (its loads stream).
+constexpr int kBlocksPerSm = 8;
+// Plain loads for large tensors (streaming ones lost to them), streaming loads for small ones (they won there).
+constexpr bool kStreamingLoads = false;
+constexpr bool kStreamingLoadsSmall = true;
 constexpr int kVectorBytes = 16;
 
 template <typename T, int N>
@@ -113,11 +65,8 @@ __device__ __forceinline__ void store_pack(void* p, const P& value) {
   if constexpr (sizeof(P) == 16) {
     uint4 raw;
     memcpy(&raw, &value, sizeof raw);
-    if (kStreamingStores) {
-      __stcs(reinterpret_cast<uint4*>(p), raw);
-    } else {
-      *reinterpret_cast<uint4*>(p) = raw;
-    }
+    // Streaming (evict-first): every output byte is written once, so keep it from crowding L2.
+    __stcs(reinterpret_cast<uint4*>(p), raw);
   } else {
     *reinterpret_cast<P*>(p) = value;
   }
@@ -235,33 +184,31 @@ inline bool aligned(const void* p) {
 template <int N>
 using IntC = std::integral_constant<int, N>;
 
-// Picks the kernel shape for `n` elements of `kInputs` inputs, as tuned above, and calls
+// Picks the kernel shape for `n` elements, as tuned above, and calls
 // `launch(kVec, kUnroll, kThreads, kStreamLoads, grid, stream)` (the first four as std::integral_constant) with
 // `device` current; `aligned_all` says whether every buffer is 16-byte aligned.
-template <typename scalar_t, int kInputs, typename Launch>
+template <typename scalar_t, typename Launch>
 void launch_shaped(const c10::Device& device, int64_t n, bool aligned_all, const Launch& launch) {
   const c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(device.index());
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   constexpr int kVec = kVectorBytes / sizeof(scalar_t);
-  constexpr int kThreads = kShapeFor<kInputs>.threads;
-  constexpr int kUnroll = kShapeFor<kInputs>.unroll;
-  constexpr int kSmallThreads = OPFORGE_CUDA_THREADS_SMALL > 0 ? OPFORGE_CUDA_THREADS_SMALL : kThreads;
+  constexpr int kThreads = kElementwiseThreads;
+  constexpr int kPerBlock = kThreads * kVec * kElementwiseUnroll;
   const int64_t resident = static_cast<int64_t>(sms) * kBlocksPerSm;
+  // One tile per block, as many blocks as tiles (up to INT32_MAX: the kernel loops over the tiles beyond).
   const auto grid = [&](int64_t per_block) {
-    const int64_t tiles = (n + per_block - 1) / per_block;
-    return static_cast<int>(std::min<int64_t>(kGridStride ? std::min(tiles, resident) : tiles, INT32_MAX));
+    return static_cast<int>(std::min<int64_t>((n + per_block - 1) / per_block, INT32_MAX));
   };
   if (!aligned_all) {
     launch(IntC<1>{}, IntC<1>{}, IntC<kThreads>{}, std::false_type{}, grid(kThreads), stream);
-  } else if ((n + kThreads * kVec * kUnroll - 1) / (kThreads * kVec * kUnroll) >= resident) {
-    launch(IntC<kVec>{}, IntC<kUnroll>{}, IntC<kThreads>{}, std::bool_constant<kStreamingLoads>{},
-           grid(int64_t{kThreads} * kVec * kUnroll), stream);
+  } else if ((n + kPerBlock - 1) / kPerBlock >= resident) {
+    launch(IntC<kVec>{}, IntC<kElementwiseUnroll>{}, IntC<kThreads>{}, std::bool_constant<kStreamingLoads>{},
+           grid(kPerBlock), stream);
   } else {
-    // Too small to fill the GPU with `unroll` vectors per thread: the small-tensor shape, more blocks.
-    constexpr int kSmallUnroll = OPFORGE_CUDA_UNROLL_SMALL;
-    launch(IntC<kVec>{}, IntC<kSmallUnroll>{}, IntC<kSmallThreads>{}, std::bool_constant<kStreamingLoadsSmall>{},
-           grid(int64_t{kSmallThreads} * kVec * kSmallUnroll), stream);
+    // Too small to fill the GPU: one vector per thread (more blocks), streaming loads.
+    launch(IntC<kVec>{}, IntC<1>{}, IntC<kThreads>{}, std::bool_constant<kStreamingLoadsSmall>{},
+           grid(int64_t{kThreads} * kVec), stream);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -274,7 +221,7 @@ void launch_elementwise_kernel(const c10::Device& device, const Outputs<scalar_t
   if (n == 0) {
     return;
   }
-  launch_shaped<scalar_t, sizeof...(In)>(
+  launch_shaped<scalar_t>(
       device, n, aligned_all,
       [&](auto vec, auto unroll, auto threads, auto stream_loads, int grid, cudaStream_t stream) {
         elementwise_kernel<scalar_t, decltype(vec)::value, decltype(unroll)::value, decltype(threads)::value,
@@ -319,9 +266,7 @@ void launch_elementwise_spanned(const c10::Device& device, scalar_t* out, int64_
 }
 
 // launch_elementwise for a function with two results (a Two), written to `out0` and `out1` from one load of the
-// inputs. The shape follows the inputs' count as for one result (the multi-input shape for custom_loss's 3-input
-// backward); not yet measured separately with two outputs (benchmarks/cuda_bandwidth.py --sweep times the one-output
-// kernels).
+// inputs, in the one-output kernels' shape (not measured separately with two outputs).
 template <typename scalar_t, typename Fn, typename... In>
 void launch_elementwise2(const c10::Device& device, scalar_t* out0, scalar_t* out1, int64_t n, const Fn& fn,
                          const In*... in) {

@@ -1,5 +1,11 @@
 // CUDA kernels of opforge::leaky_swish, its in-place and out= variants and its backward (schemas are defined in
 // ../leaky_swish.cpp).
+//
+//   y      = x * (sigmoid(x) + alpha)
+//   grad_x = grad * (s + x * s * (1 - s) + alpha),  s = sigmoid(x)
+//
+// Both are elementwise.cuh's kernels. Memory traffic: the forward reads x and writes y, the backward reads grad and
+// x and writes grad_x, each byte once, at a copy's rate; the hardware exp keeps the arithmetic under the loads.
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
@@ -14,21 +20,13 @@ using leaky_swish::check_backward_args;
 using leaky_swish::check_input;
 using leaky_swish::check_out;
 
-#ifndef OPFORGE_CUDA_FAST_EXP
-#define OPFORGE_CUDA_FAST_EXP 1
-#endif
-
 // float (and float16/bfloat16, computed in float): the hardware exp2 and reciprocal (__expf: 2 + 1.16|x| ulp;
 // __fdividef: 2 ulp), well inside float32's rtol of 1.3e-6 for the values that matter, since where exp(-x) is
-// large sigmoid is small and the output is dominated by alpha * x. expf and a IEEE division made the forward
-// kernel arithmetic-bound on an H200 (docs/performance.md, "What each variant gave"). Infinities and NaN propagate
-// as in the reference.
+// large sigmoid is small and the output is dominated by alpha * x. expf and an IEEE division made the forward
+// kernel arithmetic-bound (docs/measurements/tuned-constants.md, "fast exp"). Infinities and NaN propagate as in
+// the reference.
 __device__ __forceinline__ float sigmoid(float x) {
-#if OPFORGE_CUDA_FAST_EXP
   return __fdividef(1.0f, 1.0f + __expf(-x));
-#else
-  return 1.0f / (1.0f + expf(-x));
-#endif
 }
 
 // double is computed exactly as the float64 reference is: gradcheck must not see float32 rounding.

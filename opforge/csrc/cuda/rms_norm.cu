@@ -1,12 +1,16 @@
-// CUDA kernels of opforge::rms_norm and its backward ops (schemas and the math are in ../rms_norm.cpp).
+// CUDA kernels of opforge::rms_norm and its backward ops (schemas and the math are in ../rms_norm.cpp):
+//   y = x * r * weight, r = 1 / sqrt(mean(x^2) + eps) per row; grad_x per row, grad_weight = sum over rows.
+// Memory traffic: every value crosses DRAM once: the forward reads x and weight and writes y; the backward reads
+// grad, x and weight and writes grad_x, recomputing each row's r from the x it holds, plus grad_weight's partial
+// rows (grid x hidden sums, a few MiB), written once and read once. Rows too long to hold in registers are read
+// twice, the second time mostly from L2.
 //
 // A row is split into units: 16-byte vectors of kVec elements (one element in the scalar fallback, taken when a
 // pointer is not 16-byte aligned or the hidden size is no multiple of kVec). A group of threads owns one row at a
 // time and keeps it in registers: thread t of the group owns units t, t + group size, ... (kN of them), so each of a
 // warp's loads is contiguous. The row's sums are reduced by warp shuffles, then across the group's warps through
-// shared memory. Every value crosses DRAM once: the forward reads x and weight and writes y; the backward reads grad,
-// x and weight and writes grad_x, recomputing each row's 1 / rms from the x it holds anyway. The weight, which
-// every row reads, comes from L1/L2 (forward) or from a copy in shared memory (backward).
+// shared memory. The weight, which every row reads, comes from L1/L2 (forward) or from a copy in shared memory
+// (backward).
 //
 // The weight gradient sums grad * x * r over all rows, without atomics: the backward runs a capped grid of blocks
 // that loop over the rows (block b takes row steps b, b + grid, ...); each thread adds its columns' terms in
@@ -35,23 +39,6 @@
 #include "elementwise.cuh"
 #include "rms_norm.h"
 
-// Streaming (evict-first) loads of x and grad, each read exactly once. Off by default, as for the elementwise
-// kernels: the 32768 x 4096 float32 backward took 453.8 us streaming against 428.7 us plain
-// (docs/measurements/kernel-notes.md, "rms_norm streaming loads").
-#ifndef OPFORGE_RMS_STREAMING_LOADS
-#define OPFORGE_RMS_STREAMING_LOADS 0
-#endif
-// Cap on the backward's resident blocks per SM (0: as many as the occupancy calculator says fit). Fewer blocks mean
-// fewer rows of partial sums for the weight gradient, and less parallelism to hide DRAM latency.
-#ifndef OPFORGE_RMS_BWD_BLOCKS_PER_SM
-#define OPFORGE_RMS_BWD_BLOCKS_PER_SM 0
-#endif
-// Sum the weight gradient's partial rows in the backward kernel itself, after a grid-wide barrier (1), or in a
-// second kernel (0).
-#ifndef OPFORGE_RMS_FUSED_WEIGHT_SUM
-#define OPFORGE_RMS_FUSED_WEIGHT_SUM 1
-#endif
-
 namespace opforge::cuda {
 namespace {
 
@@ -61,8 +48,6 @@ using rms_norm::contiguous_like;
 using rms_norm::Rows;
 using rms_norm::rows_of;
 
-constexpr bool kStreamRows = OPFORGE_RMS_STREAMING_LOADS;
-constexpr bool kFusedWeightSum = OPFORGE_RMS_FUSED_WEIGHT_SUM;
 constexpr int kWarp = 32;
 // Columns per thread in the weight gradient's fused column sum: one, with scalar loads of the partial sums (see
 // backward_kernel's end).
@@ -142,22 +127,21 @@ __device__ __forceinline__ double inverse_rms(double sum_xx, int64_t n, double e
   return 1.0 / sqrt(sum_xx / static_cast<double>(n) + eps);
 }
 
-// A row whose squares overflow float: a float32 or bfloat16 value past ~1.8e19 squares to inf in float, and the row
-// came out as zeros (its gradient NaN) where its norm is finite, as F.rms_norm's still does. Such a row, and only such
-// a row (its float sum of squares is not finite), is summed again in double by its group, its units read again from
-// memory (L2, mostly), never from the registers that hold them: a path that read those kept them, or their widened
-// elements, live across it, and the backward's bfloat16 kernels at 128 registers spilled (ptxas, sm_90). An ordinary
-// row pays one isfinite and a branch. The CPU kernels do the same (../rms_norm.cpp, row_inverse_rms). Sums already in
-// double (float32's backward, float64) need no second sum, nor does float16, whose largest value squares to 4.3e9.
+// A row whose squares overflow float (a float32 or bfloat16 value past ~1.8e19 squares to inf) would come out as
+// zeros, its gradient NaN, though its norm is finite. Such a row alone (its float sum of squares is not finite) is
+// summed again in double by its group, its units read again from memory rather than from the registers that hold
+// them, which would keep those live across the path and make the backward spill (docs/measurements/kernel-notes.md,
+// "rms_norm overflow re-sum"). As in the CPU kernels (../rms_norm.cpp, row_inverse_rms). Sums already in double
+// (float32's backward, float64) need no second sum, nor does float16, whose largest value squares to 4.3e9.
 template <typename T, typename sum_t>
 constexpr bool kResumOverflow = std::is_same_v<sum_t, float> && !std::is_same_v<T, c10::Half>;
 
 // ------------------------------------------------------------------------------------------------------ units
 
 // A unit of kVec elements as the kernels hold it: a 16-byte vector as four 32-bit words (uint4), or one element in
-// the scalar fallback. Held as words, not as an array of 2-byte elements: the compiler split a Pack<BFloat16, 8>
-// into one register per element (the backward's bfloat16 grad and x took 64 registers instead of 32 per thread,
-// 146 in all, so half as many blocks fitted); from words each element is a shift or a mask away when it is used.
+// the scalar fallback. Held as words, not as an array of 2-byte elements, which the compiler splits into one register
+// per element (twice the registers; docs/measurements/kernel-notes.md, "rms_norm units as words"); from words each
+// element is a shift or a mask away when it is used.
 template <typename T, int kVec_>
 struct Unit {
   static constexpr int kVec = kVec_;
@@ -166,10 +150,11 @@ struct Unit {
   using Raw = std::conditional_t<kVector, uint4, T>;
   using acc_t = opmath_t<T>;
 
-  template <bool kStreaming>
+  // Plain loads, x and grad too although each is read once: streaming ones made the backward slower
+  // (docs/measurements/tuned-constants.md, "rms_norm streaming loads").
   static __device__ __forceinline__ Raw load(const T* p) {
     if constexpr (kVector) {
-      return kStreaming ? __ldcs(reinterpret_cast<const uint4*>(p)) : *reinterpret_cast<const uint4*>(p);
+      return *reinterpret_cast<const uint4*>(p);
     } else {
       return *p;
     }
@@ -227,12 +212,8 @@ struct Unit {
           w[2 * k + 1] = static_cast<uint32_t>(__double2hiint(v[k]));
         }
       }
-      const uint4 raw = make_uint4(w[0], w[1], w[2], w[3]);
-      if (kStreamingStores) {
-        __stcs(reinterpret_cast<uint4*>(p), raw);
-      } else {
-        *reinterpret_cast<uint4*>(p) = raw;
-      }
+      // Streaming (evict-first), as elementwise.cuh's stores: every output byte is written once.
+      __stcs(reinterpret_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
     }
   }
 
@@ -301,22 +282,20 @@ __device__ __forceinline__ void forward_resummed_row(const T* __restrict__ xr, c
   double sums[1] = {0.0};
 #pragma unroll 1
   for (int64_t u = t; u < units; u += S::kGroupThreads) {
-    add_squares<U>(U::template load<false>(xr + u * S::kVec), sums[0]);
+    add_squares<U>(U::load(xr + u * S::kVec), sums[0]);
   }
   group_sum<S, false>(sums, scratch);
   const auto r = static_cast<opmath_t<T>>(inverse_rms(sums[0], hidden, eps));
 #pragma unroll 1
   for (int64_t u = t; u < units; u += S::kGroupThreads) {
-    forward_unit<U>(yr + u * S::kVec, U::template load<false>(xr + u * S::kVec),
-                    U::template load<false>(w + u * S::kVec), r);
+    forward_unit<U>(yr + u * S::kVec, U::load(xr + u * S::kVec), U::load(w + u * S::kVec), r);
   }
 }
 
-// The float32 and bfloat16 forward's resident blocks per SM, for __launch_bounds__: what the registers per thread it
-// took before the overflowing rows' path (kResumOverflow) allow. Before, the shapes of one or two units per thread (or
-// scalar) took 24-32 registers, those of 4 units 30-40 (ptxas, sm_90); the path, inlined, raised them to 34-52 (a
-// 256-thread block of 40 registers fits 6 times on an SM, of 48 only 5). Capped, they are back under both budgets
-// without spills. 0 (no minimum, as before) for the other dtypes, which have no such path.
+// The float32 and bfloat16 forward's resident blocks per SM, for __launch_bounds__: the register budget the shapes
+// had before the overflowing rows' path (kResumOverflow), which would otherwise cost occupancy; they fit it without
+// spills (docs/measurements/kernel-notes.md, "rms_norm forward register budget"). No minimum for the other dtypes,
+// which have no such path.
 constexpr int kForwardRegistersFewUnits = 32;
 constexpr int kForwardRegisters = 40;
 template <typename T, class S>
@@ -349,7 +328,7 @@ __global__ void __launch_bounds__(S::kThreads, kForwardBlocksPerSm<T, S>)
 #pragma unroll
     for (int i = 0; i < S::kN; ++i) {
       const int u = t + i * S::kGroupThreads;
-      xv[i] = live && u < units ? U::template load<kStreamRows>(xr + u * S::kVec) : U::zero();
+      xv[i] = live && u < units ? U::load(xr + u * S::kVec) : U::zero();
     }
     acc_t sums[1] = {acc_t(0)};
 #pragma unroll
@@ -375,7 +354,7 @@ __global__ void __launch_bounds__(S::kThreads, kForwardBlocksPerSm<T, S>)
         U::forget(xv[i]);
         // The weight is read here, after the reduction, so that only x is held across it (the weight comes from
         // L1/L2: every row reads it).
-        forward_unit<U>(yr + u * S::kVec, xv[i], U::template load<false>(w + u * S::kVec), r);
+        forward_unit<U>(yr + u * S::kVec, xv[i], U::load(w + u * S::kVec), r);
       }
     }
   }
@@ -398,7 +377,7 @@ __global__ void __launch_bounds__(S::kThreads)
     const T* xr = x + row * hidden;
     acc_t sums[1] = {acc_t(0)};
     for (int64_t u = threadIdx.x; u < units; u += S::kThreads) {
-      add_squares<U>(U::template load<kStreamRows>(xr + u * S::kVec), sums[0]);
+      add_squares<U>(U::load(xr + u * S::kVec), sums[0]);
     }
     group_sum<S>(sums, scratch[parity]);
     T* yr = y + row * hidden;
@@ -410,8 +389,7 @@ __global__ void __launch_bounds__(S::kThreads)
     }
     const acc_t r = inverse_rms(sums[0], hidden, eps);
     for (int64_t u = threadIdx.x; u < units; u += S::kThreads) {
-      forward_unit<U>(yr + u * S::kVec, U::template load<false>(xr + u * S::kVec),
-                      U::template load<false>(w + u * S::kVec), r);
+      forward_unit<U>(yr + u * S::kVec, U::load(xr + u * S::kVec), U::load(w + u * S::kVec), r);
     }
   }
 }
@@ -432,8 +410,8 @@ __device__ __forceinline__ void load_row(const T* __restrict__ g, const T* __res
   for (int i = 0; i < S::kN; ++i) {
     const int u = t + i * S::kGroupThreads;
     const bool in = live && u < units;
-    gv[i] = in ? U::template load<kStreamRows>(gr + u * S::kVec) : U::zero();
-    xv[i] = in ? U::template load<kStreamRows>(xr + u * S::kVec) : U::zero();
+    gv[i] = in ? U::load(gr + u * S::kVec) : U::zero();
+    xv[i] = in ? U::load(xr + u * S::kVec) : U::zero();
   }
 }
 
@@ -448,8 +426,7 @@ __device__ __forceinline__ void resummed_backward_factors(const T* __restrict__ 
   double sums[2] = {0.0, 0.0};
 #pragma unroll 1
   for (int64_t u = t; u < units; u += S::kGroupThreads) {
-    add_backward_terms<U>(U::template load<false>(gr + u * S::kVec), U::template load<false>(xr + u * S::kVec),
-                          U::template load<false>(w + u * S::kVec), sums);
+    add_backward_terms<U>(U::load(gr + u * S::kVec), U::load(xr + u * S::kVec), U::load(w + u * S::kVec), sums);
   }
   group_sum<S, false>(sums, scratch);
   const double wide_r = inverse_rms(sums[0], hidden, eps);
@@ -477,8 +454,8 @@ __device__ __forceinline__ void backward_resummed_row(const T* __restrict__ gr, 
   for (int i = 0; i < S::kN; ++i) {
     const int u = t + i * S::kGroupThreads;
     if (u < units) {
-      const typename U::Raw gv = U::template load<false>(gr + u * S::kVec);
-      const typename U::Raw xv = U::template load<false>(xr + u * S::kVec);
+      const typename U::Raw gv = U::load(gr + u * S::kVec);
+      const typename U::Raw xv = U::load(xr + u * S::kVec);
       const typename U::Raw wv = weight[u];
       acc_t out[S::kVec];
 #pragma unroll
@@ -534,7 +511,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
 #pragma unroll
   for (int k = 0; k < kWeightUnits; ++k) {
     const int u = threadIdx.x + k * S::kThreads;
-    weight_units[k] = u < units ? U::template load<false>(w + u * S::kVec) : U::zero();
+    weight_units[k] = u < units ? U::load(w + u * S::kVec) : U::zero();
   }
   load_row<T, S>(g, x, first + group, rows, hidden, t, gv, xv);
 #pragma unroll
@@ -645,8 +622,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
   }
   if (grad_weight != nullptr) {
     // The barrier also makes every block's partial row visible to every other block. The sum takes scalar loads
-    // (kScalarSums): 16-byte ones (sum_partials' kernel's choice) made this backward slower, 4096 x 4096 bfloat16
-    // 36.7-36.8 us against 36.0-36.3 (docs/measurements/kernel-notes.md, "rms_norm scalar sum loads").
+    // (kScalarSums): 16-byte ones (sum_partials' kernel's choice) made this backward slower
+    // (docs/measurements/kernel-notes.md, "rms_norm scalar sum loads").
     cooperative_groups::this_grid().sync();
     sum_partial_columns<S::kThreads, kScalarSums>(partial, gridDim.x, hidden, SumOutputs<T, 1>{{grad_weight}},
                                                   blockIdx.x, gridDim.x, reinterpret_cast<double*>(shared));
@@ -684,9 +661,7 @@ __global__ void __launch_bounds__(S::kThreads)
     const T* xr = x + row * hidden;
     wide_t sums[2] = {wide_t(0), wide_t(0)};
     for (int64_t u = threadIdx.x; u < units; u += S::kThreads) {
-      add_backward_terms<U>(U::template load<kStreamRows>(gr + u * S::kVec),
-                            U::template load<kStreamRows>(xr + u * S::kVec), U::template load<false>(w + u * S::kVec),
-                            sums);
+      add_backward_terms<U>(U::load(gr + u * S::kVec), U::load(xr + u * S::kVec), U::load(w + u * S::kVec), sums);
     }
     group_sum<S>(sums, scratch[parity]);
     wide_t r = inverse_rms(sums[0], hidden, eps);
@@ -700,9 +675,9 @@ __global__ void __launch_bounds__(S::kThreads)
     }
     T* gxr = gx + row * hidden;
     for (int64_t u = threadIdx.x; u < units; u += S::kThreads) {
-      const typename U::Raw gv = U::template load<false>(gr + u * S::kVec);
-      const typename U::Raw xv = U::template load<false>(xr + u * S::kVec);
-      const typename U::Raw wv = U::template load<false>(w + u * S::kVec);
+      const typename U::Raw gv = U::load(gr + u * S::kVec);
+      const typename U::Raw xv = U::load(xr + u * S::kVec);
+      const typename U::Raw wv = U::load(w + u * S::kVec);
       acc_t out[S::kVec];
 #pragma unroll
       for (int j = 0; j < S::kVec; ++j) {
@@ -750,7 +725,7 @@ bool with_forward_shape(int64_t units, Fn&& fn) {
 // element: at 4 units per thread 126-128 registers (ptxas, sm_90, bfloat16 and float32's doubles), so a block of
 // 256 threads asks for 2 per SM and one of 512 for 1 (more would spill), and past 2048 units (16384 bfloat16) it
 // takes the loop kernel.
-// Chosen by an H200 sweep of the backward (docs/measurements/kernel-notes.md, "rms_norm backward shapes").
+// Chosen by a sweep of the backward (docs/measurements/kernel-notes.md, "rms_norm backward shapes").
 template <typename T, int kVec, typename Fn>
 bool with_backward_shape(int64_t units, Fn&& fn) {
   constexpr bool kDoubleSums = !std::is_same_v<sum_t<T>, opmath_t<T>>;
@@ -786,10 +761,7 @@ template <auto kKernel>
 int64_t resident_grid(int threads, int64_t steps) {
   const int device = c10::cuda::current_device();
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  int per_sm = blocks_per_sm<kKernel>(threads, device);
-  if (OPFORGE_RMS_BWD_BLOCKS_PER_SM > 0) {
-    per_sm = std::min(per_sm, OPFORGE_RMS_BWD_BLOCKS_PER_SM);
-  }
+  const int per_sm = blocks_per_sm<kKernel>(threads, device);
   return std::max<int64_t>(1, std::min<int64_t>(steps, static_cast<int64_t>(sms) * per_sm));
 }
 
@@ -867,7 +839,7 @@ void launch_backward(const T* g, const T* x, const T* w, T* gx, at::Tensor& grad
     const int64_t grid = resident_grid<kKernel>(S::kThreads, ceil_div(shape.rows, S::kGroups));
     wide_t* p = partial_rows(grid);
     const int hidden = static_cast<int>(shape.hidden);
-    if (kFusedWeightSum && weight_grad) {
+    if (weight_grad) {
       summed = launch_cooperative<kKernel>(grid, S::kThreads, stream, g, x, w, gx, p, grad_weight.data_ptr<T>(),
                                            shape.rows, hidden, e);
     }
