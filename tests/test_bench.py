@@ -167,7 +167,8 @@ def test_json_csv_and_plot(tmp_path):
     assert native["timing"]["threads"] >= 1 and native["timing"]["method"].startswith("torch.utils.benchmark")
     assert native["gbps"] == pytest.approx(native["bytes"] / native["median_s"] / 1e9)
     assert native["pct_of_peak"] == pytest.approx(10 * native["gbps"])
-    rows = list(csv.DictReader(paths["run.csv"].open()))
+    with paths["run.csv"].open() as f:
+        rows = list(csv.DictReader(f))
     assert len(rows) == 4 and rows[0]["speedup_vs_eager"] and rows[0]["gbps"]
     assert paths["run.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
