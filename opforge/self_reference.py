@@ -20,6 +20,8 @@ float64 and in its widest claimed dtype on each call, and the float64 result sta
 one (the same NaNs and infinities, and a relative RMS difference within the square root of the claimed dtype's
 unit roundoff: roundoff differences are far below it, bytes read as another dtype far above); else the claimed
 dtype's result does, cast to float64.
+A spec that claims no floating dtype at all (an op on integers, which the dtypes check tries in floating dtypes
+too) gets float64, else the widest floating dtype the op runs in.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class SelfReference:
     def label(self) -> str:
         """What a compared value was compared with, for messages: `the op itself on contiguous float64`."""
         where = "" if self.device == "cpu" else f" on {self.device}"
-        why = f", since {self.last_fallback_reason}" if self.last_fallback_reason else ""
+        why = f" ({self.last_fallback_reason})" if self.last_fallback_reason else ""
         return f"the op itself on contiguous {self.last_dtype}{where}{why}"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -69,10 +71,8 @@ class SelfReference:
 
         tensors = _tensors((args, kwargs))
         wide = any(t.dtype == torch.float64 for t in tensors)
-        fallback = self.fallback_dtype
-        if not wide or "float64" in self.claimed or fallback is None:
-            # The op's own dtypes (an integer case, the low-precision baseline), or float64 where it is claimed or
-            # no other floating dtype is.
+        if not wide or "float64" in self.claimed:
+            # The op's own dtypes (an integer case, the low-precision baseline), or float64 where it is claimed.
             floating = [t for t in tensors if t.is_floating_point() or t.is_complex()]
             if wide or not floating:
                 # The call the values are compared with. One with narrow floating inputs only is the low-precision
@@ -81,6 +81,9 @@ class SelfReference:
                 self.last_dtype = str(shown).removeprefix("torch.") if shown is not None else "inputs"
                 self.last_fallback_reason = ""
             return self._call(args, kwargs, None)
+        fallback = self.fallback_dtype
+        if fallback is None:
+            return self._first_that_runs(args, kwargs)
         narrow = self._call(args, kwargs, getattr(torch, fallback))
         reason = "it raises in float64"
         if not self.refuses_float64:
@@ -89,13 +92,31 @@ class SelfReference:
             except Exception:  # a kernel without float64: the claimed dtype it is
                 self.refuses_float64 = True
             else:
-                disagreement = _disagreement(widest, narrow, getattr(torch, fallback))
-                if disagreement is None:
+                if _disagreement(widest, narrow, getattr(torch, fallback)) is None:
                     self.last_dtype, self.last_fallback_reason = "float64", ""
                     return widest
-                reason = f"its float64 result is not its {fallback} result ({disagreement}): float64 is not claimed"
+                reason = f"float64 is not claimed, and its float64 result is not its {fallback} one"
         self.last_dtype, self.last_fallback_reason = fallback, reason
         return narrow
+
+    def _first_that_runs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A spec that claims no floating dtype (an op on integers, tried in a floating dtype by the dtypes check):
+        float64, else the widest floating dtype the op runs in."""
+        import torch
+
+        error: Exception | None = None
+        for dtype in WIDEST_FIRST:
+            narrow = None if dtype == "float64" else getattr(torch, dtype)
+            try:
+                result = self._call(args, kwargs, narrow)
+            except Exception as exc:  # that dtype has no kernel: the next one
+                error = error or exc
+                continue
+            self.last_dtype = dtype
+            self.last_fallback_reason = "" if dtype == "float64" else "it raises in float64"
+            return result
+        assert error is not None
+        raise error
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any], narrow: torch.dtype | None) -> Any:
         """The op on contiguous copies of the arguments on self.device, float64 tensors cast to `narrow` when given;

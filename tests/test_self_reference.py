@@ -72,7 +72,7 @@ def test_an_op_that_refuses_float64_is_its_own_reference_in_its_widest_claimed_d
     correctness = rows(report, "correctness")
     assert correctness[Status.SKIP] == {"float32-cpu-contiguous-x=7", "float32-cpu-contiguous-x=5x6"}
     skipped = next(r for r in report.results if r.status == Status.SKIP)
-    assert "the op itself on contiguous float32, since it raises in float64" in skipped.message
+    assert "the op itself on contiguous float32 (it raises in float64)" in skipped.message
     assert "float16-cpu-transposed-x=5x6" in correctness[Status.PASS]
 
 
@@ -90,7 +90,7 @@ def test_a_float64_result_that_is_not_the_claimed_dtypes_result_is_not_the_refer
     own.overload = torch.ops.reclib.reads_float64_as_float32.default
     x = torch.linspace(-1, 1, 12, dtype=torch.float64)
     result = own(x)
-    assert own.last_dtype == "float32" and "is not its float32 result" in own.last_fallback_reason
+    assert own.last_dtype == "float32" and "is not its float32 one" in own.last_fallback_reason
     assert torch.allclose(result, (x.float() * 3).double())
 
 
