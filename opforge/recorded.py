@@ -2,7 +2,7 @@
 
     samples:
       function: opforge.recorded:samples
-      file: mylib.scale_rows.calls.pt
+      file: mylib.scale_rows.calls.zip
 
 One sample per recorded call (named `call0`, `call1`, ...), each argument as the program passed it: a floating
 tensor with its recorded values in the case's dtype on the case's device (contiguous: the matrix makes the other
@@ -18,24 +18,33 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-# The format of a calls file: a dict {"format": CALLS_FORMAT, "op", "overload", "schema", "calls": [call, ...]},
-# each call {"arguments": {name: encoded value}, "argv": [...]} (opforge.record.hook.encode).
+# A calls file is a zip archive (stored, not compressed): INDEX, a JSON object {"format": CALLS_FORMAT, "op",
+# "overload", "schema", "calls": N}, and call0.pt ... call{N-1}.pt, each a torch.save of one call's dict
+# {"arguments": {name: encoded value}, ...} (opforge.record.hook.encode; docs/record.md, "The calls file").
 CALLS_FORMAT = "opforge-recorded-calls/1"
+INDEX = "index.json"
 
-_cache: dict[tuple[str, float], dict[str, Any]] = {}
+_cache: dict[tuple[str, float], list[dict[str, Any]]] = {}
 
 
-def read_calls(file: str | Path) -> dict[str, Any]:
-    """A calls file's content (cached while the file is unchanged)."""
+def read_calls(file: str | Path) -> list[dict[str, Any]]:
+    """A calls file's calls, in order (cached while the file is unchanged)."""
+    import io
+    import json
+    import zipfile
+
     import torch
 
     path = Path(file)
     key = (str(path.resolve()), path.stat().st_mtime)
     if key not in _cache:
-        content = torch.load(path, weights_only=True)
-        if not isinstance(content, dict) or content.get("format") != CALLS_FORMAT:
-            raise ValueError(f"{path}: not a calls file of `opforge record` ({CALLS_FORMAT})")
-        _cache[key] = content
+        with zipfile.ZipFile(path) as archive:
+            index = json.loads(archive.read(INDEX))
+            if not isinstance(index, dict) or index.get("format") != CALLS_FORMAT:
+                raise ValueError(f"{path}: not a calls file of `opforge record` ({CALLS_FORMAT})")
+            _cache[key] = [
+                torch.load(io.BytesIO(archive.read(f"call{n}.pt")), weights_only=True) for n in range(index["calls"])
+            ]
     return _cache[key]
 
 
@@ -43,7 +52,7 @@ def samples(*, dtype: Any, device: Any, generator: Any, file: str) -> Iterator[d
     """One dict per recorded call (see the module's docstring)."""
     import torch
 
-    for index, call in enumerate(read_calls(file)["calls"]):
+    for index, call in enumerate(read_calls(file)):
         own = torch.Generator().manual_seed(index)
         sample = {name: decode(value, dtype, device, own) for name, value in call["arguments"].items()}
         sample["_name"] = f"call{index}"

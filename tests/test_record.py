@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import FIXTURES
 
+from opforge.recorded import read_calls
 from opforge.results import Status
 
 RECORD = FIXTURES / "record"
@@ -37,11 +37,11 @@ def test_the_program_runs_unchanged_and_its_exit_status_is_passed_through(tmp_pa
     assert recorded.stdout == alone.stdout  # opforge writes to stderr only, after the program
     written = sorted(p.name for p in (tmp_path / "out").iterdir())
     ops = ["float32_only", "reads_contiguous", "scale_rows", "segment_sum", "split_halves", "wrong_fake_strides"]
-    assert written == sorted([f"reclib.{op}.yaml" for op in ops] + [f"reclib.{op}.calls.pt" for op in ops])
+    assert written == sorted([f"reclib.{op}.yaml" for op in ops] + [f"reclib.{op}.calls.zip" for op in ops])
     # Two distinct calls each: the program's third step repeats its first one's shapes.
-    calls = torch.load(tmp_path / "out" / "reclib.segment_sum.calls.pt", weights_only=True)
-    assert calls["format"] == "opforge-recorded-calls/1" and len(calls["calls"]) == 2
-    lengths = calls["calls"][0]["arguments"]["lengths"]
+    calls = read_calls(tmp_path / "out" / "reclib.segment_sum.calls.zip")
+    assert len(calls) == 2
+    lengths = calls[0]["arguments"]["lengths"]
     assert lengths["dtype"] == "int64" and lengths["values"].tolist() == [1, 2, 1]
     spec = (tmp_path / "out" / "reclib.scale_rows.yaml").read_text()
     assert (
@@ -86,8 +86,7 @@ def test_a_crash_keeps_the_calls_recorded_before_it(tmp_path):
     done = record(tmp_path / "out", "crash")
     assert done.returncode == 128 + 11  # SIGSEGV, as a shell reports it
     assert done.stdout == "step 0: loss 1.2971\n"
-    calls = torch.load(tmp_path / "out" / "reclib.scale_rows.calls.pt", weights_only=True)
-    assert len(calls["calls"]) == 1
+    assert len(read_calls(tmp_path / "out" / "reclib.scale_rows.calls.zip")) == 1
 
 
 def test_child_processes_record_too_and_max_calls_caps_each_op(tmp_path):
@@ -98,8 +97,7 @@ def test_child_processes_record_too_and_max_calls_caps_each_op(tmp_path):
     )
     done = record(tmp_path / "out", options=("--max-calls", "1", "--namespace", "reclib"), program=str(parent))
     assert done.returncode == 0, done.stderr
-    calls = torch.load(tmp_path / "out" / "reclib.scale_rows.calls.pt", weights_only=True)
-    assert len(calls["calls"]) == 1
+    assert len(read_calls(tmp_path / "out" / "reclib.scale_rows.calls.zip")) == 1
 
 
 def test_a_tensor_past_the_size_cap_is_kept_as_a_summary_and_still_checks(tmp_path):
@@ -107,10 +105,10 @@ def test_a_tensor_past_the_size_cap_is_kept_as_a_summary_and_still_checks(tmp_pa
 
     out = tmp_path / "out"
     assert record(out, options=("--max-elements", "8", "--namespace", "reclib")).returncode == 0
-    calls = torch.load(out / "reclib.segment_sum.calls.pt", weights_only=True)
-    values = calls["calls"][0]["arguments"]["values"]
+    calls = read_calls(out / "reclib.segment_sum.calls.zip")
+    values = calls[0]["arguments"]["values"]
     assert values["values"] is None and values["summary"]["max"] >= values["summary"]["min"]
-    assert calls["calls"][0]["arguments"]["lengths"]["values"] is not None  # integers: 16 times the cap
+    assert calls[0]["arguments"]["lengths"]["values"] is not None  # integers: 16 times the cap
     report = run_spec(out / "reclib.segment_sum.yaml", seed=0, checks=("correctness",))
     assert {r.status for r in report.results} == {Status.PASS}
 

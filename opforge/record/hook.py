@@ -337,6 +337,7 @@ def _note_call(overload: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
         "op": schema.name,
         "overload": overload._overloadname,
         "schema": str(schema),
+        "argument_names": [a.name for a in schema.arguments],
         "module": module,
         "module_file": getattr(sys.modules.get(module), "__file__", None) or "",
         "arguments": {name: encode(value, _state["max_elements"]) for name, value in bound.items()},
@@ -465,6 +466,11 @@ def summary(value: Any) -> dict[str, Any]:
 
 
 def _write(record: dict[str, Any], seq: int) -> None:
+    """The call as `<stem>.pt` (torch.save: the values) and then `<stem>.json` (what it is, without the values:
+    what `opforge record` merges and writes the spec from without importing torch). A call whose .json is missing
+    (the process died between the two) is left out."""
+    import json
+
     import torch
 
     directory = _state["dir"]
@@ -473,6 +479,20 @@ def _write(record: dict[str, Any], seq: int) -> None:
     temporary = os.path.join(directory, f".{stem}.tmp")
     torch.save(record, temporary)
     os.replace(temporary, os.path.join(directory, f"{stem}.pt"))
+    with open(temporary, "w", encoding="utf-8") as out:
+        json.dump({**record, "arguments": _described(record["arguments"])}, out)
+    os.replace(temporary, os.path.join(directory, f"{stem}.json"))
+
+
+def _described(value: Any) -> Any:
+    """An encoded value with each tensor's values replaced by True (kept) or None (a summary instead)."""
+    if isinstance(value, dict) and value.get("kind") == "tensor":
+        return {**value, "values": True if value["values"] is not None else None}
+    if isinstance(value, dict):
+        return {k: _described(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_described(v) for v in value]
+    return value
 
 
 def _warn(message: str) -> None:

@@ -5,7 +5,8 @@ environment: a directory first on PYTHONPATH holding a `sitecustomize.py` and a 
 every Python process it starts records, opforge installed there or not; a sitecustomize.py further down the path
 still runs, after ours), and the OPFORGE_RECORD_* settings. Each recorded process writes its calls there as they
 come; once COMMAND has exited, whatever its exit status, the calls are merged and the specs written
-(opforge.record.specs), and COMMAND's exit status is the result's.
+(opforge.record.specs, without importing torch: the recording's cost after COMMAND is a Python start and file
+copies), and COMMAND's exit status is the result's.
 """
 
 from __future__ import annotations

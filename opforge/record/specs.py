@@ -9,13 +9,14 @@ reference (the op itself on contiguous float64: opforge.self_reference), and a c
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from opforge.files import write_atomically
 from opforge.record.hook import FORMAT
-from opforge.recorded import CALLS_FORMAT
+from opforge.recorded import CALLS_FORMAT, INDEX
 
 FLOATING = ("float64", "float32", "float16", "bfloat16", "complex128", "complex64")
 # Claimed dtypes in the order specs list them.
@@ -24,14 +25,17 @@ DTYPE_ORDER = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "in
 
 @dataclass(frozen=True)
 class OpCalls:
-    """One op overload's recorded calls, in the order they were made (at most max_calls distinct ones)."""
+    """One op overload's recorded calls, in the order they were made (at most max_calls distinct ones): each call's
+    description (its .json: the arguments without their values) and the file holding its values (its .pt)."""
 
     op: str
     overload: str
     schema: str
+    argument_names: tuple[str, ...]
     module: str
     module_file: str
     calls: tuple[dict[str, Any], ...]
+    files: tuple[Path, ...]
 
     @property
     def qualified(self) -> str:
@@ -52,21 +56,17 @@ class WrittenSpec:
 
 def read_recording(directory: Path, max_calls: int) -> list[OpCalls]:
     """Every op's calls from the files of every recorded process, merged: the first max_calls distinct calls of
-    each, in the order they were made (the files are named by time, process and sequence). A file that cannot be
-    read (a process killed while renaming it) is left out."""
-    files = sorted(directory.glob("*.pt"))
-    if not files:
-        return []  # nothing recorded: no torch to import
-    import torch
-
-    by_op: dict[str, list[dict[str, Any]]] = {}
+    each, in the order they were made (the files are named by time, process and sequence). Read from the calls'
+    .json descriptions alone: no torch here. A call without its .json, or whose files cannot be read, is left out."""
+    by_op: dict[str, list[tuple[dict[str, Any], Path]]] = {}
     keys: dict[str, set[Any]] = {}
-    for path in files:
+    for path in sorted(directory.glob("*.json")):
+        values = path.with_suffix(".pt")
         try:
-            record = torch.load(path, weights_only=True)
-        except Exception:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
             continue
-        if not isinstance(record, dict) or record.get("format") != FORMAT:
+        if not isinstance(record, dict) or record.get("format") != FORMAT or not values.exists():
             continue
         name = f"{record['op']}.{record['overload']}"
         key = _key(record["arguments"])
@@ -74,18 +74,20 @@ def read_recording(directory: Path, max_calls: int) -> list[OpCalls]:
         if key in seen or len(seen) >= max_calls:
             continue
         seen.add(key)
-        by_op.setdefault(name, []).append(record)
+        by_op.setdefault(name, []).append((record, values))
     found = []
     for records in by_op.values():
-        first = records[0]
+        first = records[0][0]
         found.append(
             OpCalls(
                 first["op"],
                 first["overload"],
                 first["schema"],
+                tuple(first["argument_names"]),
                 first["module"],
                 first["module_file"],
-                tuple({"arguments": r["arguments"], "argv": r["argv"]} for r in records),
+                tuple(r for r, _ in records),
+                tuple(f for _, f in records),
             )
         )
     return sorted(found, key=lambda o: o.qualified)
@@ -112,22 +114,23 @@ def _key(arguments: dict[str, Any]) -> Any:
 
 
 def write_specs(ops: list[OpCalls], out: Path, command: list[str], when: str) -> list[WrittenSpec]:
-    """Each op's spec (`<ns>.<op>.yaml`) and calls file (`<ns>.<op>.calls.pt`) in `out`."""
-    import torch
-
+    """Each op's spec (`<ns>.<op>.yaml`) and calls file (`<ns>.<op>.calls.zip`) in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for op in ops:
-        calls_file = out / f"{op.stem}.calls.pt"
-        content = {
+        calls_file = out / f"{op.stem}.calls.zip"
+        temporary = calls_file.with_name(f".{calls_file.name}.tmp")
+        index = {
             "format": CALLS_FORMAT,
             "op": op.op,
             "overload": op.overload,
             "schema": op.schema,
-            "calls": list(op.calls),
+            "calls": len(op.calls),
         }
-        temporary = calls_file.with_name(f".{calls_file.name}.tmp")
-        torch.save(content, temporary)
+        with zipfile.ZipFile(temporary, "w", zipfile.ZIP_STORED) as archive:
+            archive.writestr(INDEX, json.dumps(index, indent=1))
+            for number, values in enumerate(op.files):
+                archive.write(values, f"call{number}.pt")
         temporary.replace(calls_file)
         spec = out / f"{op.stem}.yaml"
         write_atomically(spec, spec_text(op, calls_file.name, command, when))
@@ -145,10 +148,7 @@ def _tensors(value: Any) -> list[dict[str, Any]]:
 
 def spec_text(op: OpCalls, calls_file: str, command: list[str], when: str) -> str:
     """The spec of one recorded op, every key with a comment saying what to refine."""
-    import torch
-
-    schema = torch._C.parse_schema(op.schema)
-    names = [a.name for a in schema.arguments]
+    names = list(op.argument_names)
     direct = {name: [c["arguments"][name] for c in op.calls if _is_tensor(c["arguments"].get(name))] for name in names}
     tensor_args = [n for n in names if direct[n]]
     floating = [n for n in tensor_args if any(t["dtype"] in FLOATING for t in direct[n])]
