@@ -23,10 +23,10 @@ def without_reference(tmp_path: Path, fixture: str) -> Path:
     return path
 
 
-def rows(report, check: str) -> dict[Status, set[str]]:
+def rows(report, check: str, implementation: str = "native") -> dict[Status, set[str]]:
     found: dict[Status, set[str]] = {}
     for r in report.results:
-        if r.check == check:
+        if r.check == check and r.implementation == implementation:
             found.setdefault(r.status, set()).add(r.case_id)
     return found
 
@@ -115,3 +115,14 @@ def test_a_spec_with_a_reference_still_says_the_reference():
     failed = next(r for r in report.results if r.status == Status.FAIL)
     assert "differ from the reference beyond tolerance" in failed.message
     assert not any(r.status == Status.SKIP for r in report.results)
+
+
+def test_an_op_that_mutates_its_argument_is_compared_by_the_new_value_and_another_implementation_against_it(tmp_path):
+    """The op itself returns the mutated argument's new value as a reference does; an extra implementation is
+    compared with the op, never skipped (its call is not the reference's)."""
+    report = run_spec(without_reference(tmp_path, "scale_"), seed=0, checks=("correctness",))
+    native, wrong = rows(report, "correctness"), rows(report, "correctness", "wrong")
+    assert Status.FAIL not in native and len(native[Status.SKIP]) == 8  # float64 contiguous: 4 shapes x 2 values
+    assert Status.SKIP not in wrong and len(wrong[Status.FAIL]) == 30
+    failed = next(r for r in report.results if r.status == Status.FAIL)
+    assert failed.message.startswith("x (mutated): ") and "the op itself on contiguous" in failed.message
