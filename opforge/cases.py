@@ -492,7 +492,8 @@ def _same_tensor(first: Any, second: Any) -> bool:
 def call_samples(spec: OpSpec, make: Callable[..., Any], dtype: Any, device: str, generator: Any) -> list[dict]:
     """The samples `make` returns, each a dict by argument name."""
     assert spec.samples is not None
-    drawn = list(make(dtype=dtype, device=device, generator=generator))
+    given = {"file": str(spec.samples.file)} if spec.samples.file is not None else {}
+    drawn = list(make(dtype=dtype, device=device, generator=generator, **given))
     for index, one in enumerate(drawn):
         if not isinstance(one, dict):
             raise ValueError(

@@ -125,8 +125,12 @@ class Baseline:
         input_elements: int = 0,
         perturbed: PerturbedReference | None = None,
         tracked: TrackedReference | None = None,
+        own: bool = False,
     ):
         self.dtype = dtype
+        # The reference is the op itself (a spec without `reference:`): the baseline is the op in this dtype on
+        # contiguous inputs.
+        self.own = own
         self._compute = compute
         # The largest tensor input's element count: how many terms an output element of a reduction may sum.
         self.input_elements = input_elements
@@ -138,6 +142,8 @@ class Baseline:
 
     @property
     def label(self) -> str:
+        if self.own:
+            return f"the op itself in {self.dtype} on contiguous inputs"
         return f"the reference computed in {self.dtype}"
 
     def value(self, name: str) -> Any:
@@ -336,7 +342,7 @@ def check_result(
             "reference is not) it is close to neither.",
             replace(mismatch, **verdict.fields()),
         )
-    note = exact_baseline_note(eager, expected, got.dtype)
+    note = "" if baseline.own else exact_baseline_note(eager, expected, got.dtype)
     raise CheckFailure(
         f"{message}, and its RMS error {verdict.rms_error:.3g} exceeds the {verdict.allowed_rms_error:.3g} allowed by "
         f"{baseline.label} (RMS error {verdict.baseline_rms_error:.3g}).{note}",

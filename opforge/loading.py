@@ -24,6 +24,7 @@ from opforge.cases import SAME_VALUES_HINT, SAMPLE_NAME_KEY, call_samples, same_
 from opforge.errors import BuildError, SpecError
 from opforge.outcomes import short
 from opforge.schema import canonical, is_tensor_type
+from opforge.self_reference import SelfReference
 from opforge.spec.model import CASE_DTYPE, KNOWN_DTYPES, OpSpec, ScalarInput, TensorInput
 
 if TYPE_CHECKING:
@@ -62,8 +63,21 @@ class LoadedOp:
     def mutated_arguments(self) -> list[str]:
         return [a.name for a in self.arguments if a.alias_info is not None and a.alias_info.is_write]
 
+    @property
+    def self_reference(self) -> SelfReference | None:
+        """The op itself as its reference, for a spec without `reference:` (opforge.self_reference); else None."""
+        return self.reference if isinstance(self.reference, SelfReference) else None
+
+    @property
+    def reference_label(self) -> str:
+        """What the checks compared a value with, for messages: `the reference`, or for a spec without one
+        `the op itself on contiguous float64` (the dtype its last call was computed in)."""
+        own = self.self_reference
+        return own.label if own is not None else "the reference"
+
 
 def load_op(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[str], None] | None = None) -> LoadedOp:
+    _pause_recording()
     _add_import_roots(spec)
     _check_inputs(spec, _parse_schema(spec).arguments)
     for key, ref in _named_callables(spec):
@@ -76,7 +90,9 @@ def load_op(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[str],
     implementations = (Implementation(NATIVE, overload, overload),) + tuple(
         _implementation(spec, name, ref) for name, ref in spec.implementations
     )
-    reference = resolve_callable(spec, "reference", spec.reference)
+    reference = (
+        resolve_callable(spec, "reference", spec.reference) if spec.reference else _self_reference(spec, overload)
+    )
     generators = {
         t.name: resolve_callable(spec, f"inputs.{t.name}.generator", t.generator)
         for t in spec.tensor_inputs()
@@ -87,6 +103,21 @@ def load_op(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[str],
         spec = resolve_samples(spec, list(overload._schema.arguments), samples)
     _import_what_a_first_call_imports()
     return LoadedOp(spec, overload, implementations, reference, build, generators, samples)
+
+
+def _pause_recording() -> None:
+    """A process that checks an op is opforge's, not a recorded program's: under `opforge record` (its hook
+    module loaded at startup), its calls are not recorded (opforge.record.hook)."""
+    recording = sys.modules.get("_opforge_record_hook")
+    if recording is not None:
+        recording.pause()
+
+
+def _self_reference(spec: OpSpec, overload: OpOverload) -> SelfReference:
+    """A spec without `reference:` is checked against the op itself: on the CPU where the spec claims it, else on
+    its first device."""
+    device = "cpu" if "cpu" in spec.devices else spec.devices[0]
+    return SelfReference(overload, spec.dtypes_on(device), device)
 
 
 def _import_what_a_first_call_imports() -> None:
@@ -125,7 +156,8 @@ def _add_import_roots(spec: OpSpec) -> None:
 
 def _named_callables(spec: OpSpec) -> list[tuple[str, str]]:
     """Every `module:function` the spec names, with the key that names it."""
-    named = [("reference", spec.reference)] + [("implementations", ref) for _, ref in spec.implementations]
+    named = [("reference", spec.reference)] if spec.reference else []
+    named += [("implementations", ref) for _, ref in spec.implementations]
     named += [("samples", spec.samples.ref)] if spec.samples else []
     return named + [(f"inputs.{t.name}.generator", t.generator) for t in spec.tensor_inputs() if t.generator]
 

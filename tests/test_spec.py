@@ -158,9 +158,15 @@ def test_broken_yaml_reports_its_line(tmp_path):
 
 
 def test_missing_required_key(tmp_path):
-    path = write(tmp_path, VALID.replace("reference: broken_ops:reference\n", ""))
-    with pytest.raises(SpecError, match="reference"):
+    path = write(tmp_path, VALID.replace("dtypes: [float32]\n", ""))
+    with pytest.raises(SpecError, match="dtypes"):
         load_spec(path)
+
+
+def test_a_spec_without_a_reference_loads_and_is_checked_against_the_op_itself(tmp_path):
+    """`reference:` is optional: without one the op itself on contiguous float64 is the reference
+    (tests/test_self_reference.py)."""
+    assert load_spec(write(tmp_path, VALID.replace("reference: broken_ops:reference\n", ""))).reference is None
 
 
 def test_tolerances_accept_yaml11_exponents(tmp_path):

@@ -27,13 +27,26 @@ PACKAGE = REPO / "opforge"
 LAYERS = [
     (
         "vocabulary",
-        ["errors", "results", "outcomes", "schema", "environment", "files", "cuda_spin", "shard", "child", "__init__"],
+        [
+            "errors",
+            "results",
+            "outcomes",
+            "schema",
+            "environment",
+            "files",
+            "cuda_spin",
+            "shard",
+            "child",
+            "__init__",
+            "record.hook",
+            "recorded",
+        ],
     ),
     (
         "spec model",
         ["spec.model", "spec.reader", "spec.inputs", "spec.claims", "spec.bench", "spec.bytes_expr", "spec"],
     ),
-    ("inputs and building", ["cases", "compare", "build", "loading", "ops"]),
+    ("inputs and building", ["cases", "compare", "build", "self_reference", "loading", "ops"]),
     ("checks", ["checks"]),
     ("spec loading", ["spec.load", "spec.xfail", "spec.regressions"]),
     # The child processes of large_index and the sanitizer checks are entry points of their own: they load the spec
@@ -41,7 +54,7 @@ LAYERS = [
     ("engine", ["engine", "checks.large_index_child", "checks.sanitize_child"]),
     ("bench", ["bench"]),
     ("fuzz", ["fuzz"]),
-    ("tools", ["doctor", "scaffold", "profile", "merge", "scan"]),
+    ("tools", ["doctor", "scaffold", "profile", "merge", "scan", "record"]),
     ("reporters", ["reporters"]),
     # One run session for every front end: the CLI runs whole selections through it, the pytest plugin a row a time.
     ("session", ["session"]),

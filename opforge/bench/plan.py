@@ -166,10 +166,16 @@ def plan_points(spec: OpSpec, filters: BenchFilters, devices: tuple[str, ...]) -
 
 
 def contenders(loaded: LoadedOp, filters: BenchFilters) -> list[Contender]:
-    everyone = [Contender(t.name, IMPLEMENTATION, t.fn, t) for t in loaded.implementations] + [
-        Contender(EAGER, BASELINE, loaded.reference),
-        Contender(COMPILE, BASELINE, None),
-    ]
+    # A spec without a reference has no baseline to time: its reference is the op itself in float64.
+    baselines = (
+        []
+        if loaded.self_reference is not None
+        else [
+            Contender(EAGER, BASELINE, loaded.reference),
+            Contender(COMPILE, BASELINE, None),
+        ]
+    )
+    everyone = [Contender(t.name, IMPLEMENTATION, t.fn, t) for t in loaded.implementations] + baselines
     known = [c.name for c in everyone]
     for name in filters.contenders:
         if name not in known:

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, CaseInputs, make_inputs
 from opforge.compare import Baseline, as_tuple, check_result, leaves, paired_leaves, returned_values, rule_for
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, ReferenceFailure, short
+from opforge.loading import NATIVE, Implementation, LoadedOp
+from opforge.outcomes import CheckFailure, PassDetail, ReferenceFailure, short
 from opforge.schema import return_names
 from opforge.spec.model import FLOATING_DTYPES, OpSpec
 
@@ -223,7 +223,7 @@ def _gradient_baseline(
     def perturbed(scale: float, draw: int) -> dict[str, Any]:
         return grads_at(*_perturbed_call(loaded, (args, kwargs), scale, draw), wide=True)
 
-    return Baseline(dtype, lambda: grads_at(args, kwargs, wide=False), perturbed=perturbed)
+    return Baseline(dtype, lambda: grads_at(args, kwargs, wide=False), perturbed=perturbed, own=_own(loaded))
 
 
 def gradients(outputs: list[Any], wrt: list[Any], grad_outputs: list[Any]) -> tuple[Any, ...]:
@@ -321,7 +321,12 @@ def output_baseline(loaded: LoadedOp, inputs: CaseInputs, case_dtype: str) -> Ba
             return named_results(args, kwargs), floating
 
     sizes = [a.numel() for a in (*inputs.args, *inputs.kwargs.values()) if hasattr(a, "numel")]
-    return Baseline(case_dtype, compute, max(sizes, default=0), perturbed, tracked)
+    return Baseline(case_dtype, compute, max(sizes, default=0), perturbed, tracked, own=_own(loaded))
+
+
+def _own(loaded: LoadedOp) -> bool:
+    """Whether the low-precision baseline is the op itself (a spec without a reference)."""
+    return loaded.self_reference is not None
 
 
 def _copies(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -349,13 +354,51 @@ def compare_with_reference(
     """Each (name, got, expected) of against_reference by the case dtype's rule (opforge.compare): the fixed
     tolerance, or no worse than the reference computed in that dtype. `label` is added to the names in messages;
     `round_expected` rounds the float64 expected values to the dtype the op returns (what it can hold: 1.1 * max is
-    inf in it)."""
+    inf in it). A spec without a reference says nothing of the dtype a floating output should have: it is the one
+    the op itself returns in the case's dtype on contiguous inputs (the baseline)."""
     rule = rule_for(loaded.spec, case_dtype)
     result_dtype = floating_result_dtype(loaded.spec, case_dtype)
+    against = loaded.reference_label
     for name, g, e in compared:
         dtype = compared_dtype(result_dtype, name, g, e)
+        if loaded.self_reference is not None and baseline is not None and dtype is not None:
+            dtype = _own_dtype(baseline, name, case_dtype, dtype)
         expected = e.to(dtype).to(e.dtype) if round_expected and hasattr(e, "to") and dtype is not None else e
-        check_result(f"{name}{label}", g, expected, rule, dtype, device, baseline=baseline, baseline_key=name)
+        check_result(
+            f"{name}{label}", g, expected, rule, dtype, device, against=against, baseline=baseline, baseline_key=name
+        )
+
+
+def _own_dtype(baseline: Baseline, name: str, case_dtype: str, dtype: Any) -> Any:
+    """The dtype the op itself returns output `name` in, in the case's dtype on contiguous inputs (a float64 case:
+    `dtype`, what the float64 reference returns)."""
+    if case_dtype == "float64":
+        return dtype
+    own = baseline.value(name)
+    return getattr(own, "dtype", dtype)
+
+
+def judged_nothing(loaded: LoadedOp, implementation: Implementation, inputs: CaseInputs) -> bool:
+    """Whether comparing this call of `implementation` with the reference's last call judges nothing: a spec
+    without a reference, the op itself, called exactly as its reference calls it (the same dtypes, contiguous, on
+    the reference's device). Call it after the reference ran on `inputs`."""
+    own = loaded.self_reference
+    if own is None or implementation.overload is not loaded.overload or implementation.name != NATIVE:
+        return False
+    return own.same_call(inputs.args, inputs.kwargs, inputs.reference_args, inputs.reference_kwargs)
+
+
+def nothing_judged(loaded: LoadedOp) -> str:
+    """The reason of a row that compared the op's call with itself (judged_nothing)."""
+    return (
+        f"the spec has no `reference:`, and this case is the op's own reference call ({loaded.reference_label}): "
+        "nothing to compare it with"
+    )
+
+
+def compared_with(loaded: LoadedOp) -> PassDetail | None:
+    """A passing row's detail for a spec without a reference: what its values were compared with."""
+    return PassDetail(f"compared with {loaded.reference_label}") if loaded.self_reference is not None else None
 
 
 def call_reference(loaded: LoadedOp, inputs: CaseInputs) -> tuple[Any, ...]:
@@ -502,6 +545,10 @@ class Result:
     mutated: dict[str, Any]
 
 
+def _float64_reference(loaded: LoadedOp) -> str:
+    return loaded.reference_label if loaded.self_reference is not None else "the float64 reference"
+
+
 def agreement(
     loaded: LoadedOp,
     case_dtype: str,
@@ -525,13 +572,14 @@ def agreement(
     if disagreement is None:
         return
     expected = reference()
+    against = _float64_reference(loaded)
     for result in (first, second):
         compared = against_reference(loaded, result.outputs, result.mutated, expected)
         try:
             compare_with_reference(loaded, case_dtype, result.device, compared, baseline, label=f" ({result.label})")
         except CheckFailure as failure:
             raise CheckFailure(
-                f"{disagreement.message} Beyond that, the {result.label} result is not as close to the float64 "
-                f"reference as it must be: {failure.message}",
+                f"{disagreement.message} Beyond that, the {result.label} result is not as close to {against} as "
+                f"it must be: {failure.message}",
                 failure.mismatch or disagreement.mismatch,
             ) from None

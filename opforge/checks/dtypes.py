@@ -13,8 +13,11 @@ from opforge.checks.calls import (
     against_reference,
     call_reference,
     compare_with_reference,
+    compared_with,
     inputs_for,
+    judged_nothing,
     mutated_values,
+    nothing_judged,
     output_baseline,
     outputs_of,
 )
@@ -66,10 +69,12 @@ def dtypes(ctx: CheckContext, implementation: Implementation, case: Case) -> Out
     inputs = inputs_for(loaded, case, ctx.base_seed)
     if case.dtype in loaded.spec.dtypes_on(case.device):
         try:
-            _as_correctness_compares(loaded, implementation, case, inputs)
+            judged = _as_correctness_compares(loaded, implementation, case, inputs)
         except CheckFailure as failure:
             raise CheckFailure(f"{case.dtype} is claimed, but {failure.message}", failure.mismatch) from failure
-        return {"dtypes": None}
+        if not judged:
+            return {"dtypes": PassNote(f"{case.dtype} runs; its values are not compared: {nothing_judged(loaded)}")}
+        return {"dtypes": compared_with(loaded)}
     try:
         returned = outputs_of(loaded, implementation, inputs)
     except CheckFailure as failure:
@@ -81,13 +86,20 @@ def dtypes(ctx: CheckContext, implementation: Implementation, case: Case) -> Out
             f"({failure.message}). Reject it with TORCH_CHECK and a message."
         ) from error
     try:
-        _compare_unclaimed(loaded, case, returned, inputs)
+        judged = _compare_unclaimed(loaded, implementation, case, returned, inputs)
     except CheckFailure as failure:
         raise CheckFailure(
             f"{case.dtype} is not claimed, and instead of rejecting it the op returns wrong values: {failure.message}",
             failure.mismatch,
         ) from None
     kinds = ", ".join(str(v.dtype).removeprefix("torch.") for v in returned if hasattr(v, "dtype")) or "nothing"
+    if not judged:
+        return {
+            "dtypes": PassNote(
+                f"{case.dtype} on {case.device} is not claimed, but runs (returns {kinds}); its values are not "
+                f"compared: {nothing_judged(loaded)}"
+            )
+        }
     return {"dtypes": PassNote(_unclaimed_note(ctx, implementation, case, kinds))}
 
 
@@ -123,7 +135,7 @@ def _failure_on(ctx: CheckContext, implementation: Implementation, case: Case) -
     ctx.on_sweep(case)
     try:
         inputs = inputs_for(ctx.loaded, case, ctx.base_seed)
-        _compare_unclaimed(ctx.loaded, case, outputs_of(ctx.loaded, implementation, inputs), inputs)
+        _compare_unclaimed(ctx.loaded, implementation, case, outputs_of(ctx.loaded, implementation, inputs), inputs)
     except CheckFailure as failure:
         return failure.message
     except ReferenceFailure as failure:
@@ -131,26 +143,35 @@ def _failure_on(ctx: CheckContext, implementation: Implementation, case: Case) -
     return None
 
 
-def _as_correctness_compares(loaded: LoadedOp, implementation: Implementation, case: Case, inputs: CaseInputs) -> None:
+def _as_correctness_compares(loaded: LoadedOp, implementation: Implementation, case: Case, inputs: CaseInputs) -> bool:
     """A claimed dtype is held to what the correctness check asks of it: the reference gets the inputs as the matrix
-    makes them (an integer op's integers stay integers, and its result keeps their dtype)."""
+    makes them (an integer op's integers stay integers, and its result keeps their dtype). False when that judged
+    nothing (judged_nothing: the call is the op's own reference call)."""
     baseline = output_baseline(loaded, inputs, case.dtype)
     got = outputs_of(loaded, implementation, inputs)
     compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))
+    if judged_nothing(loaded, implementation, inputs):
+        return False
     compare_with_reference(loaded, case.dtype, case.device, compared, baseline)
+    return True
 
 
-def _compare_unclaimed(loaded: LoadedOp, case: Case, got: tuple, inputs: CaseInputs) -> None:
+def _compare_unclaimed(
+    loaded: LoadedOp, implementation: Implementation, case: Case, got: tuple, inputs: CaseInputs
+) -> bool:
     """Outputs and mutated arguments of a call in a dtype the op does not claim vs the float64 reference, cast the
     way the op's result is: an integer result to within one unit, a bool exactly, a floating one within its dtype's
-    tolerance (the reference is written for real values: an integer input reaches it as float64)."""
+    tolerance (the reference is written for real values: an integer input reaches it as float64; the op itself, a
+    spec's reference where it has none, gets them as the op got them). False when that judged nothing
+    (judged_nothing)."""
     import torch
 
     floating = getattr(torch, case.dtype).is_floating_point
     baseline = output_baseline(loaded, inputs, case.dtype) if floating else None
-    compared = against_reference(
-        loaded, got, mutated_values(loaded, inputs), call_reference(loaded, _real_valued_reference(loaded, inputs))
-    )
+    real = inputs if loaded.self_reference is not None else _real_valued_reference(loaded, inputs)
+    compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, real))
+    if judged_nothing(loaded, implementation, real):
+        return False
     for name, g, e in compared:
         if not isinstance(g, torch.Tensor) or not isinstance(e, torch.Tensor):
             check_result(name, g, e, tolerance_for(loaded.spec, case.dtype), None, case.device)
@@ -158,8 +179,16 @@ def _compare_unclaimed(loaded: LoadedOp, case: Case, got: tuple, inputs: CaseInp
         # The low-precision baseline is the reference in the case's dtype: only for a result in that dtype.
         same_dtype = baseline if g.dtype == getattr(torch, case.dtype) else None
         check_result(
-            name, g, _as_the_op_would(e, g.dtype), _rule(loaded, g.dtype), g.dtype, case.device, baseline=same_dtype
+            name,
+            g,
+            _as_the_op_would(e, g.dtype),
+            _rule(loaded, g.dtype),
+            g.dtype,
+            case.device,
+            against=loaded.reference_label,
+            baseline=same_dtype,
         )
+    return True
 
 
 def _real_valued_reference(loaded: LoadedOp, inputs: CaseInputs) -> CaseInputs:

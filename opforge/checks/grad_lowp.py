@@ -6,13 +6,16 @@ from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes
 from opforge.checks.calls import (
     argument,
+    compared_with,
     differentiated,
     inputs_for,
+    judged_nothing,
+    nothing_judged,
     vector_jacobian_products,
 )
 from opforge.compare import check_result, rule_for
 from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure
+from opforge.outcomes import CheckFailure, CheckSkipped
 
 
 def grad_lowp(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
@@ -23,14 +26,23 @@ def grad_lowp(ctx: CheckContext, implementation: Implementation, case: Case) -> 
     inputs = inputs_for(loaded, case, ctx.base_seed, requires_grad=True)
     names = differentiated(loaded, inputs)
     grads, ref_grads, baseline = vector_jacobian_products(loaded, implementation, case, ctx.base_seed, inputs, names)
+    if judged_nothing(loaded, implementation, inputs):
+        raise CheckSkipped(nothing_judged(loaded))
     rule = rule_for(loaded.spec, case.dtype, grad=True)
     for name, g, e in zip(names, grads, ref_grads):
         t = argument(inputs, loaded, name)
         if g is None:
             raise CheckFailure(f"grad[{name}]: expected a gradient, got None. Return it from the backward formula.")
         expected = e if e is not None else torch.zeros_like(g, dtype=torch.float64)
-        check_result(f"grad[{name}]", g, expected, rule, t.dtype, case.device, baseline=baseline)
-    return {"grad_lowp": None}
+        check_result(
+            f"grad[{name}]", g, expected, rule, t.dtype, case.device, against=_against(loaded), baseline=baseline
+        )
+    return {"grad_lowp": compared_with(loaded)}
+
+
+def _against(loaded: LoadedOp) -> str:
+    """What the gradients are compared with: autograd through the reference."""
+    return f"autograd through {loaded.reference_label}"
 
 
 def low_precision_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:

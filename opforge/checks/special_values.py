@@ -13,12 +13,16 @@ from opforge.checks.calls import (
     argument,
     call_reference,
     compare_with_reference,
+    compared_with,
     inputs_for,
+    judged_nothing,
     mutated_values,
+    nothing_judged,
     output_baseline,
     outputs_of,
 )
 from opforge.loading import Implementation, LoadedOp
+from opforge.outcomes import PassNote
 from opforge.spec.model import FLOATING_DTYPES
 
 if TYPE_CHECKING:
@@ -33,9 +37,17 @@ def special_values(ctx: CheckContext, implementation: Implementation, case: Case
     vectorized kernel's scalar tail and a row op's last row are; and, but for the finite extremes, one in every row
     (last dimension), where a row reduction meets it whatever row it is. An input marked `special_values: false`,
     or made by a generator, keeps its values; one with a list of names takes those. See EXTREMES for `max`."""
-    for names in special_value_passes(ctx.loaded.spec.special_values):
-        _one_pass(ctx, implementation, case, names)
-    return {"special_values": None}
+    judged = [
+        _one_pass(ctx, implementation, case, names) for names in special_value_passes(ctx.loaded.spec.special_values)
+    ]
+    if not any(judged):
+        return {
+            "special_values": PassNote(
+                f"no crash or hang, and no value compared: {nothing_judged(ctx.loaded)}; its other dtypes are "
+                "compared with this case's values"
+            )
+        }
+    return {"special_values": compared_with(ctx.loaded)}
 
 
 # The finite extremes. In a reduction, whether max and -max cancel before they absorb the other terms, or whether
@@ -54,7 +66,9 @@ def special_value_passes(chosen: tuple[str, ...]) -> list[tuple[str, ...]]:
     return [tuple(n for n in chosen if n != "-max"), ("-max",)]
 
 
-def _one_pass(ctx: CheckContext, implementation: Implementation, case: Case, names: tuple[str, ...]) -> None:
+def _one_pass(ctx: CheckContext, implementation: Implementation, case: Case, names: tuple[str, ...]) -> bool:
+    """One call with the special values `names` against the reference's; False when the comparison judged nothing
+    (a spec without a reference, on the case that is the op's own reference call: only a crash or a hang shows)."""
     import torch
 
     loaded = ctx.loaded
@@ -76,9 +90,12 @@ def _one_pass(ctx: CheckContext, implementation: Implementation, case: Case, nam
     baseline = output_baseline(loaded, inputs, case.dtype)
     got = outputs_of(loaded, implementation, inputs)
     compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))
+    if judged_nothing(loaded, implementation, inputs):
+        return False
     compare_with_reference(
         loaded, case.dtype, case.device, compared, baseline, label=" (special values)", round_expected=True
     )
+    return True
 
 
 # The column of row r's special value steps by this many elements per row (a prime, so rows of any width get it at

@@ -13,10 +13,10 @@ from opforge.commands.app import app
 
 # Importing a command's module registers it with the app, in this order in `opforge --help`: the main job first.
 # isort: off
-from opforge.commands import check, fuzz, build, bench, merge, tools
+from opforge.commands import check, fuzz, record, build, bench, merge, tools
 # isort: on
 
-__all__ = ["app", "bench", "build", "check", "fuzz", "main", "merge", "tools"]
+__all__ = ["app", "bench", "build", "check", "fuzz", "main", "merge", "record", "tools"]
 
 
 def main() -> None:

@@ -84,7 +84,7 @@ _TOP_KEYS = (
     # The sections the checks own (large_index, grid_size, ...): each check's module reads its own.
     *(section.key for section in CATALOG.sections),
 )
-_REQUIRED = ("op", "schema", "load", "reference", "dtypes")
+_REQUIRED = ("op", "schema", "load", "dtypes")
 
 
 def load_spec(path: Path | str) -> OpSpec:
@@ -126,7 +126,7 @@ def load_spec(path: Path | str) -> OpSpec:
     load = read_load_section(r, path)
     checks = r.get("checks", list_of(one_of(CATALOG.names)), None)
     claims, warnings = read_claims(r)
-    samples = Samples(r.get("samples", read_callable)) if r.has("samples") else None
+    samples = r.get("samples", _read_samples) if r.has("samples") else None
     inputs = _inputs(r, samples)
     dtypes, device_dtypes = _dtypes(r)
     error_inputs = read_error_inputs(r, inputs) if r.has("error_inputs") else ()
@@ -164,7 +164,7 @@ def load_spec(path: Path | str) -> OpSpec:
         description=r.get("description", read_str, ""),
         load=load,
         implementations=implementations,
-        reference=r.get("reference", read_callable),
+        reference=r.get("reference", read_callable, None),
         inputs=inputs,
         dtypes=dtypes,
         devices=devices,
@@ -189,6 +189,18 @@ def load_spec(path: Path | str) -> OpSpec:
         regressions=read_regressions(r, inputs, samples is not None),
         warnings=warnings,
     )
+
+
+def _read_samples(r: Reader, key: str, node: Node) -> Samples:
+    """`samples: module:function`, or `samples: {function: module:function, file: PATH}`: a function that reads its
+    samples from a file (`opforge record`'s calls: opforge.recorded:samples), called with `file=` the absolute path
+    (relative paths are relative to the spec)."""
+    if not isinstance(node.value, dict):
+        return Samples(read_callable(r, key, node))
+    given = Reader(r.path, node, key, ("function", "file"), required=("function", "file"))
+    function = given.get("function", read_callable)
+    file = Path(given.get("file", read_str))
+    return Samples(function, file=file if file.is_absolute() else r.path.parent / file)
 
 
 def read_claims(r: Reader) -> tuple[dict[str, bool], tuple[str, ...]]:

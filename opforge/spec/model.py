@@ -230,6 +230,8 @@ class Samples:
     ref: str
     values: tuple[tuple[tuple[str, Any], ...], ...] = ()
     names: tuple[str, ...] = ()
+    # `samples: {function: ..., file: PATH}`: the file the function reads its samples from, passed as `file=`.
+    file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -258,7 +260,8 @@ class OpSpec:
     schema: str
     load: Load
     implementations: tuple[tuple[str, str], ...]
-    reference: str
+    # `module:function`; None: the op itself on contiguous float64 copies of its inputs (opforge.self_reference).
+    reference: str | None
     inputs: tuple[Input, ...]
     dtypes: tuple[str, ...]
     devices: tuple[str, ...]
