@@ -11,7 +11,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
-from conftest import FIXTURES, SPECS, requires_cuda
+from helpers import FIXTURES, SPECS, requires_cuda
 from test_bench_stats import noisy
 from typer.testing import CliRunner
 
@@ -908,7 +908,7 @@ def fidelity(*args: str):
     import subprocess
     import sys
 
-    from conftest import REPO
+    from helpers import REPO
 
     return subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "bench_fidelity.py"), *args],
@@ -955,7 +955,7 @@ def load_benchmark(name: str):
     """benchmarks/<name>.py as a module (the benchmarks are scripts, not a package)."""
     import importlib.util
 
-    from conftest import REPO
+    from helpers import REPO
 
     spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
@@ -1009,7 +1009,7 @@ def test_peers_copy_reference_is_the_median_over_separate_allocations():
 
 
 def test_timeline_script_stamps_only_rms_norms_backward_kernel():
-    from conftest import REPO
+    from helpers import REPO
 
     script = load_benchmark("rms_norm_timeline")
     source = (REPO / "opforge" / "csrc" / "cuda" / "rms_norm.cu").read_text()
@@ -1041,7 +1041,7 @@ def test_timeline_script_without_a_gpu_says_so_and_builds_nothing(monkeypatch, c
 
 
 def test_timeline_script_stamps_the_column_sum_once_per_point():
-    from conftest import REPO
+    from helpers import REPO
 
     script = load_benchmark("rms_norm_timeline")
     source = (REPO / "opforge" / "csrc" / "cuda" / "column_sums.cuh").read_text()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import FIXTURES, REPO, describe, failures_by_check, requires_cuda, run_spec, spec_variant
+from helpers import FIXTURES, REPO, describe, failures_by_check, requires_cuda, run_spec, spec_variant
 
 from opforge.checks.base import OptIns
 from opforge.checks.dtypes import TRIED_DTYPES

@@ -8,7 +8,7 @@ import os
 import stat
 
 import pytest
-from conftest import FIXTURES, in_process
+from helpers import FIXTURES, in_process
 from typer.testing import CliRunner
 
 from opforge.cli import app

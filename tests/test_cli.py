@@ -10,7 +10,7 @@ from xml.etree import ElementTree
 
 import pytest
 import typer
-from conftest import FIXTURES, REPO, in_process
+from helpers import FIXTURES, REPO, in_process
 from typer.testing import CliRunner
 
 from opforge.cli import app

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 
-from conftest import FIXTURES, describe, run_spec
+from helpers import FIXTURES, describe, run_spec
 
 from opforge.results import Status
 

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from opforge.scaffold import scaffold
 

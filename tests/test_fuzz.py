@@ -14,7 +14,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 import torch
-from conftest import FIXTURES, SPECS, in_process, run_spec
+from helpers import FIXTURES, SPECS, in_process, run_spec
 from hypothesis import given, settings
 from typer.testing import CliRunner
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import FIXTURES, describe, failures_by_check, in_process, requires_cuda, run_spec, run_spec_isolated
+from helpers import FIXTURES, describe, failures_by_check, in_process, requires_cuda, run_spec, run_spec_isolated
 from typer.testing import CliRunner
 
 from opforge.cli import app

@@ -7,7 +7,7 @@ import re
 import shutil
 
 import pytest
-from conftest import FIXTURES, describe, failures_by_check, run_spec
+from helpers import FIXTURES, describe, failures_by_check, run_spec
 
 from opforge.results import Status
 

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from conftest import FIXTURES, describe, failures_by_check, run_spec
+from helpers import FIXTURES, describe, failures_by_check, run_spec
 
 from opforge import compare
 from opforge.cases import value_label

@@ -14,7 +14,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
-from conftest import FIXTURES, REPO, requires_cuda
+from helpers import FIXTURES, REPO, requires_cuda
 from typer.testing import CliRunner
 
 from opforge.child import describe_exit, stderr_excerpt

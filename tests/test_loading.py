@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import FIXTURES, describe, in_process, run_spec
+from helpers import FIXTURES, describe, in_process, run_spec
 from typer.testing import CliRunner
 
 from opforge.cli import app

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FIXTURES, describe, failures_by_check, run_spec
+from helpers import FIXTURES, describe, failures_by_check, run_spec
 
 from opforge.errors import SpecError
 from opforge.loading import load_op

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import FIXTURES
+from helpers import FIXTURES
 from typer.testing import CliRunner
 
 from opforge.cli import app

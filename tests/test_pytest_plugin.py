@@ -8,7 +8,7 @@ import shutil
 from xml.etree import ElementTree
 
 import pytest
-from conftest import FIXTURES, REPO
+from helpers import FIXTURES, REPO
 
 # The quick tier (`pytest -m "not slow"`) leaves these out. Each test runs pytest in a subprocess.
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import importlib.util
 from types import SimpleNamespace
 
 import pytest
-from conftest import FIXTURES, describe, failures_by_check, requires_cuda, run_spec, run_spec_isolated
+from helpers import FIXTURES, describe, failures_by_check, requires_cuda, run_spec, run_spec_isolated
 
 from opforge.results import Status
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from helpers import FIXTURES
 
 from opforge.recorded import read_calls
 from opforge.results import Status
@@ -101,7 +101,7 @@ def test_child_processes_record_too_and_max_calls_caps_each_op(tmp_path):
 
 
 def test_a_tensor_past_the_size_cap_is_kept_as_a_summary_and_still_checks(tmp_path):
-    from conftest import run_spec
+    from helpers import run_spec
 
     out = tmp_path / "out"
     assert record(out, options=("--max-elements", "8", "--namespace", "reclib")).returncode == 0

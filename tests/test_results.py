@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-from conftest import in_process
+from helpers import in_process
 from typer.testing import CliRunner
 
 import opforge

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from helpers import FIXTURES
 from typer.testing import CliRunner
 
 from opforge.cli import app

@@ -10,7 +10,7 @@ import itertools
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, describe, failures_by_check, run_spec
+from helpers import FIXTURES, describe, failures_by_check, run_spec
 
 from opforge.errors import SpecError
 from opforge.loading import load_op

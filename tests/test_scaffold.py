@@ -5,7 +5,7 @@ compile gate; it runs where a GPU is.) Each test uses an op name of its own: ops
 from __future__ import annotations
 
 import pytest
-from conftest import in_process
+from helpers import in_process
 from typer.testing import CliRunner
 
 from opforge.cli import app

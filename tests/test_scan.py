@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, REPO
+from helpers import FIXTURES, REPO
 from typer.testing import CliRunner
 
 from opforge.cli import app

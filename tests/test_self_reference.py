@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import FIXTURES, run_spec
+from helpers import FIXTURES, run_spec
 
 from opforge.results import Status
 

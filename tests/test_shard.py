@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import FIXTURES, in_process
+from helpers import FIXTURES, in_process
 from typer.testing import CliRunner
 
 from opforge.cli import app

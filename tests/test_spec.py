@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import FIXTURES, SPECS
+from helpers import FIXTURES, SPECS
 
 from opforge.errors import SpecError
 from opforge.loading import load_op

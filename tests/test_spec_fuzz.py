@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import FIXTURES, REPO, SPECS
+from helpers import FIXTURES, REPO, SPECS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -4,7 +4,7 @@ variable is a spec error at its line, never a path that names `${VAR}` literally
 from __future__ import annotations
 
 import pytest
-from conftest import FIXTURES
+from helpers import FIXTURES
 
 from opforge.errors import SpecError
 from opforge.spec.load import load_spec

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, REPO
+from helpers import FIXTURES, REPO
 from typer.testing import CliRunner
 
 from opforge.checks.base import Check, all_cases

@@ -4,7 +4,7 @@ one table per device when both do not fit, one panel per root cause, repro comma
 from __future__ import annotations
 
 import pytest
-from conftest import FIXTURES, in_process
+from helpers import FIXTURES, in_process
 from typer.testing import CliRunner
 
 from opforge.cli import app

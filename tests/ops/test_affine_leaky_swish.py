@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DTYPE_IDS, DTYPES, requires_cuda
+from helpers import DTYPE_IDS, DTYPES, requires_cuda
 
 from opforge.ops.affine_leaky_swish import affine_leaky_swish, fold_batch_norm, output_format, reference
 

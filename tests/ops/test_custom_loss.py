@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DTYPE_IDS, DTYPES, SPECS, describe, requires_cuda, run_spec
+from helpers import DTYPE_IDS, DTYPES, SPECS, describe, requires_cuda, run_spec
 
 from opforge.compare import worst_mismatch
 from opforge.ops.custom_loss import _backward, _grads, _grads_repeated, custom_loss, reference

@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from conftest import DTYPE_IDS, DTYPES, SPECS, describe, requires_cuda, run_spec
+from helpers import DTYPE_IDS, DTYPES, SPECS, describe, requires_cuda, run_spec
 
 from opforge.compare import worst_mismatch
 from opforge.ops.leaky_swish import (

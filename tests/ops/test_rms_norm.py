@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DTYPE_IDS, DTYPES, SPECS, describe, requires_cuda, run_spec
+from helpers import DTYPE_IDS, DTYPES, SPECS, describe, requires_cuda, run_spec
 
 from opforge.ops.rms_norm import RMSNorm, _backward, _backward_input, reference, rms_norm
 

@@ -6,7 +6,7 @@ import zlib
 
 import pytest
 import torch
-from conftest import requires_cuda
+from helpers import requires_cuda
 
 from opforge.build import detect_toolchain, plan_build
 from opforge.ops import native_sources
