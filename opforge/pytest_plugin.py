@@ -83,7 +83,7 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
 
 @dataclass
 class _Session:
-    """The run session's row-at-a-time side (opforge.session), with what this process loaded and ran so far."""
+    """The run session's task-at-a-time side (opforge.session), with what this process loaded and ran so far."""
 
     options: RunOptions
     # Each loaded op with what its items run with (context.loaded is the op).
@@ -101,13 +101,13 @@ class _Session:
             self.contexts[path] = session.context(session.load(path, self.options), self.options)
         return self.contexts[path].loaded
 
-    def result(self, path: Path, index: int, row: Task, name: str) -> CaseResult:
+    def result(self, path: Path, index: int, task: Task, name: str) -> CaseResult:
         """Runs a task once per process; its other results (opcheck's sub-tests) come from the cache."""
         from opforge import session
 
         key = (path, index)
         if key not in self.results:
-            self.results[key] = {r.check: r for r in session.run_task(self.contexts[path], row, self.options)}
+            self.results[key] = {r.check: r for r in session.run_task(self.contexts[path], task, self.options)}
         return self.results[key][name]
 
 
@@ -132,10 +132,10 @@ class SpecFile(pytest.File):
             by_implementation.setdefault(result.implementation, []).append(
                 {"name": f"{result.check}[{result.case_id}]", "fixed": result}
             )
-        for index, row in enumerate(plan.tasks):
-            for name in reported_results(session.filters, spec, row):
-                by_implementation.setdefault(row.implementation.name, []).append(
-                    {"name": f"{name}[{row.case.id}]", "index": index, "row": row, "row_name": name}
+        for index, task in enumerate(plan.tasks):
+            for name in reported_results(session.filters, spec, task):
+                by_implementation.setdefault(task.implementation.name, []).append(
+                    {"name": f"{name}[{task.case.id}]", "index": index, "task": task, "result_name": name}
                 )
         for implementation, items in by_implementation.items():
             yield ImplementationCollector.from_parent(self, name=f"{spec.name}/{implementation}", items=items)
@@ -163,14 +163,20 @@ class OpforgeCheckFailed(Exception):
 
 class OpforgeItem(pytest.Item):
     def __init__(
-        self, *, index: int = -1, row: Any = None, row_name: str = "", fixed: CaseResult | None = None, **kwargs: Any
+        self,
+        *,
+        index: int = -1,
+        task: Any = None,
+        result_name: str = "",
+        fixed: CaseResult | None = None,
+        **kwargs: Any,
     ):
         super().__init__(**kwargs)
-        self.index, self.row, self.row_name, self.fixed = index, row, row_name, fixed
+        self.index, self.task, self.result_name, self.fixed = index, task, result_name, fixed
         self.add_marker("opforge")
 
     def runtest(self) -> None:
-        result = self.fixed or self.config.stash[_SESSION].result(self.path, self.index, self.row, self.row_name)
+        result = self.fixed or self.config.stash[_SESSION].result(self.path, self.index, self.task, self.result_name)
         if result.status == Status.SKIP:
             pytest.skip(result.message)
         if result.status == Status.XFAIL:

@@ -373,7 +373,7 @@ class Supervisor:
                 "op's other remaining rows did not run"
             )
             for index in filter(op.owns, range(op.next_index, len(op.tasks or ()))):
-                self._lost_row(op, index, Status.CRASH, how, seconds=0.0)
+                self._lost_task(op, index, Status.CRASH, how, seconds=0.0)
             self._finish(op)
 
     def _add(self, op: _OpRun, result: CaseResult) -> None:
@@ -399,7 +399,7 @@ class Supervisor:
             self._lost_load(op, Status.CRASH, f"{how} while loading the op")
             return
         if op.in_flight is not None:
-            self._lost_row(op, op.in_flight, Status.CRASH, _with_stderr(f"{how} while running this check", op.worker))
+            self._lost_task(op, op.in_flight, Status.CRASH, _with_stderr(f"{how} while running this check", op.worker))
         self._continue(op)
 
     def _timed_out(self, op: _OpRun) -> None:
@@ -408,7 +408,7 @@ class Supervisor:
         if op.in_flight is None:
             self._lost_load(op, Status.TIMEOUT, f"loading the op took over {LOAD_TIME_LIMIT:g} s; it was killed")
             return
-        self._lost_row(
+        self._lost_task(
             op,
             op.in_flight,
             Status.TIMEOUT,
@@ -420,32 +420,32 @@ class Supervisor:
         )
         self._continue(op)
 
-    def _lost_row(self, op: _OpRun, index: int, status: Status, message: str, seconds: float | None = None) -> None:
-        """A task that never reported: one result per row name it would have reported, on the case it was running
+    def _lost_task(self, op: _OpRun, index: int, status: Status, message: str, seconds: float | None = None) -> None:
+        """A task that never reported: one result per result name it would have reported, on the case it was running
         (a swept case's own id, dtype and layout), declared by the spec's crash xfails."""
-        row = (op.tasks or ())[index]
+        task = (op.tasks or ())[index]
         seconds = time.monotonic() - op.since if seconds is None else seconds
-        case_id, dtype, layout = row.case_id, row.dtype, row.layout
+        case_id, dtype, layout = task.case_id, task.dtype, task.layout
         if op.sweeping is not None:
             case_id, dtype, layout = op.sweeping.case_id, op.sweeping.dtype, op.sweeping.layout
-            message = f"{message} (the row of case {row.case_id} was running the op on this case)"
-        for name in row.results:
+            message = f"{message} (the task of case {task.case_id} was running the op on this case)"
+        for name in task.results:
             verdict = declared(
-                op.spec, row.implementation, name, dtype, row.device, layout, case_id, Verdict(status, message)
+                op.spec, task.implementation, name, dtype, task.device, layout, case_id, Verdict(status, message)
             )
             self._add(
                 op,
                 case_result(
                     op.spec.name,
-                    row.implementation,
+                    task.implementation,
                     name,
                     case_id,
                     dtype,
-                    row.device,
+                    task.device,
                     verdict,
                     seconds=seconds,
-                    seed=row.seed,
-                    repro=repro_command(op.spec, row.implementation, name, row.case_id, self.settings.seed),
+                    seed=task.seed,
+                    repro=repro_command(op.spec, task.implementation, name, task.case_id, self.settings.seed),
                 ),
             )
         op.next_index = index + 1

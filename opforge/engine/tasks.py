@@ -34,11 +34,11 @@ def run_tasks(
     part: tuple[int, int] = (0, 1),
     on_start: Callable[[int], None] = lambda index: None,
     on_results: Callable[[int, list[CaseResult]], None] = lambda index, results: None,
-    after_row: Callable[[int], bool] = lambda index: True,
+    after_task: Callable[[int], bool] = lambda index: True,
 ) -> bool:
-    """Run the tasks from `start` on, those of `part` (K, N): whose part_of(group, N) is K. `after_row` returns
+    """Run the tasks from `start` on, those of `part` (K, N): whose part_of(group, N) is K. `after_task` returns
     False to stop (a worker whose device became unusable). Returns whether the rows ran to the end, i.e. neither -x
-    nor `after_row` stopped them."""
+    nor `after_task` stopped them."""
     own, parts = part
     for index in range(start, len(plan.tasks)):
         if part_of(plan.tasks[index].group, parts) != own:
@@ -46,7 +46,7 @@ def run_tasks(
         on_start(index)
         results = run_task(context, plan.tasks[index], filters)
         on_results(index, results)
-        if stops_run(settings, results) or not after_row(index):
+        if stops_run(settings, results) or not after_task(index):
             return False
     return True
 

@@ -92,7 +92,7 @@ def run(job: Job, send: Send) -> None:
         send(Loaded(len(plan.tasks)))
     unusable: list[str] = []
 
-    def finish_row(index: int, results: list[CaseResult]) -> None:
+    def finish_task(index: int, results: list[CaseResult]) -> None:
         # The device check belongs to the row: its kernels may still be running, and a hang or a crash in the
         # synchronize must be charged to it (the parent holds the row in flight until End), not to loading.
         reason = device_error()
@@ -118,8 +118,8 @@ def run(job: Job, send: Send) -> None:
         job.start,
         part=(job.part, job.parts),
         on_start=lambda index: send(Start(index)),
-        on_results=finish_row,
-        after_row=device_usable,
+        on_results=finish_task,
+        after_task=device_usable,
     )
     if ran_to_the_end or not unusable:
         send(Done())
