@@ -88,9 +88,21 @@ def describe(results) -> str:
 
 def spec_variant(tmp_path: Path, fixture: str, extra_yaml: str) -> Path:
     """A copy of a fixture spec with extra YAML appended, next to a copy of the fixtures' module."""
+    return variant_of(tmp_path, FIXTURES, "broken_ops.py", fixture, extra=extra_yaml)
+
+
+def variant_of(
+    tmp_path: Path, folder: Path, module: str, fixture: str, replace: dict[str, str] | None = None, extra: str = ""
+) -> Path:
+    """A copy of `folder`'s spec `fixture` (each `replace` key, which must be there, replaced; `extra` YAML
+    appended) beside a copy of the module it loads."""
     import shutil
 
-    shutil.copy(FIXTURES / "broken_ops.py", tmp_path / "broken_ops.py")
+    shutil.copy(folder / module, tmp_path / module)
+    text = (folder / f"{fixture}.yaml").read_text()
+    for old, new in (replace or {}).items():
+        assert old in text, old
+        text = text.replace(old, new)
     path = tmp_path / f"{fixture}.yaml"
-    path.write_text((FIXTURES / f"{fixture}.yaml").read_text() + extra_yaml)
+    path.write_text(text + extra)
     return path

@@ -4,11 +4,10 @@ values' +-max calls): fixtures in tests/fixtures/ids, written as outside code.""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
-from helpers import FIXTURES, describe, failures_by_check, run_spec
+from helpers import FIXTURES, describe, failures_by_check, run_spec, variant_of
 
 from opforge import compare
 from opforge.cases import value_label
@@ -19,14 +18,7 @@ IDS = FIXTURES / "ids"
 
 def ids_variant(tmp_path: Path, fixture: str, replace: dict[str, str] | None = None, extra: str = "") -> Path:
     """A copy of an ids spec (text replaced, YAML appended) beside a copy of its module."""
-    shutil.copy(IDS / "idsops.py", tmp_path / "idsops.py")
-    text = (IDS / f"{fixture}.yaml").read_text()
-    for old, new in (replace or {}).items():
-        assert old in text, old
-        text = text.replace(old, new)
-    path = tmp_path / f"{fixture}.yaml"
-    path.write_text(text + extra)
-    return path
+    return variant_of(tmp_path, IDS, "idsops.py", fixture, replace, extra)
 
 
 # ------------------------------------------------------------------------------------------------- case ids

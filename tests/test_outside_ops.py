@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import FIXTURES, describe, failures_by_check, run_spec
+from helpers import FIXTURES, describe, failures_by_check, run_spec, variant_of
 
 from opforge.errors import SpecError
 from opforge.loading import load_op
@@ -20,15 +20,8 @@ OUTSIDE = FIXTURES / "outside_ops"
 
 
 def outside_variant(tmp_path: Path, fixture: str, replace: dict[str, str] | None = None, extra: str = "") -> Path:
-    """A copy of an outside_ops spec (text replaced, YAML appended) beside a copy of their module."""
-    shutil.copy(OUTSIDE / "outside.py", tmp_path / "outside.py")
-    text = (OUTSIDE / f"{fixture}.yaml").read_text()
-    for old, new in (replace or {}).items():
-        assert old in text, old
-        text = text.replace(old, new)
-    path = tmp_path / f"{fixture}.yaml"
-    path.write_text(text + extra)
-    return path
+    """A copy of an outside_ops spec (text replaced, YAML appended) beside a copy of its module."""
+    return variant_of(tmp_path, OUTSIDE, "outside.py", fixture, replace, extra)
 
 
 def statuses(report, check: str) -> dict[str, Status]:
