@@ -245,7 +245,7 @@ class Loudness:
     level: float
 
 
-def read_loudness(r, so_far):
+def read_loudness(r, spec):
     section = Reader(r.path, r.child("toy_loud"), "toy_loud", ("level",), required=("level",))
     level = section.get("level", read_number)
     if level <= 0:

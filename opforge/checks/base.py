@@ -38,8 +38,9 @@ class CheckOption:
 
 
 @dataclass(frozen=True)
-class SpecSoFar:
-    """What a spec section's reader may need of the rest of the spec: its inputs and its dtypes."""
+class SpecBeforeSections:
+    """The spec as read before its check sections, for a section's reader that needs the rest of it: its inputs and
+    its dtypes."""
 
     inputs: tuple[Input, ...]
     dtypes: tuple[str, ...]
@@ -52,7 +53,7 @@ class SpecSection:
     key (OpSpec.section). Its presence is a claim of the spec's: the check's `claim`, when it has one."""
 
     key: str
-    read: Callable[[Reader, SpecSoFar], Any]
+    read: Callable[[Reader, SpecBeforeSections], Any]
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from opforge.cases import Case
-from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, Outcomes, SpecSection, SpecSoFar
+from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, Outcomes, SpecBeforeSections, SpecSection
 from opforge.child import describe_exit, entry_point, with_this_opforge
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
@@ -188,20 +188,20 @@ class LargeIndex:
     enabled: bool = False
 
 
-def read_large_index(r: Reader, so_far: SpecSoFar) -> LargeIndex:
+def read_large_index(r: Reader, spec: SpecBeforeSections) -> LargeIndex:
     node = r.child("large_index")
     g = Reader(r.path, node, "large_index", ("shapes", "dtype", "enabled"), required=("shapes",))
     dtype = g.get("dtype", one_of(KNOWN_DTYPES), "float16")
-    if dtype not in so_far.dtypes:
+    if dtype not in spec.dtypes:
         raise g.fail(
             g.child("dtype") if g.has("dtype") else node,
             "large_index.dtype",
-            f"one of the spec's dtypes ({', '.join(so_far.dtypes)})",
+            f"one of the spec's dtypes ({', '.join(spec.dtypes)})",
             repr(dtype),
             "Pick a claimed dtype; the smallest (float16, bfloat16) needs the least memory.",
         )
     shapes_node = g.child("shapes")
-    tensors = [i.name for i in so_far.inputs if isinstance(i, TensorInput)]
+    tensors = [i.name for i in spec.inputs if isinstance(i, TensorInput)]
     s = Reader(r.path, shapes_node, "large_index.shapes", tuple(tensors), required=tuple(tensors))
     shapes = tuple((name, s.get(name, read_shape)) for name in tensors)
     if len({shape for _, shape in shapes}) != 1:

@@ -177,7 +177,7 @@ def plan_op(loaded: LoadedOp, filters: Filters, settings: RunSettings) -> Plan:
         for name in checks_to_run(spec, settings.opt_ins):
             check = CATALOG.get(name)
             rows = [r for r in check.result_names() if filters.wants_check(r)]
-            if not rows or _unseen(check, settings.opt_ins):
+            if not rows or _hidden_and_unasked(check, settings.opt_ins):
                 continue
             opted_out = check.opt_in.skip_reason(loaded, settings.opt_ins) if check.opt_in else None
             if opted_out:
@@ -219,19 +219,21 @@ def _kept(filters: Filters, spec: OpSpec, skipped: Iterable[CaseResult]) -> list
     return [r for r in skipped if filters.wants_id(spec.name, r.full_id) and owns(filters.shard, r.full_id)]
 
 
-def _unseen(check: Check, opt_ins: OptIns) -> bool:
-    """A check that runs only when asked, is not shown otherwise, and was not asked for."""
+def _hidden_and_unasked(check: Check, opt_ins: OptIns) -> bool:
+    """A hidden check (one that runs only when asked and is left out of the run unseen otherwise: the sanitizer
+    tools) that the run did not ask for."""
     return check.opt_in is not None and not check.opt_in.shown_unasked and not check.opt_in.asked(opt_ins)
 
 
-def _asked_unseen(check: Check, opt_ins: OptIns) -> bool:
+def _hidden_but_asked(check: Check, opt_ins: OptIns) -> bool:
+    """A hidden check the run asked for."""
     return check.opt_in is not None and not check.opt_in.shown_unasked and check.opt_in.asked(opt_ins)
 
 
 def checks_to_run(spec: OpSpec, opt_ins: OptIns) -> tuple[str, ...]:
-    """The spec's checks, and the unseen opt-in checks the run asked for by name (`--sanitize memcheck` runs
+    """The spec's checks, and the hidden checks the run asked for by name (`--sanitize memcheck` runs
     memcheck on an op whose `checks:` list predates it: the command line is the more recent wish)."""
-    asked = tuple(c.name for c in CATALOG if _asked_unseen(c, opt_ins) and c.name not in spec.checks)
+    asked = tuple(c.name for c in CATALOG if _hidden_but_asked(c, opt_ins) and c.name not in spec.checks)
     return spec.checks + asked
 
 
@@ -249,7 +251,7 @@ def unasked_checks(filters: Filters, settings: RunSettings) -> list[Check]:
     """The checks --check names that run only when asked for (memcheck: --sanitize memcheck) and were not: a run
     filtered to them checks nothing, and should say which flag asks."""
     named = [CATALOG.of_result(name) for name in filters.checks if name in CATALOG.result_names]
-    return [c for c in named if _unseen(c, settings.opt_ins)]
+    return [c for c in named if _hidden_and_unasked(c, settings.opt_ins)]
 
 
 def _matches(filters: Filters, spec: OpSpec, implementation: Implementation, row: str, case: Case) -> bool:
