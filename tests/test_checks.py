@@ -162,7 +162,7 @@ def test_graph_break_fails_compile_for_that_implementation_only():
 def test_an_op_returning_fewer_values_than_expected_fails_instead_of_comparing_fewer():
     import torch
 
-    from opforge.checks.calls import paired
+    from opforge.checks.op_and_reference import paired
     from opforge.outcomes import CheckFailure
 
     loaded = load_op(load_spec(FIXTURES / "good.yaml"))
@@ -434,7 +434,7 @@ def test_multi_gpu_moves_inputs_with_their_exact_strides(layout):
     import torch
 
     from opforge.cases import CaseInputs, in_layout
-    from opforge.checks.calls import on_device
+    from opforge.checks.op_and_reference import on_device
 
     x = in_layout(torch.arange(35.0, dtype=torch.float64).reshape(5, 7), layout, torch.float32, "cpu")
     moved = on_device(CaseInputs((x, 0.5), {}, (), {}, ("x",)), torch.device("cpu")).args

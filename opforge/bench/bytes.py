@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from opforge.cases import CaseInputs
-from opforge.checks.calls import argument, op_outputs, output_names
+from opforge.checks.op_and_reference import argument, op_outputs, output_names
 from opforge.errors import SpecError
 from opforge.loading import LoadedOp
 from opforge.spec import bytes_expr as expr

@@ -42,8 +42,8 @@ from opforge.bench.plan import (
 from opforge.bench.timing import Timing, TimingOptions, graph_input_copies, l2_bytes, time_callable
 from opforge.cases import CaseInputs, make_inputs
 from opforge.checks.base import CheckContext
-from opforge.checks.calls import argument, differentiated
 from opforge.checks.catalog import CATALOG
+from opforge.checks.op_and_reference import argument, differentiated
 from opforge.compare import leaves
 from opforge.engine.tasks import apply_xfail, check_verdicts
 from opforge.errors import SpecError

@@ -12,8 +12,8 @@ from typing import Any
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, aligned, first_values
-from opforge.checks.calls import (
-    Result,
+from opforge.checks.op_and_reference import (
+    RunOutputs,
     agreement,
     call_reference,
     inputs_for,
@@ -67,8 +67,10 @@ def compile_check(ctx: CheckContext, implementation: Implementation, case: Case)
             agreement(
                 loaded,
                 case.dtype,
-                Result("compiled", case.device, op_outputs(loaded, returned), mutated_values(loaded, compiled_inputs)),
-                Result("eager", case.device, eager, mutated_values(loaded, eager_inputs)),
+                RunOutputs(
+                    "compiled", case.device, op_outputs(loaded, returned), mutated_values(loaded, compiled_inputs)
+                ),
+                RunOutputs("eager", case.device, eager, mutated_values(loaded, eager_inputs)),
                 lambda: call_reference(loaded, eager_inputs),
                 baseline,
             )

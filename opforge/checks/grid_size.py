@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, SpecBeforeSections, SpecSection
-from opforge.checks.calls import (
+from opforge.checks.op_and_reference import (
     against_reference,
     call_reference,
     compare_with_reference,

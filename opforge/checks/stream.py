@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, CaseInputs
 from opforge.checks.base import Check, CheckContext, Outcomes, first_values
-from opforge.checks.calls import (
+from opforge.checks.op_and_reference import (
     against_reference,
     argument,
     call_reference,

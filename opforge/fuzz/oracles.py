@@ -25,7 +25,8 @@ from typing import Any
 
 from opforge.cases import Case, CaseInputs, writes_special
 from opforge.checks.base import CheckContext
-from opforge.checks.calls import (
+from opforge.checks.catalog import CATALOG
+from opforge.checks.op_and_reference import (
     call_reference,
     inputs_for,
     named_leaves,
@@ -34,7 +35,6 @@ from opforge.checks.calls import (
     reference_in_op_dtypes,
     split_reference,
 )
-from opforge.checks.catalog import CATALOG
 from opforge.checks.opcheck import outcome
 from opforge.compare import map_tensors
 from opforge.engine.tasks import check_verdicts

@@ -1,4 +1,5 @@
-"""Calling the op under test and the reference, with failures attributed to the right side."""
+"""What the checks share about an implementation and its reference: making a case's inputs, calling both with failures
+attributed to the right side, gradients, and comparing what they return."""
 
 from __future__ import annotations
 
@@ -535,7 +536,7 @@ def expected_dtype(case_dtype: str, reference_value: torch.Tensor) -> torch.dtyp
 
 
 @dataclass(frozen=True)
-class Result:
+class RunOutputs:
     """What one run of the op left (on one device, compiled or eager): its outputs and the values of the arguments
     it mutates. `label` names the run in messages; `device` is where its tensors must be."""
 
@@ -552,8 +553,8 @@ def _float64_reference(loaded: LoadedOp) -> str:
 def agreement(
     loaded: LoadedOp,
     case_dtype: str,
-    first: Result,
-    second: Result,
+    first: RunOutputs,
+    second: RunOutputs,
     reference: Callable[[], tuple[Any, ...]],
     baseline: Baseline,
 ) -> None:
