@@ -479,7 +479,7 @@ def test_a_fresh_worker_that_plans_other_rows_crashes_the_rest_of_the_op_not_the
     supervisor.active[0] = op
     supervisor._loaded(op, Loaded(count=2))
     assert [r.status for r in op.report.results] == [Status.CRASH, Status.CRASH]
-    assert "planned 2 rows where the first one planned 3" in op.report.results[0].message
+    assert "planned 2 tasks where the first one planned 3" in op.report.results[0].message
     assert not supervisor.active
 
 

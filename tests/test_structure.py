@@ -205,10 +205,13 @@ def test_a_spec_may_list_a_check_the_catalog_knows(toy_check, tmp_path):
 @pytest.mark.parametrize(
     "outcomes, expected",
     [
-        ({"toy:small": None, "toy:evn": None}, "returned no outcome for row toy:even (it returned rows it does not "),
-        ({"toy:small": None}, "returned no outcome for row toy:even: a bug in the check"),
-        ({"toy:small": None, "toy:even": "fine"}, "returned str for row toy:even, expected None, a PassNote or"),
-        (None, "returned NoneType, expected a dict of outcomes by row"),
+        (
+            {"toy:small": None, "toy:evn": None},
+            "returned no outcome for result toy:even (it returned result names it does not ",
+        ),
+        ({"toy:small": None}, "returned no outcome for result toy:even: a bug in the check"),
+        ({"toy:small": None, "toy:even": "fine"}, "returned str for result toy:even, expected None, a PassNote or"),
+        (None, "returned NoneType, expected a dict of outcomes by result name"),
     ],
     ids=["typo", "forgotten", "not-an-outcome", "not-a-dict"],
 )

@@ -32,7 +32,7 @@ def run_in_process(
     events: Events | None = None,
 ) -> None:
     """Every spec's checks in this process, appending each op's report to `run` as soon as it starts (so that an
-    interrupted run keeps what finished). An op that fails to load is an ERROR load row and the next op goes on."""
+    interrupted run keeps what finished). An op that fails to load is an ERROR load result and the next op goes on."""
     from opforge.environment import environment
 
     events = events or Events()
