@@ -48,7 +48,7 @@ class SelfReference:
     device: str
     # The dtype its last call computed in (float64, the fallback for float64 inputs, or the op's own dtype where it
     # got no float64 input: an integer case, the low-precision baseline), and why float64 inputs were computed in
-    # the fallback ("" when they were not): what a row says it was compared with, read right after the call.
+    # the fallback ("" when they were not): what a result says it was compared with, read right after the call.
     last_dtype: str = "float64"
     last_fallback_reason: str = ""
     # Whether the op is known to raise in float64 (it then is not called in float64 again).

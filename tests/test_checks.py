@@ -614,11 +614,11 @@ def test_large_index_child_that_breaks_outside_the_op_is_an_error_with_where():
 
 
 def test_large_index_child_time_limit_fits_in_the_rows():
-    from opforge.checks.large_index import CHILD_TIMEOUT_S, ROW_MARGIN_S, child_time_limit
+    from opforge.checks.large_index import CHILD_TIMEOUT_S, TASK_MARGIN_S, child_time_limit
 
     assert child_time_limit(None) == CHILD_TIMEOUT_S
     assert child_time_limit(600) == CHILD_TIMEOUT_S
-    assert child_time_limit(60) == 60 - ROW_MARGIN_S
+    assert child_time_limit(60) == 60 - TASK_MARGIN_S
     assert child_time_limit(8) == 4
 
 

@@ -390,7 +390,7 @@ def judged_nothing(loaded: LoadedOp, implementation: Implementation, inputs: Cas
 
 
 def nothing_judged(loaded: LoadedOp) -> str:
-    """The reason of a row that compared the op's call with itself (judged_nothing)."""
+    """The reason of a result that compared the op's call with itself (judged_nothing)."""
     return (
         f"the spec has no `reference:`, and this case is the op's own reference call ({loaded.reference_label}): "
         "nothing to compare it with"
@@ -398,7 +398,7 @@ def nothing_judged(loaded: LoadedOp) -> str:
 
 
 def compared_with(loaded: LoadedOp) -> PassDetail | None:
-    """A passing row's detail for a spec without a reference: what its values were compared with."""
+    """A passing result's detail for a spec without a reference: what its values were compared with."""
     return PassDetail(f"compared with {loaded.reference_label}") if loaded.self_reference is not None else None
 
 

@@ -82,12 +82,12 @@ def run_op(
         if on_result is not None:
             on_result(result)
 
-    def add_row(index: int, results: list[CaseResult]) -> None:
+    def add_results(index: int, results: list[CaseResult]) -> None:
         for result in results:
             add(result)
 
     for result in plan.skipped:
         add(result)
-    run_tasks(check_context(loaded, settings), plan, filters, settings, on_results=add_row)
+    run_tasks(check_context(loaded, settings), plan, filters, settings, on_results=add_results)
     report.seconds = time.perf_counter() - start
     return report

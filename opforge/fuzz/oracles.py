@@ -103,7 +103,7 @@ class Judge:
         for oracle in oracles:
             try:
                 verdict = _ORACLES[oracle](self.context, self.native, case)
-            except Exception as exc:  # as `opforge check` makes a check that raises an ERROR row, not a dead worker
+            except Exception as exc:  # as `opforge check` makes a check that raises an ERROR result, not a dead worker
                 verdict = Verdict(Status.FAIL, f"the {oracle} oracle raised {short(exc)}", oracle=oracle)
             if verdict is not None:
                 return verdict
