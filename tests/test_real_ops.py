@@ -56,7 +56,7 @@ def _crashes_on_number_messages() -> bool:
 
 @pytest.mark.parametrize("spec, checks", CORRECT, ids=[c[0] for c in CORRECT])
 def test_a_correct_op_written_elsewhere_passes(spec, checks):
-    # error_inputs runs the op's error paths: in a worker, so that a crash there is a row, not this test process.
+    # error_inputs runs the op's error paths: in a worker, so that a crash there is a result, not this test process.
     run = run_spec_isolated if "error_inputs" in checks else run_spec
     report = run(REAL / f"{spec}.yaml", checks=checks, devices=("cpu",))
     crashed = [r for r in report.results if r.status == Status.CRASH]
