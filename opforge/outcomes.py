@@ -1,5 +1,5 @@
-"""How a check's verdict on one case travels to the result: the exceptions and values every check, the engine
-and bench's verification share.
+"""Outcomes: what a check says about one case, before the engine makes each a verdict and a result (see "Words" in
+docs/architecture.md): the exceptions and values every check, the engine and bench's verification share.
 
 A check returns one outcome per result it owns: None for a pass, a PassNote for a pass with something to report,
 or a CheckFailure. It may also raise: CheckFailure (the op did something wrong: FAIL), ReferenceFailure (the spec's
