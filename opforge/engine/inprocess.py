@@ -15,6 +15,7 @@ from opforge.engine.plan import (
     load_checked,
     load_result,
     plan_op,
+    reported_results,
 )
 from opforge.engine.tasks import run_tasks, stops_run
 from opforge.errors import OpforgeError
@@ -49,7 +50,8 @@ def run_in_process(
             events.result(spec.name, report.results[-1])
             continue
         plan = plan_op(loaded, filters, settings)
-        events.planned(spec.name, len(plan.tasks) + len(plan.skipped))
+        # The results the run will report (a task gives one per result name it keeps), as the isolated parent counts.
+        events.planned(spec.name, len(plan.skipped) + sum(len(reported_results(filters, spec, t)) for t in plan.tasks))
 
         def on_result(result: CaseResult, name: str = spec.name) -> None:
             events.result(name, result)
