@@ -16,8 +16,8 @@ from typing import IO, Protocol
 
 from opforge.errors import WorkerInternalError
 
-# Lines of a worker's stderr quoted in a CRASH/TIMEOUT row: faulthandler's account of a fatal signal (the error line,
-# a blank, the thread header and the innermost frames) fits in 20, and a longer quote buries the row in a CI log.
+# Lines of a worker's stderr quoted in a CRASH/TIMEOUT result: faulthandler's account of a fatal signal (the error line,
+# a blank, the thread header and the innermost frames) fits in 20, and a longer quote buries the result in a CI log.
 STDERR_TAIL_LINES = 20
 # Bytes of stderr read back to find those lines: a chatty op (inductor's logs) can write megabytes, and 64 KiB holds
 # the last 20 lines of any log whose lines are under ~3 KiB.

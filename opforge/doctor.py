@@ -184,7 +184,7 @@ def _gpus() -> Finding:
 
     if not torch.cuda.is_available():
         why = "torch is a CPU-only build" if not torch.version.cuda else "no GPU visible (or no driver)"
-        return Finding("GPUs", Verdict.INFO, f"none: {why}; CUDA rows are skipped with that reason")
+        return Finding("GPUs", Verdict.INFO, f"none: {why}; CUDA cases are skipped with that reason")
     toolchain = detect_toolchain()
     archs = toolchain.cuda_archs
     devices = []

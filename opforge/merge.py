@@ -1,8 +1,8 @@
 """Joining the JSON reports of one run's shards (`--shard K/N` jobs of a CI matrix), or of jobs on different
 machines (a CPU job and a GPU job), into one report: `opforge merge-reports`.
 
-A set of shards must be whole: a missing shard (a job that died before writing its report) would leave its rows
-out of the merged report without a trace, and a merge that passes rows nobody ran is what a gate must never do.
+A set of shards must be whole: a missing shard (a job that died before writing its report) would leave its results
+out of the merged report without a trace, and a merge that passes results nobody ran is what a gate must never do.
 """
 
 from __future__ import annotations
@@ -84,14 +84,14 @@ def check_kinds_and_shards(reports: Sequence[Report]) -> str:
                 "merge-reports",
                 f"each of the shards 1/{count} .. {count}/{count} once",
                 got,
-                "Pass every shard's report once; a job that ended without one must be rerun, or its rows never ran.",
+                "Pass every shard's report once; a job that ended without one must be rerun, or its tasks never ran.",
             )
     return kinds.pop()
 
 
 def merge_check_reports(reports: Sequence[Report]) -> RunReport:
-    """One RunReport: each op's rows from every report. A row two reports both ran (a load error every shard
-    reports, a CPU row a CPU and a GPU job both ran) appears once, the failing version if either failed."""
+    """One RunReport: each op's results from every report. A result two reports both hold (a load error every shard
+    reports, a CPU result a CPU and a GPU job both ran) appears once, the failing version if either failed."""
     runs = [run_from_json(r.data) for r in reports]
     merged = RunReport(
         environment=runs[0].environment,
@@ -104,20 +104,20 @@ def merge_check_reports(reports: Sequence[Report]) -> RunReport:
     if len(seeds) > 1:
         merged.notes.append(f"the reports were run with different seeds ({', '.join(map(str, seeds))})")
     ops: dict[str, OpReport] = {}
-    rows: dict[str, dict[str, CaseResult]] = {}
+    results: dict[str, dict[str, CaseResult]] = {}
     for run in runs:
         for op in run.ops:
             mine = ops.setdefault(op.op, OpReport(op=op.op, spec_path=op.spec_path, build=op.build))
             mine.seconds += op.seconds
             if op.load_exit_code is not None:
                 mine.load_exit_code = max(mine.load_exit_code or 0, op.load_exit_code)
-            seen = rows.setdefault(op.op, {})
+            seen = results.setdefault(op.op, {})
             for result in op.results:
                 earlier = seen.get(result.full_id)
                 if earlier is None or (result.status.failed and not earlier.status.failed):
                     seen[result.full_id] = result
     for name, op in ops.items():
-        op.results = list(rows[name].values())
+        op.results = list(results[name].values())
         merged.ops.append(op)
     return merged
 

@@ -1,7 +1,7 @@
-"""How a check's verdict on one case travels to the result row: the exceptions and values every check, the engine
-and bench's verification share.
+"""Outcomes: what a check says about one case, before the engine makes each a verdict and a result (see "Words" in
+docs/architecture.md): the exceptions and values every check, the engine and bench's verification share.
 
-A check returns one outcome per result row it owns: None for a pass, a PassNote for a pass with something to report,
+A check returns one outcome per result it owns: None for a pass, a PassNote for a pass with something to report,
 or a CheckFailure. It may also raise: CheckFailure (the op did something wrong: FAIL), ReferenceFailure (the spec's
 reference or the inputs broke, not the op: ERROR), CheckSkipped (the case cannot run here: SKIP).
 """
@@ -34,7 +34,7 @@ class PassNote:
 
 class PassDetail:
     """A pass with a detail too routine for the summary, for whoever looks closer (`-v`, the JSON report): how many
-    graphs torch.compile built for the row."""
+    graphs torch.compile built for the task."""
 
     def __init__(self, detail: str):
         self.detail = detail
@@ -90,6 +90,6 @@ def unbacked_size_hint(exc: BaseException) -> str:
         f"of {minimum}, and the real output was smaller, so the compiled graph's check of it failed. "
         "ctx.create_unbacked_symint() (deprecated) has a minimum of 2: make the size with "
         "torch.library.get_ctx().new_dynamic_size() (minimum 0), passing min= and max= only for bounds the kernel "
-        "guarantees for every input. For a fake kernel that is not yours (torchvision's nms), xfail the compile row "
+        "guarantees for every input. For a fake kernel that is not yours (torchvision's nms), xfail the compile result "
         f"for the cases whose output has fewer than {minimum} elements."
     )

@@ -156,7 +156,7 @@ def _profile(
                 restore()
                 call()
             sync()
-    except Exception as exc:  # the contender cannot run at this point: its row says why, the others still run
+    except Exception as exc:  # the contender cannot run at this point: its result says why, the others still run
         return _with(base, error=f"{type(exc).__name__}: {exc}".splitlines()[0])
     if trace is not None:
         trace.parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from opforge.loading import LoadedOp
     from opforge.session import RunOptions
 
-# The loaded ops and the results of the rows run so far, for this process.
+# The loaded ops and the results of the tasks run so far, for this process.
 _SESSION = pytest.StashKey["_Session"]()
 
 

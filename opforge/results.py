@@ -215,7 +215,7 @@ class OpReport:
     results: list[CaseResult] = field(default_factory=list)
     build: dict[str, Any] | None = None
     seconds: float = 0.0
-    # The exit code of the spec or build error that kept the op from loading (its load row says why), if any.
+    # The exit code of the spec or build error that kept the op from loading (its load result says why), if any.
     load_exit_code: int | None = None
 
     @property
@@ -238,7 +238,7 @@ class RunReport:
     incomplete: bool = False
     # What a reader of the results must know about the run itself (e.g. a check that cannot run as configured).
     notes: list[str] = field(default_factory=list)
-    # --shard K/N: this run holds the K-th of N shares of the rows (opforge merge-reports joins them).
+    # --shard K/N: this run holds the K-th of N shares of the tasks (opforge merge-reports joins them).
     shard: Shard | None = None
 
     @property

@@ -11,8 +11,8 @@ The reference is called as any reference is: with the op's arguments, floating t
 (opforge.cases.CaseInputs.reference_args), integers (indices, lengths) in their own dtype. It calls the op on
 contiguous copies of them (a storage offset of 0), on the CPU where the spec claims it (else on the spec's first
 device), and returns what a reference returns: the outputs, then each mutated argument's new value. For the
-low-precision baseline opforge calls the reference on the op's own dtypes (checks.calls.reference_in_op_dtypes): then
-it is the op in the case's dtype on contiguous inputs.
+low-precision baseline opforge calls the reference on the op's own dtypes
+(checks.op_and_reference.reference_in_op_dtypes): then it is the op in the case's dtype on contiguous inputs.
 
 float64 where the op takes it: a spec that claims float64 gets it. One that does not (a kernel with no float64
 instantiation raises; some read any dtype's bytes as float32, fbgemm's FloatToFused8BitRowwiseQuantized) is called in
@@ -48,7 +48,7 @@ class SelfReference:
     device: str
     # The dtype its last call computed in (float64, the fallback for float64 inputs, or the op's own dtype where it
     # got no float64 input: an integer case, the low-precision baseline), and why float64 inputs were computed in
-    # the fallback ("" when they were not): what a row says it was compared with, read right after the call.
+    # the fallback ("" when they were not): what a result says it was compared with, read right after the call.
     last_dtype: str = "float64"
     last_fallback_reason: str = ""
     # Whether the op is known to raise in float64 (it then is not called in float64 again).

@@ -1,5 +1,5 @@
 """One run session for every front end: the CLI's `opforge check` runs a whole selection through `run`, the pytest
-plugin (one test item per row) loads, plans and runs rows through `load`, `plan`, `context` and `run_task`. Both
+plugin (one test item per task) loads, plans and runs tasks through `load`, `plan`, `context` and `run_task`. Both
 take the same RunOptions, so a run asks the same things of opforge wherever it starts, opt-in checks included.
 
 Nothing here imports torch at module level: an isolated run's parent stays torch-free (tests/test_structure.py).
@@ -97,7 +97,7 @@ def run(paths: list[Path], options: RunOptions, reporters: list[Reporter]) -> tu
 
 def load_specs(paths: list[Path], report: RunReport) -> list[OpSpec]:
     """The specs that load. With one spec its error is the run's (exit 2); with several, a spec that does not load
-    is its op's ERROR load row in `report` and the others still run."""
+    is its op's ERROR load result in `report` and the others still run."""
     from opforge.engine.plan import unloadable_spec_report
 
     if len(paths) == 1:
@@ -139,7 +139,7 @@ def unlisted_check_notes(specs: list[OpSpec], filters: Filters, settings: RunSet
     ]
 
 
-# --------------------------------------------------------------------- a row at a time (the pytest plugin's items)
+# -------------------------------------------------------------------- a task at a time (the pytest plugin's items)
 
 
 def load(path: Path, options: RunOptions) -> LoadedOp:
@@ -157,8 +157,8 @@ def context(loaded: LoadedOp, options: RunOptions) -> CheckContext:
     return check_context(loaded, options.settings)
 
 
-def run_task(context: CheckContext, row: Task, options: RunOptions) -> list[CaseResult]:
+def run_task(context: CheckContext, task: Task, options: RunOptions) -> list[CaseResult]:
     """One task in this process: a result per result it reports."""
     from opforge.engine.tasks import run_task as run_one
 
-    return run_one(context, row, options.filters)
+    return run_one(context, task, options.filters)

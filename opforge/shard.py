@@ -1,10 +1,10 @@
 """`--shard K/N`: a stable split of a run's work across N CI jobs, whose reports `opforge merge-reports` joins.
 
-The unit is what must run together: for `check`, one (op, implementation, check, case) row with all its sub-rows;
+The unit is what must run together: for `check`, one (op, implementation, check, case) task with all its results;
 for `bench`, one (op, mode, dtype, device, size) point with all its contenders (their speedups are over each
 other). Each unit goes to the shard its key hashes to (CRC-32, the same on every machine and Python), so the split
-needs no coordination, stays put when other rows are added, and spreads a spec's cases over all jobs. It balances
-row counts, not seconds: a job that gets more of the slow rows (compile, opcheck) finishes later.
+needs no coordination, stays put when other tasks are added, and spreads a spec's cases over all jobs. It balances
+task counts, not seconds: a job that gets more of the slow tasks (compile, opcheck) finishes later.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def run_spec_isolated(path: Path, **selection) -> OpReport:
 
 
 def failures_by_check(report: OpReport, implementation: str = "native") -> dict[str, list]:
-    """The FAIL rows of one implementation by check: an ERROR (the reference or the inputs broke) flags nothing."""
+    """The FAIL results of one implementation by check: an ERROR (the reference or the inputs broke) flags nothing."""
     failed = defaultdict(list)
     for r in report.results:
         if r.implementation == implementation and r.status == Status.FAIL:
@@ -80,7 +80,7 @@ def failures_by_check(report: OpReport, implementation: str = "native") -> dict[
 
 
 def describe(results) -> str:
-    """Failure text for assertion messages: every failing row with its worst mismatch."""
+    """Failure text for assertion messages: every failing result with its worst mismatch."""
     from opforge.results import failure_text
 
     return "\n\n".join(f"{r.full_id}: {r.status.value}\n{failure_text(r)}" for r in results)

@@ -457,8 +457,8 @@ def test_a_bytes_expression_using_a_gradient_in_fwd_is_refused_at_load(tmp_path)
 
 
 def test_a_bytes_expression_a_point_cannot_evaluate_is_an_error_row_not_an_abort(tmp_path):
-    # grad_indices passes the load-time check (an output's gradient) but int64 indices have none: each bwd row of
-    # the point is an ERROR naming file:line and key, the fwd rows are timed, and the JSON is written.
+    # grad_indices passes the load-time check (an output's gradient) but int64 indices have none: each bwd result of
+    # the point is an ERROR naming file:line and key, the fwd results are timed, and the JSON is written.
     path = copy_fixture(tmp_path, "bench_sort.yaml", lambda text: text + "  bytes: {bwd: 'grad_indices.nbytes'}\n")
     out = tmp_path / "run.json"
     result = invoke("bench", str(path), "--impl", "native", "--impl", "eager", "--json", str(out), *QUICK)
@@ -478,7 +478,7 @@ def test_a_bytes_expression_a_point_cannot_evaluate_is_an_error_row_not_an_abort
     [
         # A mapping's error names the mode's key.
         ("  bytes: {fwd: 'x.nbytes / 0'}", ("bench_sort.yaml:13: bench.bytes.fwd: expected", "division by zero")),
-        # A tensor used as a number is an ERROR row, not an internal error.
+        # A tensor used as a number is an ERROR result, not an internal error.
         (
             "  bytes: '2 * x'",
             (
@@ -719,7 +719,7 @@ def test_a_contender_past_its_time_limit_is_cut_off_with_a_note_and_the_run_goes
 
 @pytest.mark.slow
 def test_the_op_itself_is_never_cut_off(tmp_path, monkeypatch):
-    """Verifying a large case in float64 takes minutes on a CPU: the op's rows run to the end, only baselines are
+    """Verifying a large case in float64 takes minutes on a CPU: the op's results run to the end, only baselines are
     cut. Here the op's implementation is the slow one."""
     from opforge.bench import runner as bench_runner
 

@@ -131,8 +131,8 @@ def test_float64_through_float32_fails_gradcheck_in_float64_only():
 
 
 def test_compile_rows_of_one_dtype_share_one_function_and_one_worker():
-    # leaky_swish's float32 rows build 6 + 3 + 3 + 1 graphs for one function (each shape has a rank of its own), past
-    # dynamo's 8 per function: fullgraph=True would fail the last rows had each row not made room for its calls.
+    # leaky_swish's float32 tasks build 6 + 3 + 3 + 1 graphs for one function (each shape has a rank of its own), past
+    # dynamo's 8 per function: fullgraph=True would fail the last tasks had each task not made room for its calls.
     loaded = load_op(load_spec(REPO / "specs" / "leaky_swish.yaml"))
     filters = Filters(dtypes=("float32", "float64"), devices=("cpu",), checks=("compile", "correctness"))
     plan = plan_op(loaded, filters, RunSettings())
@@ -148,7 +148,7 @@ def test_compile_rows_of_one_dtype_share_one_function_and_one_worker():
     assert all(r.status == Status.PASS for r in results), describe(results)
     built = [int(r.detail.split()[0]) for r in results]
     assert sum(built) > 8 and all(" built; " in r.detail for r in results), describe(results)
-    # The same rows again in this run: every graph is reused.
+    # The same tasks again in this run: every graph is reused.
     again = [r for task in float32 for r in run_task(context, task, filters)]
     assert [r.detail.split()[0] for r in again] == ["0"] * len(float32), describe(again)
 
@@ -162,7 +162,7 @@ def test_graph_break_fails_compile_for_that_implementation_only():
 def test_an_op_returning_fewer_values_than_expected_fails_instead_of_comparing_fewer():
     import torch
 
-    from opforge.checks.calls import paired
+    from opforge.checks.op_and_reference import paired
     from opforge.outcomes import CheckFailure
 
     loaded = load_op(load_spec(FIXTURES / "good.yaml"))
@@ -434,7 +434,7 @@ def test_multi_gpu_moves_inputs_with_their_exact_strides(layout):
     import torch
 
     from opforge.cases import CaseInputs, in_layout
-    from opforge.checks.calls import on_device
+    from opforge.checks.op_and_reference import on_device
 
     x = in_layout(torch.arange(35.0, dtype=torch.float64).reshape(5, 7), layout, torch.float32, "cpu")
     moved = on_device(CaseInputs((x, 0.5), {}, (), {}, ("x",)), torch.device("cpu")).args
@@ -614,11 +614,11 @@ def test_large_index_child_that_breaks_outside_the_op_is_an_error_with_where():
 
 
 def test_large_index_child_time_limit_fits_in_the_rows():
-    from opforge.checks.large_index import CHILD_TIMEOUT_S, ROW_MARGIN_S, child_time_limit
+    from opforge.checks.large_index import CHILD_TIMEOUT_S, TASK_MARGIN_S, child_time_limit
 
     assert child_time_limit(None) == CHILD_TIMEOUT_S
     assert child_time_limit(600) == CHILD_TIMEOUT_S
-    assert child_time_limit(60) == 60 - ROW_MARGIN_S
+    assert child_time_limit(60) == 60 - TASK_MARGIN_S
     assert child_time_limit(8) == 4
 
 
@@ -644,7 +644,7 @@ def test_large_index_child_that_hangs_or_dies_early_is_reported():
 @requires_cuda
 def test_special_values_reach_every_row_of_a_cuda_input(tmp_path):
     """The rows' positions are an index tensor: on a CUDA input they must go to its device (index_put_ refuses a
-    CPU index into a CUDA tensor, which made every CUDA special_values row an ERROR once)."""
+    CPU index into a CUDA tensor, which made every CUDA special_values result an ERROR once)."""
     path = spec_variant(tmp_path, "good", "devices: [cpu, cuda]\n")
     report = run_spec(path, checks=("special_values",), devices=("cuda",))
     cuda = [r for r in report.results if r.device == "cuda"]

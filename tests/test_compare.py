@@ -165,7 +165,7 @@ def gated(x, w):
 def test_an_ill_conditioned_element_may_be_off_by_what_rounding_its_inputs_costs_but_no_more():
     # Found by `opforge fuzz` on tests/fixtures/real_ops/lstm_cell in bfloat16: the op rounds a 2,585-term gate once
     # more than eager does, and eager happened to be almost exact.
-    from opforge.checks.calls import perturbed_arguments
+    from opforge.checks.op_and_reference import perturbed_arguments
 
     generator = torch.Generator().manual_seed(0)
     x, w = (torch.rand(4000, 1024, generator=generator, dtype=torch.float64).mul(4).sub(2) for _ in range(2))

@@ -1,4 +1,4 @@
-"""GPU memory safety: the misaligned (offset) layout, compute-sanitizer's reports turned into rows, the grid-size
+"""GPU memory safety: the misaligned (offset) layout, compute-sanitizer's reports turned into results, the grid-size
 case past 2^24 elements, launch errors blamed on their own case, and ops that cannot be graph-captured. What needs a
 GPU runs on one (tests/fixtures/cuda_ops/memory_bugs.*, .ci/gpu checks); here, everything a CPU can prove."""
 

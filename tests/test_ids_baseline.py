@@ -41,7 +41,7 @@ def test_a_list_of_tensors_shows_its_shapes_in_the_case_id():
 
 def test_an_xfail_case_glob_names_a_list_argument(tmp_path):
     """A `case:` glob is fnmatch, where `[...]` is a set of characters: the comma form is matched literally. The
-    op passes, so the strict xfail turns exactly the rows it names into XPASS."""
+    op passes, so the strict xfail turns exactly the results it names into XPASS."""
     path = ids_variant(
         tmp_path,
         "segment_sums",

@@ -1,4 +1,4 @@
-"""Crash isolation and time limits: a segfault, an abort or a hang costs one row, the run goes on and its reports are
+"""Crash isolation and time limits: a segfault, an abort or a hang costs one task, the run goes on and its reports are
 complete; Ctrl-C leaves an incomplete but well-formed report."""
 
 from __future__ import annotations
@@ -162,8 +162,8 @@ def started_children(monkeypatch) -> list[str]:
 )
 def test_forked_and_started_workers_report_alike(tmp_path, monkeypatch, request, how):
     """A run forks its workers from a fork server that imported torch once; where it cannot (not Linux, or the
-    server did not start or died), each worker starts as a process of its own. The same rows either way, a crash's fresh
-    worker included."""
+    server did not start or died), each worker starts as a process of its own. The same results either way, a crash's
+    fresh worker included."""
     from opforge.engine import forkserver
 
     started = started_children(monkeypatch)
@@ -302,7 +302,7 @@ def test_cli_timeout_overrides_the_spec(tmp_path):
 def test_interrupt_writes_an_incomplete_report_and_exits_130(tmp_path, signum, mode):
     marker, report_path = tmp_path / "hanging", tmp_path / "r.json"
     env = {**os.environ, "OPFORGE_TEST_MARKER": str(marker), "NO_COLOR": "1"}
-    # One worker: the second op has not started when the first hangs (with more, its rows would be in the report).
+    # One worker: the second op has not started when the first hangs (with more, its results would be in the report).
     timeout = [] if mode else ["--timeout", "300", "-j", "1"]
     proc = subprocess.Popen(
         [
@@ -336,7 +336,7 @@ def test_interrupt_writes_an_incomplete_report_and_exits_130(tmp_path, signum, m
     report = json.loads(report_path.read_text())
     assert report["incomplete"] is True
     assert [o["op"] for o in report["ops"]] == ["hangs"]
-    assert [r["status"] for r in report["ops"][0]["results"]] == ["pass"]  # the row that finished before Ctrl-C
+    assert [r["status"] for r in report["ops"][0]["results"]] == ["pass"]  # the result that finished before Ctrl-C
     assert "interrupted" in output and "(incomplete)" in output
     worker = int(marker.read_text())
     with pytest.raises(ProcessLookupError):
@@ -453,7 +453,7 @@ def test_fail_fast_stops_the_ops_running_beside_the_one_that_failed(tmp_path):
     assert result.exit_code == 1, result.output
     ops = {op["op"]: op["results"] for op in json.loads((tmp_path / "r.json").read_text())["ops"]}
     assert [r["status"] for r in ops["ignores_strides"]].count("fail") == 1
-    # Without the stop, its 7-element case would hang for the 300 s limit and be a TIMEOUT row.
+    # Without the stop, its 7-element case would hang for the 300 s limit and be a TIMEOUT result.
     assert "timeout" not in {r["status"] for r in ops["hangs"]}
 
 
@@ -479,7 +479,7 @@ def test_a_fresh_worker_that_plans_other_rows_crashes_the_rest_of_the_op_not_the
     supervisor.active[0] = op
     supervisor._loaded(op, Loaded(count=2))
     assert [r.status for r in op.report.results] == [Status.CRASH, Status.CRASH]
-    assert "planned 2 rows where the first one planned 3" in op.report.results[0].message
+    assert "planned 2 tasks where the first one planned 3" in op.report.results[0].message
     assert not supervisor.active
 
 

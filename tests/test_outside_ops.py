@@ -184,7 +184,7 @@ def test_samples_spec_errors_when_loaded(tmp_path, name):
 
 def test_xfail_by_layout_covers_exactly_the_failing_layouts(tmp_path):
     """ignores_strides is wrong on transposed and strided inputs only: an xfail on noncontiguous layouts ends in
-    xfail rows there and plain passes elsewhere, not XPASS."""
+    xfail results there and plain passes elsewhere, not XPASS."""
     shutil.copy(FIXTURES / "broken_ops.py", tmp_path / "broken_ops.py")
     path = tmp_path / "ignores_strides.yaml"
     xfail = "xfail:\n  - {check: correctness, layout: noncontiguous, reason: reads x as if contiguous}\n"

@@ -56,7 +56,7 @@ def _crashes_on_number_messages() -> bool:
 
 @pytest.mark.parametrize("spec, checks", CORRECT, ids=[c[0] for c in CORRECT])
 def test_a_correct_op_written_elsewhere_passes(spec, checks):
-    # error_inputs runs the op's error paths: in a worker, so that a crash there is a row, not this test process.
+    # error_inputs runs the op's error paths: in a worker, so that a crash there is a result, not this test process.
     run = run_spec_isolated if "error_inputs" in checks else run_spec
     report = run(REAL / f"{spec}.yaml", checks=checks, devices=("cpu",))
     crashed = [r for r in report.results if r.status == Status.CRASH]
@@ -102,7 +102,7 @@ def test_an_input_with_its_own_layouts_stays_contiguous_in_the_others_cases():
 
 def test_a_generator_makes_valid_inputs_reproducible_from_the_case_seed():
     from opforge.cases import build_matrix
-    from opforge.checks.calls import argument, inputs_for
+    from opforge.checks.op_and_reference import argument, inputs_for
     from opforge.engine.plan import load_checked
     from opforge.spec.load import load_spec
 

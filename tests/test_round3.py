@@ -23,7 +23,7 @@ runner = CliRunner()
 
 
 def check(tmp_path: Path, spec: Path, *args: str) -> tuple[int, list[dict]]:
-    """`opforge check` on `spec`: its exit code and its result rows (from the JSON report)."""
+    """`opforge check` on `spec`: its exit code and its results (from the JSON report)."""
     report = tmp_path / f"{spec.stem}.json"
     result = runner.invoke(app, ["check", str(spec), "--json", str(report), *args], env={"NO_COLOR": "1"})
     assert report.exists(), result.output
@@ -129,7 +129,7 @@ def test_a_declared_crash_is_xfail_on_the_case_that_crashed(tmp_path):
     assert ("correctness", "xfail") in by_status and ("dtypes", "xfail") in by_status, by_status
     for row in (r for r in rows if r["status"] == "xfail"):
         assert "SIGSEGV" in row["message"] and "-contiguous-" not in row["case_id"], row
-    # Each unclaimed dtype's row sweeps the spec's cases; it dies on the first non-contiguous one and says so there.
+    # Each unclaimed dtype's task sweeps the spec's cases; it dies on the first non-contiguous one and says so there.
     swept = [r for r in rows if r["check"] == "dtypes" and r["status"] == "xfail"]
     assert len(swept) == 9 and all("was running the op on this case" in r["message"] for r in swept), swept
 
@@ -140,7 +140,7 @@ def test_an_undeclared_crash_stays_a_crash_row_on_the_case_that_crashed(tmp_path
     assert code == 1
     crashed = [r for r in rows if r["status"] == "crash"]
     assert {r["check"] for r in crashed} == {"correctness", "dtypes"}, crashed
-    # Before, a dtypes row kept its representative (contiguous) case's id whatever case its sweep died on.
+    # Before, a dtypes result kept its representative (contiguous) case's id whatever case its sweep died on.
     assert all("-contiguous-" not in r["case_id"] for r in crashed), [r["case_id"] for r in crashed]
 
 

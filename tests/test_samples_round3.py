@@ -73,7 +73,7 @@ def by_status(report, check: str = "correctness") -> dict[Status, set[str]]:
 
 def test_a_value_computed_from_the_cases_random_tensors_is_refused_when_the_spec_loads():
     """jagged_sum_samples_untied draws the offsets from the case's generator and computes max_length from them:
-    before, the value planned from seed 0 reached every case beside other offsets, and the correct op failed 4 rows
+    before, the value planned from seed 0 reached every case beside other offsets, and the correct op failed 4 results
     (its loop bound shorter than the case's longest segment)."""
     message = load_error(ROUND3 / "jagged_sum_untied.yaml")
     assert message.startswith("samples:"), message
@@ -176,7 +176,7 @@ def test_fuzz_plans_an_optional_tensor_a_sample_leaves_none_without_a_shape():
 
 def test_an_index_of_dtype_case_dtype_follows_each_integer_case():
     """gather_rows claims int32 and int64 (its index's dtypes; x stays float32). Before, `dtype: case_dtype` was
-    no dtype, and the float32 rows read "expected dtype torch.float64" in an integer case."""
+    no dtype, and the float32 results read "expected dtype torch.float64" in an integer case."""
     report = run_spec(ROUND3 / "gather_rows.yaml")
     assert report.results and not report.failed, describe(report.results)
     twin = by_status(run_spec(ROUND3 / "gather_rows_reads_int64.yaml", checks=("correctness",)))
@@ -216,7 +216,7 @@ def test_a_floating_output_in_an_integer_case_keeps_the_dtype_of_its_floating_in
 
 
 def test_a_scalar_type_of_case_dtype_follows_each_case():
-    """Before, `values: [case_dtype]` reached the op as the string 'case_dtype' (every row failed)."""
+    """Before, `values: [case_dtype]` reached the op as the string 'case_dtype' (every result failed)."""
     report = run_spec(ROUND3 / "cast_to.yaml")
     assert report.results and not report.failed, describe(report.results)
     assert {r.dtype for r in report.results if r.check == "correctness"} == {

@@ -1,5 +1,5 @@
-"""`--shard K/N` and `opforge merge-reports`: the shards of a run cover its rows exactly once, their merged report is
-the unsharded run's, and a merge that lacks a shard is refused (its rows never ran)."""
+"""`--shard K/N` and `opforge merge-reports`: the shards of a run cover its tasks exactly once, their merged report is
+the unsharded run's, and a merge that lacks a shard is refused (its tasks never ran)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_the_shards_of_a_run_hold_each_of_its_rows_once():
 
 
 def test_a_row_s_shard_is_stable_and_its_sub_rows_stay_together():
-    # One planned row (opcheck on a case) reports several sub-rows: they are one unit of work.
+    # One planned task (opcheck on a case) reports several results: they are one unit of work.
     loaded = load_op(load_spec(FIXTURES / "good.yaml"))
     rows = run_op(loaded, Filters(checks=("opcheck",), shard=(2, 3))).results
     by_case: dict[str, set[str]] = {}
@@ -112,7 +112,7 @@ def test_a_merge_without_every_shard_is_refused(tmp_path):
 
 
 def test_a_shard_that_gets_no_rows_is_no_pass(tmp_path):
-    # One row, in whichever shard of 2 owns it: the other shard ran nothing.
+    # One task, in whichever shard of 2 owns it: the other shard ran nothing.
     row = "good/native::correctness[float32-cpu-contiguous-x=7]"
     empty = 2 if owns((1, 2), row) else 1
     result = invoke(

@@ -1,6 +1,6 @@
 """The structure opforge keeps: no import cycles, lower layers never import higher ones, a check is one object that the
 catalog alone makes known to the spec loader, the engine, every report format and `--check`, and a check's outcomes
-are checked against the rows it declares."""
+are checked against the result names it declares."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ LAYERS = [
     ("fuzz", ["fuzz"]),
     ("tools", ["doctor", "scaffold", "profile", "merge", "scan", "record"]),
     ("reporters", ["reporters"]),
-    # One run session for every front end: the CLI runs whole selections through it, the pytest plugin a row a time.
+    # One run session for every front end: the CLI runs whole selections through it, the pytest plugin a task at a time.
     ("session", ["session"]),
     ("commands", ["cli", "commands", "pytest_plugin", "__main__"]),
 ]
@@ -145,7 +145,7 @@ def test_an_isolated_run_keeps_the_parent_torch_free():
 
 
 def _toy_run(context, implementation, case):
-    """Row toy:small passes with a note; row toy:even fails on every 2-D case."""
+    """Result toy:small passes with a note; result toy:even fails on every 2-D case."""
     two_d = any(len(shape) == 2 for _, shape in case.shapes)
     return {"toy:small": PassNote("toy note"), "toy:even": CheckFailure("toy failure") if two_d else None}
 
@@ -191,7 +191,7 @@ def test_a_check_added_to_the_catalog_alone_is_planned_run_reported_and_selectab
     assert "good/native::toy:even[" in (tmp_path / "r.md").read_text()
     recorded = json.loads((tmp_path / ".opforge" / "lastfailed.json").read_text())["failed"]
     assert set(recorded) == {r["id"] for r in failed}
-    # One of its rows on its own.
+    # One of its results on its own.
     only = CliRunner().invoke(app, [*args[:-1], "toy:small"], env={"NO_COLOR": "1"})
     assert only.exit_code == 0 and "toy:even" not in only.output, only.output
 
@@ -205,10 +205,13 @@ def test_a_spec_may_list_a_check_the_catalog_knows(toy_check, tmp_path):
 @pytest.mark.parametrize(
     "outcomes, expected",
     [
-        ({"toy:small": None, "toy:evn": None}, "returned no outcome for row toy:even (it returned rows it does not "),
-        ({"toy:small": None}, "returned no outcome for row toy:even: a bug in the check"),
-        ({"toy:small": None, "toy:even": "fine"}, "returned str for row toy:even, expected None, a PassNote or"),
-        (None, "returned NoneType, expected a dict of outcomes by row"),
+        (
+            {"toy:small": None, "toy:evn": None},
+            "returned no outcome for result toy:even (it returned result names it does not ",
+        ),
+        ({"toy:small": None}, "returned no outcome for result toy:even: a bug in the check"),
+        ({"toy:small": None, "toy:even": "fine"}, "returned str for result toy:even, expected None, a PassNote or"),
+        (None, "returned NoneType, expected a dict of outcomes by result name"),
     ],
     ids=["typo", "forgotten", "not-an-outcome", "not-a-dict"],
 )
@@ -245,7 +248,7 @@ class Loudness:
     level: float
 
 
-def read_loudness(r, so_far):
+def read_loudness(r, spec):
     section = Reader(r.path, r.child("toy_loud"), "toy_loud", ("level",), required=("level",))
     level = section.get("level", read_number)
     if level <= 0:
@@ -272,7 +275,7 @@ _TOY_BOOTSTRAP = (
 
 def test_a_check_brings_its_own_option_and_spec_section_to_the_cli_the_plugin_and_the_loader(tmp_path):
     """One module and one catalog line: its flag in `opforge check --help` and `pytest --help`, its section read
-    (with file:line errors) and handed to its run, and its rows run when asked."""
+    (with file:line errors) and handed to its run, and its tasks run when asked."""
     (tmp_path / "toy_loud.py").write_text(_TOY_OPTION_MODULE)
     spec = _spec_listing(tmp_path, "correctness")
     spec.write_text(spec.read_text() + "toy_loud: {level: 11}\n")

@@ -143,7 +143,7 @@ def _heartbeat_lines(capsys, count: int) -> list[str]:
 
 
 def test_without_a_terminal_progress_is_one_heartbeat_saying_where_the_run_is(capsys):
-    """One timed heartbeat for the whole run: the step under way, then the rows done and the last one, and nothing
+    """One timed heartbeat for the whole run: the step under way, then the results done and the last one, and nothing
     after the run ends."""
     import time
 
@@ -158,7 +158,7 @@ def test_without_a_terminal_progress_is_one_heartbeat_saying_where_the_run_is(ca
     report.result("op", _result("cpu", "float64", status=Status.FAIL))
     capsys.readouterr()
     line = _heartbeat_lines(capsys, 1)[0]
-    assert line.startswith("... op: 2/3 rows done, 1 failed; last correctness [float64-cpu-contiguous-x=7] ("), line
+    assert line.startswith("... op: 2/3 results done, 1 failed; last correctness [float64-cpu-contiguous-x=7] ("), line
     report.finish(RunReport(environment={}, ops=[]))
     capsys.readouterr()
     time.sleep(0.1)

@@ -44,7 +44,7 @@ class CaseComparison:
 class Comparison:
     baseline_path: str
     threshold_pct: float
-    rows: list[CaseComparison] = field(default_factory=list)
+    compared: list[CaseComparison] = field(default_factory=list)
     environment_differences: list[str] = field(default_factory=list)
     only_new: list[str] = field(default_factory=list)
     only_old: list[str] = field(default_factory=list)
@@ -53,11 +53,11 @@ class Comparison:
 
     @property
     def regressions(self) -> list[CaseComparison]:
-        return [r for r in self.rows if r.gated and r.verdict == REGRESSION]
+        return [r for r in self.compared if r.gated and r.verdict == REGRESSION]
 
     @property
     def nothing_compared(self) -> bool:
-        return not self.rows
+        return not self.compared
 
     @property
     def failed(self) -> bool:
@@ -123,7 +123,7 @@ def compare(run: BenchRun, baseline: dict, threshold_pct: float, path: str = "")
             continue
         interval = ratio_of_medians(result.samples, _samples(previous))
         verdict = REGRESSION if interval.low > limit else FASTER if interval.high < 1 / limit else SAME
-        comparison.rows.append(
+        comparison.compared.append(
             CaseComparison(result.id, result.role, previous["median_s"], new_median, interval, verdict)
         )
     comparison.only_old = [i for i in old if i not in seen]
@@ -139,11 +139,11 @@ def gate(run: BenchRun, comparison: Comparison) -> BenchRun:
     return replace(run, results=results, gate_failure=nothing)
 
 
-def _regression(row: CaseComparison, comparison: Comparison) -> str:
-    interval = row.interval
+def _regression(case: CaseComparison, comparison: Comparison) -> str:
+    interval = case.interval
     return (
-        f"regression: new/old median {interval.ratio:.3f} ({format_seconds(row.old_median_s)} -> "
-        f"{format_seconds(row.new_median_s)}), its {round(100 * interval.confidence)}% confidence interval "
+        f"regression: new/old median {interval.ratio:.3f} ({format_seconds(case.old_median_s)} -> "
+        f"{format_seconds(case.new_median_s)}), its {round(100 * interval.confidence)}% confidence interval "
         f"[{interval.low:.3f}, {interval.high:.3f}] above {1 + comparison.threshold_pct / 100:.3g} "
         f"(--max-regression {comparison.threshold_pct:g}%, against {comparison.baseline_path})"
     )
@@ -167,7 +167,7 @@ def _samples(result: dict) -> list[float]:
 def markdown(comparison: Comparison) -> str:
     """A summary for a CI job summary ($GITHUB_STEP_SUMMARY): verdict, environment warnings, then every case."""
     n = len(comparison.regressions)
-    ci = f"{round(100 * comparison.rows[0].interval.confidence)}%" if comparison.rows else "95%"
+    ci = f"{round(100 * comparison.compared[0].interval.confidence)}%" if comparison.compared else "95%"
     title = (
         f"❌ {n} regression{'s' if n != 1 else ''}"
         if n
@@ -192,7 +192,7 @@ def markdown(comparison: Comparison) -> str:
     if comparison.nothing_compared:
         lines += ["> **No case of this run could be compared with the baseline: the gate fails.**", ""]
     lines += ["| case | old | new | new/old | CI | verdict |", "|---|---:|---:|---:|---|---|"]
-    for r in sorted(comparison.rows, key=lambda r: (r.verdict != REGRESSION, r.id)):
+    for r in sorted(comparison.compared, key=lambda r: (r.verdict != REGRESSION, r.id)):
         verdict = r.verdict if r.gated else f"{r.verdict} (baseline, not gated)"
         if r.verdict == REGRESSION and r.gated:
             verdict = f"**{verdict}**"

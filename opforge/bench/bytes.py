@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from opforge.cases import CaseInputs
-from opforge.checks.calls import argument, op_outputs, output_names
+from opforge.checks.op_and_reference import argument, op_outputs, output_names
 from opforge.errors import SpecError
 from opforge.loading import LoadedOp
 from opforge.spec import bytes_expr as expr
@@ -23,7 +23,7 @@ def bytes_moved(loaded: LoadedOp, mode: str, inputs: CaseInputs) -> int | None:
     Default: fwd reads every tensor input once (a mutated argument too) and writes every output that is not an
     alias of an argument, and every mutated argument, once; bwd reads each floating output's gradient and every
     tensor input once and writes each differentiated input's gradient once; fwd+bwd is the sum. None when the op's
-    outputs cannot be known (its call raised: its row says why). Raises SpecError for an expression this point
+    outputs cannot be known (its call raised: its result says why). Raises SpecError for an expression this point
     cannot evaluate. An op that mutates an argument changes `inputs`: pass a set no contender uses.
     """
     sizes = _sizes(loaded, inputs, with_gradients=mode != "fwd")

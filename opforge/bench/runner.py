@@ -3,7 +3,7 @@ against the reference, then timing.
 
 Every implementation (the op itself, the spec's `implementations`) is first checked on the benchmark's own inputs
 with the same checks `opforge check` runs (`correctness` for the forward, `grad_lowp` for the gradients); one
-that does not match the reference at the spec's tolerance is a WRONG row and is not timed. The baselines, the
+that does not match the reference at the spec's tolerance is a WRONG result and is not timed. The baselines, the
 reference run eagerly in the benchmark's dtype and `torch.compile` of it, are timed as they are.
 """
 
@@ -42,8 +42,8 @@ from opforge.bench.plan import (
 from opforge.bench.timing import Timing, TimingOptions, graph_input_copies, l2_bytes, time_callable
 from opforge.cases import CaseInputs, make_inputs
 from opforge.checks.base import CheckContext
-from opforge.checks.calls import argument, differentiated
 from opforge.checks.catalog import CATALOG
+from opforge.checks.op_and_reference import argument, differentiated
 from opforge.compare import leaves
 from opforge.engine.tasks import apply_xfail, check_verdicts
 from opforge.errors import SpecError
@@ -189,12 +189,12 @@ def run_point(
         return results
     try:
         nbytes = bytes_moved(loaded, point.mode, inputs())
-    except SpecError as exc:  # a bytes expression this point cannot evaluate: its rows say why, the run goes on
+    except SpecError as exc:  # a bytes expression this point cannot evaluate: its results say why, the run goes on
         for contender in chosen:
             emit(contender, ERROR, message=str(exc))
         return results
     for contender in chosen:
-        # Only a baseline is cut off: the op's own rows are what the user asked to time, and verifying a large case
+        # Only a baseline is cut off: the op's own results are what the user asked to time, and verifying a large case
         # against the float64 reference takes minutes on a CPU (affine_leaky_swish's 256x64x112x112 backward on
         # 2 cores ran past 60 s); the heartbeat shows they are alive.
         limit = timing.contender_limit_s if contender.role == BASELINE else None
@@ -211,7 +211,7 @@ def run_point(
 
 class ContenderTimeLimit(BaseException):
     """Raised into a contender that ran past its time limit. A BaseException, so that the `except Exception`
-    of the contender's own code (and of this module's error rows) does not swallow it."""
+    of the contender's own code (and of this module's error results) does not swallow it."""
 
     def __init__(self, seconds: float):
         super().__init__(seconds)
@@ -260,7 +260,7 @@ def input_source(loaded: LoadedOp, point: BenchPoint, seed: int) -> Callable[[],
         return _fresh_inputs(loaded, point, seed)
 
     if loaded.mutated_arguments:
-        make()  # fail here, before any row, if the inputs cannot be made at all
+        make()  # fail here, before any result, if the inputs cannot be made at all
         return make
     shared = make()
     return lambda: shared
@@ -276,7 +276,7 @@ def _run_contender(
     seed: int,
     timer: Timer,
 ) -> tuple[Status, dict]:
-    """(status, the row's fields). Whatever a contender raises costs its row, never the benchmark."""
+    """(status, the result's fields). Whatever a contender raises costs its result, never the benchmark."""
     fields: dict = {}
     if contender.role == IMPLEMENTATION and contender.implementation is not None:
         try:
@@ -319,10 +319,10 @@ def graph_rotation(first: Callable[[], Any], others: list[Callable[[], Any]]) ->
 def verify(
     loaded: LoadedOp, implementation: Implementation, point: BenchPoint, seed: int
 ) -> tuple[Status | None, dict]:
-    """(None, fields) when the implementation may be timed, else (WRONG, ERROR or SKIP, the row's fields): the
+    """(None, fields) when the implementation may be timed, else (WRONG, ERROR or SKIP, the result's fields): the
     point's checks (correctness for a forward, grad_lowp for a backward) through the engine's own outcome and xfail
     mapping. A mismatch the spec declares as xfail (for this implementation, check, dtype, device) is timed, with a
-    note. What a check raises besides its outcomes propagates: the caller makes it the row's ERROR."""
+    note. What a check raises besides its outcomes propagates: the caller makes it the result's ERROR."""
     names = {"fwd": ("correctness",), "bwd": ("grad_lowp",), "fwd+bwd": ("correctness", "grad_lowp")}[point.mode]
     context = CheckContext(loaded, seed)
     notes = []

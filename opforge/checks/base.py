@@ -2,7 +2,7 @@
 applies, which cases it runs, how it runs one, how a failure is rerun), and the case selections several checks share.
 
 A check's `run` takes one case and returns one outcome per result it owns (opforge.outcomes): the engine turns
-a missing or unknown row into an ERROR row, so a typo cannot turn a failure into a pass.
+a missing or unknown result name into an ERROR result, so a typo cannot turn a failure into a pass.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ class CheckOption:
 
 
 @dataclass(frozen=True)
-class SpecSoFar:
-    """What a spec section's reader may need of the rest of the spec: its inputs and its dtypes."""
+class SpecBeforeSections:
+    """The spec as read before its check sections, for a section's reader that needs the rest of it: its inputs and
+    its dtypes."""
 
     inputs: tuple[Input, ...]
     dtypes: tuple[str, ...]
@@ -52,7 +53,7 @@ class SpecSection:
     key (OpSpec.section). Its presence is a claim of the spec's: the check's `claim`, when it has one."""
 
     key: str
-    read: Callable[[Reader, SpecSoFar], Any]
+    read: Callable[[Reader, SpecBeforeSections], Any]
 
 
 @dataclass(frozen=True)
@@ -74,13 +75,13 @@ class OptIns:
 class CheckContext:
     loaded: LoadedOp
     base_seed: int
-    # The row's time limit in seconds when a parent process enforces one (isolated runs), for a check that must
+    # The task's time limit in seconds when a parent process enforces one (isolated runs), for a check that must
     # end its own work first (a child process of its own); None in process.
     time_limit: float | None = None
     opt_ins: OptIns = OptIns()
-    # What a check keeps between its rows in this process for this op (see Check.shares_work), by its own keys.
+    # What a check keeps between its tasks in this process for this op (see Check.shares_work), by its own keys.
     shared: dict[Hashable, Any] = field(default_factory=dict, compare=False)
-    # Told each other case of the spec a row runs the op on (dtypes' sweep), so that a crash there is reported on
+    # Told each other case of the spec a task runs the op on (dtypes' sweep), so that a crash there is reported on
     # that case, where a spec's xfail can name it; an isolated worker tells its parent.
     on_sweep: Callable[[Case], None] = field(default=lambda case: None, compare=False)
 

@@ -37,7 +37,7 @@ class Catalog:
 
     def __init__(self, checks: Iterable[Check]):
         self._checks = {c.name: c for c in checks}
-        self._by_result = {row: c for c in self._checks.values() for row in c.result_names()}
+        self._by_result = {name: c for c in self._checks.values() for name in c.result_names()}
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -50,8 +50,8 @@ class Catalog:
 
     @property
     def sub_results(self) -> tuple[str, ...]:
-        """The rows that are not a check's own name: what `--check` and `xfail` accept besides the names."""
-        return tuple(row for row in self._by_result if row not in self._checks)
+        """The result names that are not a check's own name: what `--check` and `xfail` accept besides the names."""
+        return tuple(name for name in self._by_result if name not in self._checks)
 
     def __iter__(self) -> Iterator[Check]:
         return iter(self._checks.values())
@@ -62,9 +62,9 @@ class Catalog:
     def get(self, name: str) -> Check:
         return self._checks[name]
 
-    def of_result(self, row: str) -> Check:
-        """The check that produces result `row`."""
-        return self._by_result[row]
+    def of_result(self, name: str) -> Check:
+        """The check that produces result `name`."""
+        return self._by_result[name]
 
     @property
     def options(self) -> tuple[CheckOption, ...]:

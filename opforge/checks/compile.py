@@ -1,6 +1,6 @@
 """compile: torch.compile(fullgraph=True, dynamic=True) with inductor on every shape, against eager and, where
-they differ, against the reference. One compiled function per implementation, dtype and device serves all its rows
-(shapes and layouts) in a run, as a model's call site would; each row says with -v how many graphs it built."""
+they differ, against the reference. One compiled function per implementation, dtype and device serves all its tasks
+(shapes and layouts) in a run, as a model's call site would; each result says with -v how many graphs it built."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, aligned, first_values
-from opforge.checks.calls import (
-    Result,
+from opforge.checks.op_and_reference import (
+    RunOutputs,
     agreement,
     call_reference,
     inputs_for,
@@ -26,15 +26,15 @@ from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, PassDetail, missing_fake_hint, short, unbacked_size_hint
 
 # Dynamo keeps at most `recompile_limit` graphs (8) per function, a limit meant for one call site of a model. Here
-# one function serves every row (shape and layout) of an implementation, dtype and device: leaky_swish's float32 rows
+# one function serves every task (shape and layout) of an implementation, dtype and device: leaky_swish's float32 tasks
 # build 6 + 3 + 3 + 1 graphs on it (its shapes differ in rank or hold a 0, its layouts in strides, so none is reused,
-# but without a dynamo reset per row its compile rows took 10.0 s instead of 11.4, 2-core VM, torch 2.13). Each call
-# builds at most one graph (fullgraph=True), so a row raises the limit by its number of calls and never meets it.
+# but without a dynamo reset per task its compile tasks took 10.0 s instead of 11.4, 2-core VM, torch 2.13). Each call
+# builds at most one graph (fullgraph=True), so a task raises the limit by its number of calls and never meets it.
 
 
 @dataclass
 class _Compiled:
-    """One torch.compile'd function reused by every row of its key, and the graphs built for it so far."""
+    """One torch.compile'd function reused by every task of its key, and the graphs built for it so far."""
 
     function: Callable[..., Any]
     graphs: int = 0
@@ -67,8 +67,10 @@ def compile_check(ctx: CheckContext, implementation: Implementation, case: Case)
             agreement(
                 loaded,
                 case.dtype,
-                Result("compiled", case.device, op_outputs(loaded, returned), mutated_values(loaded, compiled_inputs)),
-                Result("eager", case.device, eager, mutated_values(loaded, eager_inputs)),
+                RunOutputs(
+                    "compiled", case.device, op_outputs(loaded, returned), mutated_values(loaded, compiled_inputs)
+                ),
+                RunOutputs("eager", case.device, eager, mutated_values(loaded, eager_inputs)),
                 lambda: call_reference(loaded, eager_inputs),
                 baseline,
             )
@@ -118,7 +120,7 @@ def _count(n: int, noun: str) -> str:
 @contextmanager
 def current_code_only() -> Iterator[None]:
     """Inductor's FX graph cache and AOTAutograd's cache are keyed without the Python code of an op's fake kernel:
-    after a fake is fixed, a second run would load the graph compiled with the broken one (seen: the compile row
+    after a fake is fixed, a second run would load the graph compiled with the broken one (seen: the compile result
     still failing until the cache was cleared). Both are off while opforge compiles; the caches of generated
     kernels, keyed by their code, stay on."""
     import torch._functorch.config as functorch_config

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, all_cases
-from opforge.checks.calls import (
+from opforge.checks.op_and_reference import (
     against_reference,
     argument,
     call_reference,

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, CaseInputs
 from opforge.checks.base import Check, CheckContext, Outcomes, aligned
-from opforge.checks.calls import (
+from opforge.checks.op_and_reference import (
     argument,
     differentiable_outputs,
     differentiates,

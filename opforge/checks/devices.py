@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, all_cases
-from opforge.checks.calls import (
-    Result,
+from opforge.checks.op_and_reference import (
+    RunOutputs,
     agreement,
     call_reference,
     inputs_for,
@@ -34,8 +34,8 @@ def devices_agree(ctx: CheckContext, implementation: Implementation, case: Case)
     agreement(
         loaded,
         case.dtype,
-        Result("cuda", "cuda", got, mutated_values(loaded, inputs)),
-        Result("cpu", "cpu", want, mutated_values(loaded, on_cpu)),
+        RunOutputs("cuda", "cuda", got, mutated_values(loaded, inputs)),
+        RunOutputs("cpu", "cpu", want, mutated_values(loaded, on_cpu)),
         lambda: call_reference(loaded, inputs),
         baseline,
     )

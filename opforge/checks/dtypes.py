@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, CaseInputs, build_matrix
 from opforge.checks.base import Check, CheckContext, Outcomes, representative_cases
-from opforge.checks.calls import (
+from opforge.checks.op_and_reference import (
     against_reference,
     call_reference,
     compare_with_reference,

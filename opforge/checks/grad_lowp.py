@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes
-from opforge.checks.calls import (
+from opforge.checks.op_and_reference import (
     argument,
     compared_with,
     differentiated,

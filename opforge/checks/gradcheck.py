@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, CaseInputs
 from opforge.checks.base import Check, CheckContext, Outcomes, aligned
-from opforge.checks.calls import (
+from opforge.checks.op_and_reference import (
     argument,
     differentiable_outputs,
     differentiated,
@@ -145,7 +145,7 @@ def _checker(
 
 
 def _verdict(check: Callable[..., Any]) -> tuple[Exception | None, list[warnings.WarningMessage]]:
-    """What the check raised (None: it passed) and the warnings it gave, which go on to the row's own record."""
+    """What the check raised (None: it passed) and the warnings it gave, which go on to the result's own record."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # gradcheck warns about every input that is not float64: here that is the dtype chosen on purpose.

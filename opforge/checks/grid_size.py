@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from opforge.cases import Case
-from opforge.checks.base import Check, CheckContext, Outcomes, SpecSection, SpecSoFar
-from opforge.checks.calls import (
+from opforge.checks.base import Check, CheckContext, Outcomes, SpecBeforeSections, SpecSection
+from opforge.checks.op_and_reference import (
     against_reference,
     call_reference,
     compare_with_reference,
@@ -63,10 +63,10 @@ class GridSize:
     shapes: tuple[tuple[str, tuple[int, ...]], ...]
 
 
-def read_grid_size(r: Reader, so_far: SpecSoFar) -> GridSize:
+def read_grid_size(r: Reader, spec: SpecBeforeSections) -> GridSize:
     node = r.child("grid_size")
     g = Reader(r.path, node, "grid_size", ("shapes",), required=("shapes",))
-    tensors = [i.name for i in so_far.inputs if isinstance(i, TensorInput)]
+    tensors = [i.name for i in spec.inputs if isinstance(i, TensorInput)]
     s = Reader(r.path, g.child("shapes"), "grid_size.shapes", tuple(tensors), required=tuple(tensors))
     shapes = tuple((name, s.get(name, read_shape)) for name in tensors)
     largest = max(math.prod(shape) for _, shape in shapes)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from opforge.cases import Case
-from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, Outcomes, SpecSection, SpecSoFar
+from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, Outcomes, SpecBeforeSections, SpecSection
 from opforge.child import describe_exit, entry_point, with_this_opforge
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
@@ -37,13 +37,13 @@ INT32_INDEX_LIMIT = 2**31
 WINDOW = 2**20
 # The child loads torch and the op (a few seconds), fills GBs and runs the op (milliseconds at H200 bandwidth). On
 # an H200 (2026-12-02, torch 2.11+cu130, docs/measurements/h200-ci-gpu-checks-2026-12-02.txt) the whole failing
-# run (its 18 correctness rows and the faulting large_index child) took 9.0 s. Past this, the op is taken to hang
+# run (its 18 correctness results and the faulting large_index child) took 9.0 s. Past this, the op is taken to hang
 # (an int index that wraps around keeps a grid-stride loop going forever); far above 9 s for slower GPUs and a
 # cold start.
 CHILD_TIMEOUT_S = 240
-# Of the row's own time limit, what the parent keeps for itself after the child's: writing the job, reading the
-# verdict, and the worker's report, so the child is killed (a verdict) before the worker is (a TIMEOUT row).
-ROW_MARGIN_S = 10
+# Of the task's own time limit, what the parent keeps for itself after the child's: writing the job, reading the
+# verdict, and the worker's report, so the child is killed (a verdict) before the worker is (a TIMEOUT result).
+TASK_MARGIN_S = 10
 # Memory headroom over the inputs and outputs: the allocator's rounding and the windows' copies.
 MEMORY_HEADROOM = 1.05
 # Lines of the child's stderr kept in a failure message (the CUDA error is near the end).
@@ -105,12 +105,12 @@ def large_index(ctx: CheckContext, implementation: Implementation, case: Case) -
     return {"large_index": run_in_child(job, child_time_limit(ctx.time_limit))}
 
 
-def child_time_limit(row_limit: float | None) -> float:
-    """CHILD_TIMEOUT_S, shortened to fit in the row's time limit (the spec's `timeout:` or --timeout) when that is
-    lower; never below half the row's limit."""
-    if row_limit is None:
+def child_time_limit(task_limit: float | None) -> float:
+    """CHILD_TIMEOUT_S, shortened to fit in the task's time limit (the spec's `timeout:` or --timeout) when that is
+    lower; never below half the task's limit."""
+    if task_limit is None:
         return CHILD_TIMEOUT_S
-    return min(CHILD_TIMEOUT_S, max(row_limit - ROW_MARGIN_S, row_limit / 2))
+    return min(CHILD_TIMEOUT_S, max(task_limit - TASK_MARGIN_S, task_limit / 2))
 
 
 # ------------------------------------------------------------------------------------------------ the parent
@@ -188,20 +188,20 @@ class LargeIndex:
     enabled: bool = False
 
 
-def read_large_index(r: Reader, so_far: SpecSoFar) -> LargeIndex:
+def read_large_index(r: Reader, spec: SpecBeforeSections) -> LargeIndex:
     node = r.child("large_index")
     g = Reader(r.path, node, "large_index", ("shapes", "dtype", "enabled"), required=("shapes",))
     dtype = g.get("dtype", one_of(KNOWN_DTYPES), "float16")
-    if dtype not in so_far.dtypes:
+    if dtype not in spec.dtypes:
         raise g.fail(
             g.child("dtype") if g.has("dtype") else node,
             "large_index.dtype",
-            f"one of the spec's dtypes ({', '.join(so_far.dtypes)})",
+            f"one of the spec's dtypes ({', '.join(spec.dtypes)})",
             repr(dtype),
             "Pick a claimed dtype; the smallest (float16, bfloat16) needs the least memory.",
         )
     shapes_node = g.child("shapes")
-    tensors = [i.name for i in so_far.inputs if isinstance(i, TensorInput)]
+    tensors = [i.name for i in spec.inputs if isinstance(i, TensorInput)]
     s = Reader(r.path, shapes_node, "large_index.shapes", tuple(tensors), required=tuple(tensors))
     shapes = tuple((name, s.get(name, read_shape)) for name in tensors)
     if len({shape for _, shape in shapes}) != 1:

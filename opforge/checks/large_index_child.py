@@ -170,7 +170,7 @@ def _compare_windows(
 ) -> None:
     import torch
 
-    from opforge.checks.calls import against_reference, compared_dtype, op_outputs, reference_values
+    from opforge.checks.op_and_reference import against_reference, compared_dtype, op_outputs, reference_values
     from opforge.compare import tolerance_for
 
     got = op_outputs(loaded, returned)

@@ -14,7 +14,7 @@ import itertools
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, representative_cases
-from opforge.checks.calls import inputs_for, outputs_of
+from opforge.checks.op_and_reference import inputs_for, outputs_of
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure
 

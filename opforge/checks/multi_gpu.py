@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, all_cases
-from opforge.checks.calls import (
+from opforge.checks.op_and_reference import (
     against_reference,
     call_reference,
     compare_with_reference,
@@ -46,7 +46,7 @@ def multi_gpu(ctx: CheckContext, implementation: Implementation, case: Case) -> 
     with torch.cuda.device(HOME_DEVICE):
         got = outputs_of(loaded, implementation, inputs)
     # Both GPUs: an unguarded kernel runs on cuda:0's stream while the comparison below reads the inputs' GPU, so
-    # waiting for that GPU alone would race the kernel and leave its fault to a later row.
+    # waiting for that GPU alone would race the kernel and leave its fault to a later task.
     for device in (torch.device("cuda", HOME_DEVICE), other):
         _synchronize(implementation, device)
     compared = against_reference(loaded, got, mutated_values(loaded, inputs), call_reference(loaded, inputs))

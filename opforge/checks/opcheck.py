@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from opforge.cases import Case, CaseInputs
 from opforge.checks.base import Check, CheckContext, Outcomes, aligned, first_values
-from opforge.checks.calls import inputs_for
+from opforge.checks.op_and_reference import inputs_for
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, Outcome, PassNote, missing_fake_hint, short
 

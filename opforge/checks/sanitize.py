@@ -49,11 +49,11 @@ PRINT_LIMIT = 20
 # Distinct reports shown in a failure message, and the cases named for each.
 SHOWN_REPORTS = 3
 SHOWN_CASES = 3
-# The child's limit when no row limit applies: it imports torch, starts CUDA under the tool and runs some dozens of
+# The child's limit when no task limit applies: it imports torch, starts CUDA under the tool and runs some dozens of
 # cases; racecheck slows kernels by 10-100x.
 CHILD_TIMEOUT_S = 600
-# Of the row's own limit, what the parent keeps for itself (see large_index.ROW_MARGIN_S).
-ROW_MARGIN_S = 10
+# Of the task's own limit, what the parent keeps for itself (see large_index.TASK_MARGIN_S).
+TASK_MARGIN_S = 10
 # The marker the child prints before each case, so that the reports that follow are blamed on it.
 CASE_MARKER = "OPFORGE-SANITIZE-CASE "
 # A report's first line, after the tool's `========= ` prefix.
@@ -98,7 +98,7 @@ def sanitizer_path() -> str | None:
 
 
 def sanitized_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
-    """One row per tool: the first CUDA case stands for the whole set the child runs (sanitize_case_set)."""
+    """One result per tool: the first CUDA case stands for the whole set the child runs (sanitize_case_set)."""
     base = next((c for c in cases if c.values_index == 0 and c.layout == "contiguous"), None)
     if base is None or implementation.overload is None:  # a plain Python function launches only PyTorch's own kernels
         return []
@@ -153,10 +153,10 @@ def sanitize(ctx: CheckContext, implementation: Implementation, tool: str) -> Ch
     return None
 
 
-def child_time_limit(row_limit: float | None) -> float:
-    if row_limit is None:
+def child_time_limit(task_limit: float | None) -> float:
+    if task_limit is None:
         return CHILD_TIMEOUT_S
-    return min(CHILD_TIMEOUT_S, max(row_limit - ROW_MARGIN_S, row_limit / 2))
+    return min(CHILD_TIMEOUT_S, max(task_limit - TASK_MARGIN_S, task_limit / 2))
 
 
 def child_command(executable: str, tool: str, job_path: Path) -> list[str]:

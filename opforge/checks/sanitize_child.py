@@ -18,7 +18,7 @@ from opforge.checks.sanitize import CASE_MARKER, Job
 def child_main(job_path: str) -> int:
     import torch
 
-    from opforge.checks.calls import argument, inputs_for
+    from opforge.checks.op_and_reference import argument, inputs_for
     from opforge.engine.plan import load_checked
     from opforge.spec.load import load_spec
 

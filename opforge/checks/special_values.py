@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, first_values
-from opforge.checks.calls import (
+from opforge.checks.op_and_reference import (
     against_reference,
     argument,
     call_reference,

@@ -12,7 +12,7 @@ Two runs per case:
 2. CUDA-graph capture of the op, then replay on new input values. A legacy-stream launch during capture fails
    (cudaErrorStreamCaptureImplicit); a kernel that is not captured leaves the replayed outputs stale; a host
    synchronization inside the op fails the capture. A spec that claims `cuda_graphs: false` skips this part
-   (with a note on the row).
+   (with a note on the result).
 3. For a differentiable op, CUDA-graph capture of its backward (autograd.grad through a forward run on the capture
    stream), then replay on a new grad_output: training loops capture the backward too (torch.compile's
    reduce-overhead mode, torch.cuda.make_graphed_callables), and a backward's host synchronization or
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, CaseInputs
 from opforge.checks.base import Check, CheckContext, Outcomes, first_values
-from opforge.checks.calls import (
+from opforge.checks.op_and_reference import (
     against_reference,
     argument,
     call_reference,
@@ -80,7 +80,7 @@ def stream(ctx: CheckContext, implementation: Implementation, case: Case) -> Out
     return {"stream": None}
 
 
-# The note a spec claiming `cuda_graphs: false` gets on its stream rows.
+# The note a spec claiming `cuda_graphs: false` gets on its stream results.
 GRAPHS_SKIPPED = (
     "CUDA-graph capture not checked: the spec claims claims.cuda_graphs: false (the op synchronizes with the host, so "
     "code that captures CUDA graphs cannot call it)"

@@ -1,5 +1,5 @@
-"""The command line, a module per command or group (opforge.commands.app holds what they share). Commands are thin:
-parse, call the library, render, map errors to exit codes.
+"""The command line, a module per command, named after it (opforge.commands.app holds what they share). Commands are
+thin: parse, call the library, render, map errors to exit codes.
 
 Exit codes (defined in opforge.errors): 0 all passed (skip and xfail allowed), 1 a check failed, 2 bad usage or a bad
 spec, 3 a build failed, 4 an internal error (a bug in opforge: rerun with --debug and report it), 130 interrupted
@@ -13,10 +13,24 @@ from opforge.commands.app import app
 
 # Importing a command's module registers it with the app, in this order in `opforge --help`: the main job first.
 # isort: off
-from opforge.commands import check, fuzz, record, build, bench, merge, tools
+from opforge.commands import check, fuzz, record, list, build, bench, profile, merge, new, doctor, scan
 # isort: on
 
-__all__ = ["app", "bench", "build", "check", "fuzz", "main", "merge", "record", "tools"]
+__all__ = [
+    "app",
+    "bench",
+    "build",
+    "check",
+    "doctor",
+    "fuzz",
+    "list",
+    "main",
+    "merge",
+    "new",
+    "profile",
+    "record",
+    "scan",
+]
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """What every command shares: the Typer app, its global options (--debug, --version), the option types declared once,
 error-to-exit-code mapping, report options generated from the report formats and check options generated from the
-catalog. Commands live in the modules beside this one, one per command or group.
+catalog. Commands live in the modules beside this one, one per command, named after it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`opforge list` and `opforge build`: the bundled specs, and compiling (or finding cached) kernels."""
+"""`opforge build`: compiling (or finding cached) kernels."""
 
 from __future__ import annotations
 
@@ -9,24 +9,7 @@ import typer
 from opforge.commands.app import CudaArch, app, guarded, spec_paths
 from opforge.errors import EXIT_OK, BuildError
 from opforge.reporters import console as out
-from opforge.spec.load import list_specs, load_spec
-
-
-@app.command("list")
-def list_() -> None:
-    """List the bundled op specs."""
-
-    def body() -> int:
-        from opforge.reporters.terminal import render_spec_list
-
-        rows = []
-        for path in list_specs():
-            spec = load_spec(path)
-            rows.append((spec.op, str(path.name), spec.description.strip().splitlines()[0] if spec.description else ""))
-        render_spec_list(rows)
-        return EXIT_OK
-
-    guarded(body)
+from opforge.spec.load import load_spec
 
 
 @app.command()

@@ -56,7 +56,7 @@ def check(
         list[str],
         typer.Option(
             "--check",
-            help=f"Only these checks (repeatable): {', '.join(CATALOG.names)}, or a sub-row such as "
+            help=f"Only these checks (repeatable): {', '.join(CATALOG.names)}, or a result name such as "
             "opcheck:test_schema.",
             rich_help_panel=SELECTION,
         ),

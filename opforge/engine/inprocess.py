@@ -15,6 +15,7 @@ from opforge.engine.plan import (
     load_checked,
     load_result,
     plan_op,
+    reported_results,
 )
 from opforge.engine.tasks import run_tasks, stops_run
 from opforge.errors import OpforgeError
@@ -32,7 +33,7 @@ def run_in_process(
     events: Events | None = None,
 ) -> None:
     """Every spec's checks in this process, appending each op's report to `run` as soon as it starts (so that an
-    interrupted run keeps what finished). An op that fails to load is an ERROR load row and the next op goes on."""
+    interrupted run keeps what finished). An op that fails to load is an ERROR load result and the next op goes on."""
     from opforge.environment import environment
 
     events = events or Events()
@@ -49,7 +50,8 @@ def run_in_process(
             events.result(spec.name, report.results[-1])
             continue
         plan = plan_op(loaded, filters, settings)
-        events.planned(spec.name, len(plan.tasks) + len(plan.skipped))
+        # The results the run will report (a task gives one per result name it keeps), as the isolated parent counts.
+        events.planned(spec.name, len(plan.skipped) + sum(len(reported_results(filters, spec, t)) for t in plan.tasks))
 
         def on_result(result: CaseResult, name: str = spec.name) -> None:
             events.result(name, result)
@@ -82,12 +84,12 @@ def run_op(
         if on_result is not None:
             on_result(result)
 
-    def add_row(index: int, results: list[CaseResult]) -> None:
+    def add_results(index: int, results: list[CaseResult]) -> None:
         for result in results:
             add(result)
 
     for result in plan.skipped:
         add(result)
-    run_tasks(check_context(loaded, settings), plan, filters, settings, on_results=add_row)
+    run_tasks(check_context(loaded, settings), plan, filters, settings, on_results=add_results)
     report.seconds = time.perf_counter() - start
     return report

@@ -1,15 +1,15 @@
-"""Running each op's checks in a worker process, so that a crash or a hang costs one row, not the run.
+"""Running each op's checks in a worker process, so that a crash or a hang costs one task, not the run.
 
-One worker per op (loading the op costs seconds: once per op, not per row), forked from this process's fork server
+One worker per op (loading the op costs seconds: once per op, not per task), forked from this process's fork server
 (opforge.engine.forkserver), which imported torch once for every worker of every run. The worker streams
 results as it goes (opforge.engine.worker, the typed events of opforge.engine.protocol); the parent knows which
-(check, case) row is in flight, so when the worker dies (SIGSEGV, abort, a fatal signal from a native library) that
-row becomes a CRASH row naming the signal and the tail of the worker's stderr, and when it runs past its time limit
-the worker's whole process group is killed and the row becomes TIMEOUT. Either way the op's remaining rows go on in
+(check, case) task is in flight, so when the worker dies (SIGSEGV, abort, a fatal signal from a native library) that
+task's results are CRASH results naming the signal and the tail of the worker's stderr, and when it runs past its time
+limit the worker's whole process group is killed and they are TIMEOUT. Either way the op's remaining tasks go on in
 a fresh worker, then the next op. A CUDA fault (a device-side assert, an illegal memory access) does not kill the
-worker: it raises, so its row is FAIL or ERROR, and because it leaves the CUDA context unusable the worker asks for
-a fresh process for the rows after it. A fresh process per op also means a CUDA error in one op cannot poison the
-next. A spec or build error is the op's ERROR load row; the other ops still run. With `jobs` > 1, several ops run at
+worker: it raises, so its results are FAIL or ERROR, and because it leaves the CUDA context unusable the worker asks for
+a fresh process for the tasks after it. A fresh process per op also means a CUDA error in one op cannot poison the
+next. A spec or build error is the op's ERROR load result; the other ops still run. With `jobs` > 1, several ops run at
 once, each worker slot with its own share of the GPUs.
 
 POSIX only (process groups, select on pipes); `opforge check --no-isolation` runs everything in-process. This parent
@@ -55,12 +55,12 @@ from opforge.errors import WorkerInternalError
 from opforge.results import CaseResult, OpReport, RunReport, Status, Verdict, case_result
 from opforge.spec.model import OpSpec
 
-# Per-check time limit when neither the spec (`timeout:`) nor --timeout sets one. Generous: the slowest row measured
+# Per-check time limit when neither the spec (`timeout:`) nor --timeout sets one. Generous: the slowest task measured
 # on the 2-core CI VM (`compile`, every leaky_swish shape through inductor, cold inductor cache) takes ~30 s.
 DEFAULT_CHECK_TIMEOUT = 300.0
 # Loading is not a check and has no per-spec limit: a cold build of CUDA sources for several architectures takes
 # minutes (~40 s per .cu file and architecture on the 2-core VM, 2-3 archs per file, several files), so an hour
-# only catches a load (or a pause between rows) that hangs, long before a CI job's own limit (45-60 min) would.
+# only catches a load (or a pause between tasks) that hangs, long before a CI job's own limit (45-60 min) would.
 LOAD_TIME_LIMIT = 3600.0
 # How long a worker that closed its protocol pipe without saying `done` (it is dying) may take to exit before it is
 # killed. Exiting takes milliseconds; CUDA teardown after a fault was the slowest seen (~1-2 s), and a process stuck
@@ -171,7 +171,7 @@ class _OpRun:
     tasks: tuple[TaskHeader, ...] | None = None
     next_index: int = 0
     in_flight: int | None = None
-    # The case the row in flight runs the op on when it is not the row's own (protocol.Sweep).
+    # The case the task in flight runs the op on when it is not the task's own (protocol.Sweep).
     sweeping: Sweep | None = None
     since: float = field(default_factory=time.monotonic)
     spawned: Worker | None = None
@@ -297,7 +297,7 @@ class Supervisor:
 
     def _start(self, job: Job, env: dict[str, str], own_gpus: bool) -> Worker:
         """A worker forked from the fork server, else a process of its own: where forking is not available, where
-        the server did not start or has died (a worker that fails the same way reports it as the op's load row),
+        the server did not start or has died (a worker that fails the same way reports it as the op's load result),
         and for a worker with a share of the GPUs of its own, whose CUDA_VISIBLE_DEVICES is in its environment
         before it imports torch, as it always was (the server's torch is imported before)."""
         return Worker(job, env, None if own_gpus else self.server)
@@ -351,7 +351,7 @@ class Supervisor:
         elif isinstance(event, Done):
             op.done = True
         elif isinstance(event, LoadError):
-            # A spec or build error of this op: its load row says why, the other ops go on.
+            # A spec or build error of this op: its load result says why, the other ops go on.
             op.report.load_exit_code = event.exit_code
             self._add(op, load_result(op.spec, Status.ERROR, event.message, time.monotonic() - op.since))
             self._finish(op)
@@ -368,9 +368,9 @@ class Supervisor:
             self._start_waiting_parts(op)
         elif op.tasks is None or event.count != len(op.tasks):
             how = (
-                f"a fresh worker planned {event.count} rows where the first one planned "
-                f"{len(op.tasks or ())}: what it can run changed (a GPU lost after a fault?), so this row and the "
-                "op's other remaining rows did not run"
+                f"a fresh worker planned {event.count} tasks where the first one planned "
+                f"{len(op.tasks or ())}: what it can run changed (a GPU lost after a fault?), so this task and the "
+                "op's other remaining tasks did not run"
             )
             for index in filter(op.owns, range(op.next_index, len(op.tasks or ()))):
                 self._lost_task(op, index, Status.CRASH, how, seconds=0.0)
@@ -456,7 +456,7 @@ class Supervisor:
         self._finish(op)
 
     def _continue(self, op: _OpRun) -> None:
-        """After a lost row or a restart: the op's remaining rows in a fresh worker, unless -x stops here."""
+        """After a lost task or a restart: the op's remaining tasks in a fresh worker, unless -x stops here."""
         op.worker.close()
         if op.remaining() and not stops_run(self.settings, op.report.results):
             self._spawn(op)
@@ -476,7 +476,7 @@ class Supervisor:
 
 
 def in_task_order(report: OpReport, tasks: tuple[TaskHeader, ...]) -> None:
-    """An op's results as one worker would have reported them (the load row and the skipped results first, then
+    """An op's results as one worker would have reported them (the load result and the skipped results first, then
     task by task), however its parts' results interleaved: a report that does not depend on which worker ran what."""
     position = {(t.implementation, t.case_id, name): i for i, t in enumerate(tasks) for name in t.results}
     report.results.sort(key=lambda r: position.get((r.implementation, r.case_id, r.check), -1))

@@ -1,5 +1,5 @@
-"""Planning a run: which (implementation, check, case) rows an op runs under the user's filters, which it skips and
-why, and the rows that stand for an op that never got to run (its loading failed, crashed or hung)."""
+"""Planning a run: which (implementation, check, case) tasks an op runs under the user's filters, which it skips and
+why, and the results that stand for an op that never got to run (its loading failed, crashed or hung)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ DEFAULT_SEED = 0
 # The implementation name of the spec's op itself (opforge.loading.NATIVE, spelled here so planning stays
 # torch-free in a parent process).
 NATIVE = "native"
-# The row that stands for an op's loading (import, build, schema check) when it failed, crashed or hung.
+# The result that stands for an op's loading (import, build, schema check) when it failed, crashed or hung.
 LOAD_CHECK = "load"
 LOAD_CASE = "-"
 
@@ -38,17 +38,17 @@ class Filters:
     devices: tuple[str, ...] = ()
     checks: tuple[str, ...] = ()
     keyword: str | None = None
-    # Only these full result ids (--last-failed). An op whose loading failed is listed by its load row's id and
+    # Only these full result ids (--last-failed). An op whose loading failed is listed by its load result's id and
     # then runs whole.
     ids: tuple[str, ...] = ()
-    # --shard K/N: only the rows whose key hashes to this shard (opforge.shard).
+    # --shard K/N: only the tasks whose key hashes to this shard (opforge.shard).
     shard: Shard | None = None
 
-    def wants_check(self, row: str) -> bool:
+    def wants_check(self, name: str) -> bool:
         return (
             not self.checks
-            or row in self.checks
-            or (row in CATALOG.result_names and CATALOG.of_result(row).name in self.checks)
+            or name in self.checks
+            or (name in CATALOG.result_names and CATALOG.of_result(name).name in self.checks)
         )
 
     def wants_id(self, op: str, ident: str) -> bool:
@@ -89,7 +89,7 @@ def load_result_id(op: str) -> str:
 
 
 def load_result(spec: OpSpec, status: Status, message: str, seconds: float = 0.0) -> CaseResult:
-    """The row that stands for an op that never got to run its checks: its loading failed, crashed or hung."""
+    """The result that stands for an op that never got to run its checks: its loading failed, crashed or hung."""
     return case_result(
         spec.name,
         NATIVE,
@@ -104,9 +104,9 @@ def load_result(spec: OpSpec, status: Status, message: str, seconds: float = 0.0
 
 
 def unloadable_spec_report(path: Path, exc: OpforgeError) -> OpReport:
-    """An op whose spec does not load (bad YAML, an unknown key): one ERROR load row named after the file."""
+    """An op whose spec does not load (bad YAML, an unknown key): one ERROR load result named after the file."""
     op = path.stem
-    row = case_result(
+    result = case_result(
         op,
         NATIVE,
         LOAD_CHECK,
@@ -116,7 +116,7 @@ def unloadable_spec_report(path: Path, exc: OpforgeError) -> OpReport:
         Verdict(Status.ERROR, str(exc)),
         repro=f"opforge check {shlex.quote(str(path))}",
     )
-    return OpReport(op=op, spec_path=str(path), results=[row], load_exit_code=exc.exit_code)
+    return OpReport(op=op, spec_path=str(path), results=[result], load_exit_code=exc.exit_code)
 
 
 @dataclass(frozen=True)
@@ -176,8 +176,8 @@ def plan_op(loaded: LoadedOp, filters: Filters, settings: RunSettings) -> Plan:
     for implementation in loaded.implementations:
         for name in checks_to_run(spec, settings.opt_ins):
             check = CATALOG.get(name)
-            rows = [r for r in check.result_names() if filters.wants_check(r)]
-            if not rows or _unseen(check, settings.opt_ins):
+            names = [n for n in check.result_names() if filters.wants_check(n)]
+            if not names or _hidden_and_unasked(check, settings.opt_ins):
                 continue
             opted_out = check.opt_in.skip_reason(loaded, settings.opt_ins) if check.opt_in else None
             if opted_out:
@@ -187,15 +187,15 @@ def plan_op(loaded: LoadedOp, filters: Filters, settings: RunSettings) -> Plan:
                     filters,
                     spec,
                     (
-                        skip_result(spec, implementation, row, case.id, case.dtype, case.device, opted_out)
-                        for row in rows
+                        skip_result(spec, implementation, name, case.id, case.dtype, case.device, opted_out)
+                        for name in names
                         for case in wanted
                     ),
                 )
                 continue
             for case in check.cases(loaded, implementation, matrix):
                 if (
-                    any(_matches(filters, spec, implementation, r, case) for r in rows)
+                    any(_matches(filters, spec, implementation, n, case) for n in names)
                     and (not filters.dtypes or case.dtype in filters.dtypes)
                     and owns(filters.shard, result_id(spec.name, implementation.name, check.name, case.id))
                 ):
@@ -205,8 +205,8 @@ def plan_op(loaded: LoadedOp, filters: Filters, settings: RunSettings) -> Plan:
                 if reason:
                     claimed = [d for d in dtypes if d in spec.dtypes_on(device)]
                     skips = (
-                        skip_result(spec, implementation, row, f"{dtype}-{device}", dtype, device, reason)
-                        for row in rows
+                        skip_result(spec, implementation, name, f"{dtype}-{device}", dtype, device, reason)
+                        for name in names
                         for dtype in claimed
                     )
                     plan.skipped += _kept(filters, spec, skips)
@@ -219,19 +219,21 @@ def _kept(filters: Filters, spec: OpSpec, skipped: Iterable[CaseResult]) -> list
     return [r for r in skipped if filters.wants_id(spec.name, r.full_id) and owns(filters.shard, r.full_id)]
 
 
-def _unseen(check: Check, opt_ins: OptIns) -> bool:
-    """A check that runs only when asked, is not shown otherwise, and was not asked for."""
+def _hidden_and_unasked(check: Check, opt_ins: OptIns) -> bool:
+    """A hidden check (one that runs only when asked and is left out of the run unseen otherwise: the sanitizer
+    tools) that the run did not ask for."""
     return check.opt_in is not None and not check.opt_in.shown_unasked and not check.opt_in.asked(opt_ins)
 
 
-def _asked_unseen(check: Check, opt_ins: OptIns) -> bool:
+def _hidden_but_asked(check: Check, opt_ins: OptIns) -> bool:
+    """A hidden check the run asked for."""
     return check.opt_in is not None and not check.opt_in.shown_unasked and check.opt_in.asked(opt_ins)
 
 
 def checks_to_run(spec: OpSpec, opt_ins: OptIns) -> tuple[str, ...]:
-    """The spec's checks, and the unseen opt-in checks the run asked for by name (`--sanitize memcheck` runs
+    """The spec's checks, and the hidden checks the run asked for by name (`--sanitize memcheck` runs
     memcheck on an op whose `checks:` list predates it: the command line is the more recent wish)."""
-    asked = tuple(c.name for c in CATALOG if _asked_unseen(c, opt_ins) and c.name not in spec.checks)
+    asked = tuple(c.name for c in CATALOG if _hidden_but_asked(c, opt_ins) and c.name not in spec.checks)
     return spec.checks + asked
 
 
@@ -249,28 +251,28 @@ def unasked_checks(filters: Filters, settings: RunSettings) -> list[Check]:
     """The checks --check names that run only when asked for (memcheck: --sanitize memcheck) and were not: a run
     filtered to them checks nothing, and should say which flag asks."""
     named = [CATALOG.of_result(name) for name in filters.checks if name in CATALOG.result_names]
-    return [c for c in named if _unseen(c, settings.opt_ins)]
+    return [c for c in named if _hidden_and_unasked(c, settings.opt_ins)]
 
 
-def _matches(filters: Filters, spec: OpSpec, implementation: Implementation, row: str, case: Case) -> bool:
-    return filters.wants_id(spec.name, result_id(spec.name, implementation.name, row, case.id))
+def _matches(filters: Filters, spec: OpSpec, implementation: Implementation, name: str, case: Case) -> bool:
+    return filters.wants_id(spec.name, result_id(spec.name, implementation.name, name, case.id))
 
 
-def reported_results(filters: Filters, spec: OpSpec, row: Task) -> list[str]:
-    """The results a task reports: its check's rows that the filters keep."""
+def reported_results(filters: Filters, spec: OpSpec, task: Task) -> list[str]:
+    """The results a task reports: its check's result names that the filters keep."""
     return [
         name
-        for name in row.check.result_names()
-        if filters.wants_check(name) and _matches(filters, spec, row.implementation, name, row.case)
+        for name in task.check.result_names()
+        if filters.wants_check(name) and _matches(filters, spec, task.implementation, name, task.case)
     ]
 
 
 def skip_result(
-    spec: OpSpec, implementation: Implementation, row: str, case_id: str, dtype: str, device: str, reason: str
+    spec: OpSpec, implementation: Implementation, name: str, case_id: str, dtype: str, device: str, reason: str
 ) -> CaseResult:
-    """A row that does not run here, and why: a device that is missing (one per dtype: `float32-cuda`), or an
+    """A result that does not run here, and why: a device that is missing (one per dtype: `float32-cuda`), or an
     opt-in check not asked for (one per case it would run)."""
-    return case_result(spec.name, implementation.name, row, case_id, dtype, device, Verdict(Status.SKIP, reason))
+    return case_result(spec.name, implementation.name, name, case_id, dtype, device, Verdict(Status.SKIP, reason))
 
 
 def check_context(
@@ -280,7 +282,7 @@ def check_context(
     on_sweep: Callable[[Case], None] | None = None,
 ) -> CheckContext:
     """What a check is handed for a run under `settings` (a worker also passes its task's time limit and where the
-    cases a row sweeps go)."""
+    cases a task sweeps go)."""
     context = CheckContext(loaded, settings.seed, time_limit, settings.opt_ins)
     return replace(context, on_sweep=on_sweep) if on_sweep else context
 

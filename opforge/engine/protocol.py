@@ -13,7 +13,7 @@ from opforge.results import CaseResult, result_from_json, result_json
 
 @dataclass(frozen=True)
 class Job:
-    """One op (or one part of its tasks) for a worker: its spec, from which task to go on, and the row's time
+    """One op (or one part of its tasks) for a worker: its spec, from which task to go on, and the task's time
     limit."""
 
     spec: str
@@ -81,8 +81,8 @@ class Step(Event):
 
 @dataclass(frozen=True)
 class Loaded(Event):
-    """The op loaded and its rows planned. From row 0 on it carries the tasks, the build and the skipped
-    results; a worker that goes on from a later row sends only the count, which must not have changed."""
+    """The op loaded and its tasks planned. From task 0 on it carries the tasks, the build and the skipped
+    results; a worker that goes on from a later task sends only the count, which must not have changed."""
 
     kind: ClassVar[str] = "loaded"
     count: int
@@ -108,7 +108,7 @@ class Loaded(Event):
 
 @dataclass(frozen=True)
 class Start(Event):
-    """Planned row `index` starts: until its End, a death or a hang is its."""
+    """Planned task `index` starts: until its End, a death or a hang is its."""
 
     kind: ClassVar[str] = "start"
     index: int
@@ -116,7 +116,7 @@ class Start(Event):
 
 @dataclass(frozen=True)
 class Sweep(Event):
-    """The row in flight now runs its op on another case of the spec (the dtypes check's sweep of an unclaimed
+    """The task in flight now runs its op on another case of the spec (the dtypes check's sweep of an unclaimed
     dtype): until the next Sweep or End, a death or a hang is this case's."""
 
     kind: ClassVar[str] = "sweep"
@@ -146,7 +146,7 @@ class End(Event):
 
 @dataclass(frozen=True)
 class Restart(Event):
-    """The worker's device is unusable (a sticky CUDA error): the rows after the last End go on in a fresh one."""
+    """The worker's device is unusable (a sticky CUDA error): the tasks after the last End go on in a fresh one."""
 
     kind: ClassVar[str] = "restart"
     reason: str
@@ -159,7 +159,7 @@ class Done(Event):
 
 @dataclass(frozen=True)
 class LoadError(Event):
-    """The op's spec or build is wrong (an OpforgeError): its load row says why, with the error's exit code."""
+    """The op's spec or build is wrong (an OpforgeError): its load result says why, with the error's exit code."""
 
     kind: ClassVar[str] = "error"
     message: str

@@ -1,7 +1,7 @@
-"""Running tasks: one check on one case, its outcomes (or the exception it raised) turned into one result
-per row it owns, the spec's xfail entries applied, a rerun command for each failure. The one row loop every runner
-uses (this process, a worker, the pytest plugin one row at a time), and the one outcome mapping (bench's
-verification too)."""
+"""Running tasks: one check on one case, its outcomes (or the exception it raised) turned into one result per result
+name it owns, the spec's xfail entries applied, a rerun command for each failure. The one task loop every runner uses
+(this process, a worker, the pytest plugin one task at a time), and the one outcome mapping (bench's verification
+too)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def run_tasks(
     after_task: Callable[[int], bool] = lambda index: True,
 ) -> bool:
     """Run the tasks from `start` on, those of `part` (K, N): whose part_of(group, N) is K. `after_task` returns
-    False to stop (a worker whose device became unusable). Returns whether the rows ran to the end, i.e. neither -x
+    False to stop (a worker whose device became unusable). Returns whether the tasks ran to the end, i.e. neither -x
     nor `after_task` stopped them."""
     own, parts = part
     for index in range(start, len(plan.tasks)):
@@ -51,35 +51,35 @@ def run_tasks(
     return True
 
 
-def run_task(ctx: CheckContext, row: Task, filters: Filters) -> list[CaseResult]:
+def run_task(ctx: CheckContext, task: Task, filters: Filters) -> list[CaseResult]:
     spec = ctx.loaded.spec
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            verdicts = check_verdicts(row.check, lambda: row.check.run(ctx, row.implementation, row.case))
-        except Exception as exc:  # a bug in a check or an exotic op must cost one row, not the run
+            verdicts = check_verdicts(task.check, lambda: task.check.run(ctx, task.implementation, task.case))
+        except Exception as exc:  # a bug in a check or an exotic op must cost one task, not the run
             verdicts = {
                 name: Verdict(Status.ERROR, f"the check itself raised {short(exc)}")
-                for name in row.check.result_names()
+                for name in task.check.result_names()
             }
     seen = tuple(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))
-    seconds = (time.perf_counter() - start) / max(1, len(row.check.result_names()))
+    seconds = (time.perf_counter() - start) / max(1, len(task.check.result_names()))
     results = []
-    for name in reported_results(filters, spec, row):
-        verdict = apply_xfail(spec, row.implementation.name, name, row.case, verdicts[name])
+    for name in reported_results(filters, spec, task):
+        verdict = apply_xfail(spec, task.implementation.name, name, task.case, verdicts[name])
         results.append(
             case_result(
                 spec.name,
-                row.implementation.name,
+                task.implementation.name,
                 name,
-                row.case.id,
-                row.case.dtype,
-                row.case.device,
+                task.case.id,
+                task.case.dtype,
+                task.case.device,
                 verdict,
                 seconds=seconds,
-                seed=row.case.seed(ctx.base_seed),
-                repro=repro_command(spec, row.implementation.name, name, row.case.id, ctx.base_seed)
+                seed=task.case.seed(ctx.base_seed),
+                repro=repro_command(spec, task.implementation.name, name, task.case.id, ctx.base_seed)
                 if verdict.status.failed
                 else None,
                 warnings=seen,
@@ -89,7 +89,7 @@ def run_task(ctx: CheckContext, row: Task, filters: Filters) -> list[CaseResult]
 
 
 def check_verdicts(check: Check, run: Callable[[], Outcomes]) -> dict[str, Verdict]:
-    """A verdict for each row of `check` from what `run` (the check on one case) returned or raised: the outcome
+    """A verdict for each result name of `check` from what `run` (the check on one case) returned or raised: the outcome
     exceptions as their statuses, every other exception passed on."""
     names = check.result_names()
     try:
@@ -104,20 +104,20 @@ def check_verdicts(check: Check, run: Callable[[], Outcomes]) -> dict[str, Verdi
 
 
 def outcome_verdicts(check: Check, outcomes: object) -> dict[str, Verdict]:
-    """Each declared row's outcome as a verdict. A row the check gave no outcome for, and one given something that
-    is no outcome, is an ERROR (a bug in the check): never a silent pass."""
+    """Each declared result name's outcome as a verdict. A name the check gave no outcome for, and one given something
+    that is no outcome, is an ERROR (a bug in the check): never a silent pass."""
     names = check.result_names()
     if not isinstance(outcomes, dict):
-        bug = f"the check {check.name} returned {type(outcomes).__name__}, expected a dict of outcomes by row"
+        bug = f"the check {check.name} returned {type(outcomes).__name__}, expected a dict of outcomes by result name"
         return {name: Verdict(Status.ERROR, f"{bug}: a bug in the check") for name in names}
     unknown = [key for key in outcomes if key not in names]
-    undeclared = f" (it returned rows it does not declare: {', '.join(map(str, unknown))})" if unknown else ""
+    undeclared = f" (it returned result names it does not declare: {', '.join(map(str, unknown))})" if unknown else ""
     verdicts = {}
     for name in names:
         if name not in outcomes:
             verdicts[name] = Verdict(
                 Status.ERROR,
-                f"the check {check.name} returned no outcome for row {name}{undeclared}: a bug in the check",
+                f"the check {check.name} returned no outcome for result {name}{undeclared}: a bug in the check",
             )
         else:
             verdicts[name] = _outcome_verdict(check, name, outcomes[name])
@@ -135,7 +135,7 @@ def _outcome_verdict(check: Check, name: str, outcome: object) -> Verdict:
         return Verdict(Status.FAIL, outcome.message, outcome.mismatch)
     return Verdict(
         Status.ERROR,
-        f"the check {check.name} returned {type(outcome).__name__} for row {name}, expected None, a PassNote or "
+        f"the check {check.name} returned {type(outcome).__name__} for result {name}, expected None, a PassNote or "
         "PassDetail, or a CheckFailure: a bug in the check",
     )
 
@@ -147,8 +147,8 @@ def apply_xfail(spec: OpSpec, implementation: str, check: str, case: Case, verdi
 def declared(
     spec: OpSpec, implementation: str, check: str, dtype: str, device: str, layout: str, case_id: str, verdict: Verdict
 ) -> Verdict:
-    """A row's verdict under the spec's xfail entries: a declared failure is XFAIL (a crash entry declares only a
-    CRASH or TIMEOUT row, any other entry only a FAIL or ERROR), and a strict entry whose row passed is XPASS."""
+    """A result's verdict under the spec's xfail entries: a declared failure is XFAIL (a crash entry declares only a
+    CRASH or TIMEOUT result, any other entry only a FAIL or ERROR), and a strict entry whose result passed is XPASS."""
     where = (implementation, check, dtype, device, layout, case_id)
     if verdict.status == Status.PASS:
         stale = spec.xfail_for(*where) or spec.xfail_for(*where, crashed=True)
@@ -168,10 +168,10 @@ def declared(
     return replace(verdict, status=Status.XFAIL, message=f"expected failure ({xfail.reason}): {verdict.message}")
 
 
-def repro_command(spec: OpSpec, implementation: str, row: str, case_id: str, seed: int) -> str:
+def repro_command(spec: OpSpec, implementation: str, name: str, case_id: str, seed: int) -> str:
     """The command that reruns exactly one result (with the flags its check is opted into by)."""
-    ident = result_id(spec.name, implementation, row, case_id)
-    check = CATALOG.of_result(row)
+    ident = result_id(spec.name, implementation, name, case_id)
+    check = CATALOG.of_result(name)
     flags = "".join(f" {flag}" for flag in check.rerun_flags)
     return (
         f"opforge check {shlex.quote(str(spec.path))} --check {check.name} -k {shlex.quote(ident)} --seed {seed}{flags}"

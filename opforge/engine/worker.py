@@ -76,16 +76,16 @@ def run(job: Job, send: Send) -> None:
     if job.start == 0 and job.part == 0:
         headers = tuple(
             TaskHeader(
-                implementation=row.implementation.name,
-                case_id=row.case.id,
-                dtype=row.case.dtype,
-                device=row.case.device,
-                layout=row.case.layout,
-                seed=row.case.seed(settings.seed),
-                results=tuple(reported_results(filters, spec, row)),
-                group=row.group,
+                implementation=task.implementation.name,
+                case_id=task.case.id,
+                dtype=task.case.dtype,
+                device=task.case.device,
+                layout=task.case.layout,
+                seed=task.case.seed(settings.seed),
+                results=tuple(reported_results(filters, spec, task)),
+                group=task.group,
             )
-            for row in plan.tasks
+            for task in plan.tasks
         )
         send(Loaded(len(plan.tasks), headers, build_info(loaded), tuple(plan.skipped)))
     else:
@@ -93,8 +93,8 @@ def run(job: Job, send: Send) -> None:
     unusable: list[str] = []
 
     def finish_task(index: int, results: list[CaseResult]) -> None:
-        # The device check belongs to the row: its kernels may still be running, and a hang or a crash in the
-        # synchronize must be charged to it (the parent holds the row in flight until End), not to loading.
+        # The device check belongs to the task: its kernels may still be running, and a hang or a crash in the
+        # synchronize must be charged to it (the parent holds the task in flight until End), not to loading.
         reason = device_error()
         for result in results:
             send(Result(result))
@@ -126,15 +126,15 @@ def run(job: Job, send: Send) -> None:
 
 
 def start_cuda(plan: Plan) -> None:
-    """Creates the CUDA context of each device the rows use while the worker is still loading (under the load's time
+    """Creates the CUDA context of each device the tasks use while the worker is still loading (under the load's time
     limit): on a busy machine that takes seconds, and a spec's per-check `timeout:` is for the op, not for it."""
-    devices = sorted({row.case.device for row in plan.tasks if row.case.device.startswith("cuda")})
+    devices = sorted({task.case.device for task in plan.tasks if task.case.device.startswith("cuda")})
     if not devices:
         return
     import torch
 
     if not torch.cuda.is_available():
-        return  # the rows say why they cannot run
+        return  # the tasks' results say why they cannot run
     for device in devices:
         torch.empty(1, device=device)
         torch.cuda.synchronize(device)
@@ -142,7 +142,7 @@ def start_cuda(plan: Plan) -> None:
 
 def device_error() -> str | None:
     """Why this process's CUDA context is unusable, or None. After an illegal memory access every later CUDA call
-    fails with the same error, so the rows that follow must run in a fresh process."""
+    fails with the same error, so the tasks that follow must run in a fresh process."""
     if "torch" not in sys.modules:
         return None
     import torch

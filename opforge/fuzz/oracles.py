@@ -25,7 +25,8 @@ from typing import Any
 
 from opforge.cases import Case, CaseInputs, writes_special
 from opforge.checks.base import CheckContext
-from opforge.checks.calls import (
+from opforge.checks.catalog import CATALOG
+from opforge.checks.op_and_reference import (
     call_reference,
     inputs_for,
     named_leaves,
@@ -34,7 +35,6 @@ from opforge.checks.calls import (
     reference_in_op_dtypes,
     split_reference,
 )
-from opforge.checks.catalog import CATALOG
 from opforge.checks.opcheck import outcome
 from opforge.compare import map_tensors
 from opforge.engine.tasks import check_verdicts
@@ -103,7 +103,7 @@ class Judge:
         for oracle in oracles:
             try:
                 verdict = _ORACLES[oracle](self.context, self.native, case)
-            except Exception as exc:  # as `opforge check` makes a check that raises an ERROR row, not a dead worker
+            except Exception as exc:  # as `opforge check` makes a check that raises an ERROR result, not a dead worker
                 verdict = Verdict(Status.FAIL, f"the {oracle} oracle raised {short(exc)}", oracle=oracle)
             if verdict is not None:
                 return verdict

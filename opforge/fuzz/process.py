@@ -39,7 +39,7 @@ COSTLY_SHARE = 1 / 3
 ORACLE_CALLS = 26
 # What the compile oracle adds to an example's limit: a child's first example of a dtype and device compiles the op
 # (inductor, dynamic shapes), and an example whose sizes or strides break the compiled graph's guards compiles
-# again. `opforge check`'s compile rows run under its 300 s row limit; here one compile took up to that.
+# again. `opforge check`'s compile tasks run under its 300 s task limit; here one compile took up to that.
 COMPILE_TIME_LIMIT = 300.0
 
 

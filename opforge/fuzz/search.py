@@ -213,7 +213,7 @@ def replay(spec: OpSpec, example: Regression, options: FuzzOptions) -> tuple[Ver
 
 def declared_crash(spec: OpSpec, example: Regression, verdict: Verdict) -> Verdict:
     """An example whose process died or hung where the spec declares a crash (`crash: true`) is known, as `opforge
-    check` reports its row XFAIL. Its case id (for a `case:` glob) is the matrix's, which a samples spec's example
+    check` reports its result XFAIL. Its case id (for a `case:` glob) is the matrix's, which a samples spec's example
     has only in the worker: there only entries without `case:` declare it."""
     if verdict.status != Status.FAIL or verdict.oracle not in (CRASHED, HUNG):
         return verdict

@@ -24,7 +24,7 @@ def bench_progress(total: int) -> Iterator[Callable[[BenchResult], None]]:
     """A progress bar over (point, contender) pairs on a terminal; in a log, a heartbeat line every few seconds."""
     if not console.is_terminal:
         done: list[str] = []
-        with Heartbeat(lambda: f"bench: {len(done)}/{total} rows done" + (f", last {done[-1]}" if done else "")):
+        with Heartbeat(lambda: f"bench: {len(done)}/{total} results done" + (f", last {done[-1]}" if done else "")):
             yield lambda result: done.append(result.id)
         return
     columns = (
@@ -43,7 +43,7 @@ def bench_progress(total: int) -> Iterator[Callable[[BenchResult], None]]:
         yield advance
 
 
-# IQR / median above which a row is flagged noisy: two contenders 10% apart are then not told apart by their
+# IQR / median above which a result is flagged noisy: two contenders 10% apart are then not told apart by their
 # medians alone.
 NOISY_IQR = 0.10
 
@@ -128,8 +128,8 @@ def render_bench(run: BenchRun) -> None:
     baselines = list(dict.fromkeys(r.contender for r in run.results if r.role == BASELINE))
     headers = ["size", *LABEL_COLUMNS, "impl", *NUMBER_COLUMNS, *(f"vs {b}" for b in baselines), "note"]
     for op in run.ops():
-        rows = [r for r in run.results if r.op == op]
-        body = [_bench_cells(r, rows, baselines) for r in rows]
+        op_results = [r for r in run.results if r.op == op]
+        body = [_bench_cells(r, op_results, baselines) for r in op_results]
         # A label every row shares goes to the title: one column less to fit.
         shared = {name: body[0][i].plain for i, name in enumerate(headers) if name in LABEL_COLUMNS}
         shared = {
@@ -148,7 +148,7 @@ def render_bench(run: BenchRun) -> None:
             for point in dict.fromkeys(tuple(cells[i].plain for i in labels) for cells in body):
                 rows_of_point = [cells for cells in body if tuple(cells[i].plain for i in labels) == point]
                 console.print(_table(f"{title} {' '.join(point)}", headers, columns, rows_of_point))
-        if any(_noise(r) for r in rows):
+        if any(_noise(r) for r in op_results):
             console.print(
                 Text(
                     f"noisy: an IQR above {NOISY_IQR:.0%} of the median makes speedups unreliable. Time longer "
@@ -164,7 +164,7 @@ def render_bench(run: BenchRun) -> None:
         console.print(f"[dim]skip {device}: {reason}[/dim]")
 
 
-def _bench_cells(r: BenchResult, rows: list[BenchResult], baselines: list[str]) -> list[Text]:
+def _bench_cells(r: BenchResult, op_results: list[BenchResult], baselines: list[str]) -> list[Text]:
     """One table row: the point, the timing (or the status where there is none), the speedups and the notes."""
     from opforge.bench.baseline import format_seconds
     from opforge.bench.model import ERROR, SKIP, WRONG, speedups
@@ -174,7 +174,7 @@ def _bench_cells(r: BenchResult, rows: list[BenchResult], baselines: list[str]) 
         timing = [Text(label, style=style)] + [Text("")] * (3 + len(baselines))
         note = r.message.splitlines()[0] if r.message else ""
     else:
-        ups = speedups(r, rows)
+        ups = speedups(r, op_results)
         timing = [
             Text(format_seconds(r.median_s)),
             Text(format_seconds(r.iqr_s)),

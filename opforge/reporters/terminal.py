@@ -25,7 +25,7 @@ from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES
 
 # The column header under which the dtypes check's unclaimed dtypes are folded.
 UNCLAIMED_COLUMN = "other"
-# The column that stands for every dtype of a device on which every row was skipped (CUDA on a CPU machine).
+# The column that stands for every dtype of a device on which every result was skipped (CUDA on a CPU machine).
 ALL_SKIPPED_COLUMN = "all"
 # Dtype column headers short enough for an 80-column terminal.
 SHORT_DTYPES = {
@@ -96,7 +96,7 @@ class TerminalReport(Reporter):
         self._planned: dict[str, int] = {}
         self._done: dict[str, int] = defaultdict(int)
         # Without a terminal (a CI log) there is no bar: one heartbeat line every interval instead, saying where the
-        # run is: the step under way (a worker compiling the op) or the rows done and the last one.
+        # run is: the step under way (a worker compiling the op) or the results done and the last one.
         self._step: str | None = None
         self._last: tuple[str, CaseResult] | None = None
         self._heartbeat = Heartbeat(self._where, interval=heartbeat_interval)
@@ -142,7 +142,7 @@ class TerminalReport(Reporter):
         op, result = self._last
         total = self._planned.get(op)
         done = f"{self._done[op]}/{total}" if total else str(self._done[op])
-        return f"{op}: {done} rows done, {self._failures[op]} failed; last {result.check} [{result.case_id}]"
+        return f"{op}: {done} results done, {self._failures[op]} failed; last {result.check} [{result.case_id}]"
 
     def stop(self) -> None:
         """Ends the heartbeat and the bar; the run may have ended early (an error, Ctrl-C). Idempotent."""
@@ -164,10 +164,10 @@ def render_run(report: RunReport, verbose: bool = False) -> None:
     # Each op that could not load gets its error as a line of its own, as a single op's error would be shown.
     for op in report.ops:
         if op.load_exit_code is not None:
-            row = op.results[-1]
-            error(row.message)
-            if row.repro:
-                console.print(Text("repro: ", style="dim") + Text(row.repro), soft_wrap=True)
+            result = op.results[-1]
+            error(result.message)
+            if result.repro:
+                console.print(Text("repro: ", style="dim") + Text(result.repro), soft_wrap=True)
 
 
 def render_op(op: OpReport, verbose: bool = False) -> None:
@@ -257,15 +257,15 @@ def _render_op_notes(op: OpReport, verbose: bool) -> None:
 _LABEL_ABBREVIATIONS = {":test_": ":", "aot_dispatch_": "aot_", "_registration": "_reg"}
 
 
-def _row_label(row: str) -> str:
-    """A sub-row as the table shows it: opcheck:test_aot_dispatch_dynamic as opcheck:aot_dynamic."""
+def _row_label(name: str) -> str:
+    """A result name as the table's row label shows it: opcheck:test_aot_dispatch_dynamic as opcheck:aot_dynamic."""
     for long, short in _LABEL_ABBREVIATIONS.items():
-        row = row.replace(long, short)
-    return row
+        name = name.replace(long, short)
+    return name
 
 
-def _visits_unclaimed_dtypes(row: str) -> bool:
-    return row in CATALOG.result_names and CATALOG.of_result(row).visits_unclaimed_dtypes
+def _visits_unclaimed_dtypes(name: str) -> bool:
+    return name in CATALOG.result_names and CATALOG.of_result(name).visits_unclaimed_dtypes
 
 
 def _fold_unclaimed_dtypes(cells: _Cells) -> None:
@@ -281,7 +281,7 @@ def _fold_unclaimed_dtypes(cells: _Cells) -> None:
 
 
 def _fold_skipped_devices(cells: _Cells) -> None:
-    """A device on which every row was skipped gets one column, not one per dtype: its skip lines say why."""
+    """A device on which every result was skipped gets one column, not one per dtype: its skip lines say why."""
     devices = {device for by_column in cells.values() for device, _ in by_column}
     for device in devices:
         results = [r for by_column in cells.values() for (d, _), rs in by_column.items() if d == device for r in rs]

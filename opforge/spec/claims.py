@@ -17,7 +17,7 @@ def read_error_inputs(r: Reader, inputs: tuple[Input, ...]) -> tuple[ErrorInput,
             raise r.fail(
                 r.child("error_inputs").value[i],
                 f"error_inputs[{i}].description",
-                "a description unlike the others (it names the result row)",
+                "a description unlike the others (it names the result)",
                 f"the same as error_inputs[{seen[entry.label]}]",
                 "Describe each invalid call differently.",
             )

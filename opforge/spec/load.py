@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from opforge.checks.base import SpecSoFar
+from opforge.checks.base import SpecBeforeSections
 from opforge.checks.catalog import CATALOG
 from opforge.errors import SpecError, UsageError
 from opforge.spec.bench import read_bench_section
@@ -130,8 +130,8 @@ def load_spec(path: Path | str) -> OpSpec:
     inputs = _inputs(r, samples)
     dtypes, device_dtypes = _dtypes(r)
     error_inputs = read_error_inputs(r, inputs) if r.has("error_inputs") else ()
-    so_far = SpecSoFar(inputs, dtypes)
-    sections = tuple((s.key, s.read(r, so_far)) for s in CATALOG.sections if r.has(s.key))
+    before_sections = SpecBeforeSections(inputs, dtypes)
+    sections = tuple((s.key, s.read(r, before_sections)) for s in CATALOG.sections if r.has(s.key))
     claims |= {"error_inputs": bool(error_inputs)} | {s.key: r.has(s.key) for s in CATALOG.sections}
     differentiable = claims["differentiable"]
     if checks is None:

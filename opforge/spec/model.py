@@ -143,7 +143,7 @@ class XFail:
     """A known failure. Strict (the default): a case that passes anyway is XPASS and fails the run, so stale
     entries get noticed. Non-strict: for failures that depend on the sampled values, a pass is just a pass.
     `case` is a glob (fnmatch) on the case id, for a failure that only some shapes or samples have. `crash`: the
-    failure is the op's process dying or hanging (a CRASH or TIMEOUT row), which only such an entry declares."""
+    failure is the op's process dying or hanging (a CRASH or TIMEOUT result), which only such an entry declares."""
 
     check: str
     reason: str
@@ -365,7 +365,7 @@ class OpSpec:
         case_id: str,
         crashed: bool = False,
     ) -> XFail | None:
-        """The entry declaring this row's failure: a crash entry for a row whose process died or hung (`crashed`),
+        """The entry declaring this result's failure: a crash entry for a result whose process died or hung (`crashed`),
         any other for a failure the check reported."""
         return next(
             (

@@ -1,5 +1,5 @@
-"""The spec's `xfail:` list: known failures, by check (or one of its rows), implementation, dtype, device, layout and
-case id (a glob); `crash: true` for a known crash or hang."""
+"""The spec's `xfail:` list: known failures, by check (or one of its result names), implementation, dtype, device,
+layout and case id (a glob); `crash: true` for a known crash or hang."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _read_xfail(r: Reader, key: str, node: Node) -> XFail:
         raise x.fail(
             x.child("check"),
             f"{key}.check",
-            f"one of {', '.join(CATALOG.names)} (or one of a check's rows: {', '.join(CATALOG.sub_results)})",
+            f"one of {', '.join(CATALOG.names)} (or one of a check's result names: {', '.join(CATALOG.sub_results)})",
             repr(check),
             suggest(check, CATALOG.names + CATALOG.sub_results),
         )

@@ -1,4 +1,5 @@
-"""Calling the op under test and the reference, with failures attributed to the right side."""
+"""What the checks share about an implementation and its reference: making a case's inputs, calling both with failures
+attributed to the right side, gradients, and comparing what they return."""
 
 from __future__ import annotations
 
@@ -389,7 +390,7 @@ def judged_nothing(loaded: LoadedOp, implementation: Implementation, inputs: Cas
 
 
 def nothing_judged(loaded: LoadedOp) -> str:
-    """The reason of a row that compared the op's call with itself (judged_nothing)."""
+    """The reason of a result that compared the op's call with itself (judged_nothing)."""
     return (
         f"the spec has no `reference:`, and this case is the op's own reference call ({loaded.reference_label}): "
         "nothing to compare it with"
@@ -397,7 +398,7 @@ def nothing_judged(loaded: LoadedOp) -> str:
 
 
 def compared_with(loaded: LoadedOp) -> PassDetail | None:
-    """A passing row's detail for a spec without a reference: what its values were compared with."""
+    """A passing result's detail for a spec without a reference: what its values were compared with."""
     return PassDetail(f"compared with {loaded.reference_label}") if loaded.self_reference is not None else None
 
 
@@ -535,7 +536,7 @@ def expected_dtype(case_dtype: str, reference_value: torch.Tensor) -> torch.dtyp
 
 
 @dataclass(frozen=True)
-class Result:
+class RunOutputs:
     """What one run of the op left (on one device, compiled or eager): its outputs and the values of the arguments
     it mutates. `label` names the run in messages; `device` is where its tensors must be."""
 
@@ -552,8 +553,8 @@ def _float64_reference(loaded: LoadedOp) -> str:
 def agreement(
     loaded: LoadedOp,
     case_dtype: str,
-    first: Result,
-    second: Result,
+    first: RunOutputs,
+    second: RunOutputs,
     reference: Callable[[], tuple[Any, ...]],
     baseline: Baseline,
 ) -> None:
