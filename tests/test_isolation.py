@@ -664,3 +664,24 @@ def test_a_child_finds_this_opforge_where_it_is_not_installed(tmp_path):
     )
     assert found.returncode == 0, found.stderr
     assert Path(found.stdout.strip()).parent == REPO / "opforge"
+
+
+@pytest.mark.slow
+def test_a_run_in_this_process_plans_as_many_results_as_it_reports():
+    # Found renaming rows: --no-isolation planned one per task while its progress counted results, so good.yaml's
+    # opcheck (four results a task) read "28/7 results done".
+    from opforge.engine.inprocess import run_in_process
+    from opforge.results import RunReport
+    from opforge.spec.load import load_spec
+
+    planned: dict[str, int] = {}
+    reported: dict[str, int] = {}
+    events = Events(
+        planned=lambda op, total: planned.__setitem__(op, total),
+        result=lambda op, result: reported.__setitem__(op, reported.get(op, 0) + 1),
+    )
+    filters = Filters(checks=("opcheck",), dtypes=("float32",))
+    run = RunReport(environment={})
+    run_in_process([load_spec(FIXTURES / "good.yaml")], filters, RunSettings(), None, run, events)
+    (op,) = run.ops
+    assert planned == reported == {op.op: len(op.results)}, (planned, reported)
