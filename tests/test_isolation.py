@@ -685,3 +685,37 @@ def test_a_run_in_this_process_plans_as_many_results_as_it_reports():
     run_in_process([load_spec(FIXTURES / "good.yaml")], filters, RunSettings(), None, run, events)
     (op,) = run.ops
     assert planned == reported == {op.op: len(op.results)}, (planned, reported)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isolated", [False, True], ids=["in-process", "isolated"])
+def test_two_specs_of_one_op_keep_their_progress_apart(tmp_path, isolated):
+    # Found on the fbgemm bed: pack_segments and pack_segments_strided_lengths were one op to the progress line,
+    # which then read "248/12 results done".
+    from opforge.engine.inprocess import run_in_process
+    from opforge.engine.isolated import run_isolated
+    from opforge.results import RunReport
+    from opforge.spec.load import load_spec
+
+    narrow = tmp_path / "good_float32_only.yaml"
+    narrow.write_text(
+        (FIXTURES / "good.yaml").read_text().replace("dtypes: [float32, float64, bfloat16]", "dtypes: [float32]")
+    )
+    shutil.copy(FIXTURES / "broken_ops.py", tmp_path / "broken_ops.py")
+    shutil.copy(FIXTURES / "good.yaml", tmp_path / "good.yaml")
+    specs = [load_spec(tmp_path / "good.yaml"), load_spec(narrow)]
+    planned: dict[str, int] = {}
+    reported: dict[str, int] = {}
+    events = Events(
+        planned=lambda op, total: planned.__setitem__(op, total),
+        result=lambda op, result: reported.__setitem__(op, reported.get(op, 0) + 1),
+    )
+    run = RunReport(environment={})
+    filters = Filters(checks=("correctness",))
+    if isolated:
+        run_isolated(specs, filters, RunSettings(), Isolation(), run, events)
+    else:
+        run_in_process(specs, filters, RunSettings(), None, run, events)
+    results = {report.spec_path: len(report.results) for report in run.ops}
+    assert sorted(planned.values()) == sorted(reported.values()) == sorted(results.values()), (planned, results)
+    assert len(planned) == 2 and len(set(results.values())) == 2, planned

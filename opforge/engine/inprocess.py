@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from opforge.engine.events import Events
+from opforge.engine.events import Events, progress_names
 from opforge.engine.plan import (
     Filters,
     Plan,
@@ -37,6 +37,7 @@ def run_in_process(
     from opforge.environment import environment
 
     events = events or Events()
+    names = progress_names(specs)
     run.environment = run.environment or environment()
     for spec in specs:
         report = OpReport(op=spec.name, spec_path=str(spec.path))
@@ -47,13 +48,14 @@ def run_in_process(
         except OpforgeError as exc:
             report.load_exit_code = exc.exit_code
             report.results.append(load_result(spec, Status.ERROR, str(exc), time.perf_counter() - start))
-            events.result(spec.name, report.results[-1])
+            events.result(names[spec.path], report.results[-1])
             continue
         plan = plan_op(loaded, filters, settings)
         # The results the run will report (a task gives one per result name it keeps), as the isolated parent counts.
-        events.planned(spec.name, len(plan.skipped) + sum(len(reported_results(filters, spec, t)) for t in plan.tasks))
+        total = len(plan.skipped) + sum(len(reported_results(filters, spec, t)) for t in plan.tasks)
+        events.planned(names[spec.path], total)
 
-        def on_result(result: CaseResult, name: str = spec.name) -> None:
+        def on_result(result: CaseResult, name: str = names[spec.path]) -> None:
             events.result(name, result)
 
         run_op(loaded, filters, settings, plan, on_result=on_result, report=report)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from opforge.checks.catalog import CATALOG
 from opforge.child import ChildProcess, describe_exit, with_this_opforge
-from opforge.engine.events import Events
+from opforge.engine.events import Events, progress_names
 from opforge.engine.forkserver import ForkServer, shared_server
 from opforge.engine.plan import Filters, RunSettings, load_result, part_of
 from opforge.engine.protocol import (
@@ -224,6 +224,7 @@ class Supervisor:
         self.isolation = isolation
         self.run = run
         self.events = events
+        self.names = progress_names(specs)
         self.pending = deque(specs)
         self.active: dict[int, _OpRun] = {}
         self.reserved: set[int] = set()  # slots of parts waiting for their op's first part to load
@@ -362,7 +363,7 @@ class Supervisor:
         if event.tasks is not None:
             op.tasks = event.tasks
             op.report.build = event.build
-            self.events.planned(op.spec.name, len(event.skipped) + sum(len(t.results) for t in op.tasks))
+            self.events.planned(self.names[op.spec.path], len(event.skipped) + sum(len(t.results) for t in op.tasks))
             for result in event.skipped:
                 self._add(op, result)
             self._start_waiting_parts(op)
@@ -378,7 +379,7 @@ class Supervisor:
 
     def _add(self, op: _OpRun, result: CaseResult) -> None:
         op.report.results.append(result)
-        self.events.result(op.spec.name, result)
+        self.events.result(self.names[op.spec.path], result)
 
     def _pipe_closed(self, op: _OpRun) -> None:
         if op.done:
