@@ -363,7 +363,7 @@ class Supervisor:
         if event.tasks is not None:
             op.tasks = event.tasks
             op.report.build = event.build
-            self.events.planned(self.names[op.spec.path], len(event.skipped) + sum(len(t.results) for t in op.tasks))
+            self.events.planned(self._progress_name(op), len(event.skipped) + sum(len(t.results) for t in op.tasks))
             for result in event.skipped:
                 self._add(op, result)
             self._start_waiting_parts(op)
@@ -377,9 +377,13 @@ class Supervisor:
                 self._lost_task(op, index, Status.CRASH, how, seconds=0.0)
             self._finish(op)
 
+    def _progress_name(self, op: _OpRun) -> str:
+        # An op driven straight into a supervisor (not among the specs it was given) goes by its op's name.
+        return self.names.get(op.spec.path, op.spec.name)
+
     def _add(self, op: _OpRun, result: CaseResult) -> None:
         op.report.results.append(result)
-        self.events.result(self.names[op.spec.path], result)
+        self.events.result(self._progress_name(op), result)
 
     def _pipe_closed(self, op: _OpRun) -> None:
         if op.done:
