@@ -25,7 +25,7 @@ from opforge.fuzz.process import FuzzWorker
 from opforge.fuzz.save import save_regressions
 from opforge.fuzz.search import fuzz
 from opforge.fuzz.space import Space, examples
-from opforge.results import Status
+from opforge.results import Status, Verdict
 from opforge.spec.load import load_spec
 from opforge.spec.model import Regression
 
@@ -377,6 +377,32 @@ def test_a_special_value_example_is_known_to_the_special_values_checks_xfail(tmp
     path.write_text(path.read_text() + "xfail:\n  - {check: special_values, strict: false, reason: inf gives NaN}\n")
     known = invoke("fuzz", str(path), "--example", example)
     assert known.exit_code == 0 and "known correctness: expected failure (inf gives NaN)" in known.output, known.output
+
+
+@pytest.mark.parametrize(
+    ("fixture", "entry", "known"),
+    [
+        ("doubles", "{check: determinism, crash: true, reason: dies}", True),  # a crash is no one check's
+        ("doubles", "{check: correctness, crash: true, case: '*x=7*', reason: dies}", True),
+        ("doubles", "{check: correctness, crash: true, case: '*x=5*', reason: dies}", False),
+        ("doubles", "{check: correctness, layout: offset, crash: true, reason: dies}", False),
+        ("doubles", "{check: correctness, reason: 'wrong, not a crash'}", False),
+        # A samples spec's example has its case id only in the worker: only entries without `case:` declare it.
+        ("doubles_openmp_samples", "{check: correctness, crash: true, reason: dies}", True),
+        ("doubles_openmp_samples", "{check: correctness, crash: true, case: '*', reason: dies}", False),
+    ],
+)
+def test_a_crash_is_known_where_a_crash_entry_declares_it(tmp_path, fixture, entry, known):
+    from opforge.fuzz.search import declared_crash
+    from opforge.fuzz.verdict import CRASHED
+
+    path = fixture_copy(tmp_path, fixture)
+    path.write_text(path.read_text() + f"xfail:\n  - {entry}\n")
+    spec = load_spec(path)
+    example = SEVEN if spec.samples is None else replace(SEVEN, shapes=(), sample=0)
+    verdict = declared_crash(spec, example, Verdict(Status.FAIL, "killed by SIGSEGV", oracle=CRASHED))
+    assert (verdict.status, verdict.oracle) == (Status.XFAIL if known else Status.FAIL, CRASHED), verdict
+    assert verdict.message == ("expected failure (dies): " if known else "") + "killed by SIGSEGV"
 
 
 @pytest.mark.slow

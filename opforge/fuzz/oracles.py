@@ -37,7 +37,7 @@ from opforge.checks.calls import (
 from opforge.checks.catalog import CATALOG
 from opforge.checks.opcheck import outcome
 from opforge.compare import map_tensors
-from opforge.engine.tasks import check_verdicts
+from opforge.engine.tasks import apply_xfail, check_verdicts
 from opforge.fuzz.verdict import CRASHED, OUTSIDE_DOMAIN, UNDECIDABLE
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, ReferenceFailure, short
@@ -263,37 +263,31 @@ def _equal(a: Any, b: Any) -> bool:
     return tuple(a.shape) == tuple(b.shape) and bool(a.detach().cpu().eq(b.detach().cpu()).all())
 
 
-# The check (or opcheck sub-test) an xfail names for each oracle's failures.
-_XFAIL_CHECKS = {"fake": "opcheck:test_faketensor"}
-
-
 def _declared(loaded: LoadedOp, implementation: Implementation, case: Case, verdict: Verdict) -> Verdict:
     """A failure the spec's xfail entries declare for this check and case becomes `known`: `opforge check` would
-    report it as XFAIL, so fuzz must not report it as new (torchvision's upstream bugs, say). An example with a
-    special value in an input (NAME=one|row|all:S) is also what the special_values check's entries declare (roi_pool
-    skipping NaN). A crash or hang is declared by the spec's `crash: true` entries, which the search applies
-    (opforge.fuzz.search.declared_crash)."""
+    report it as XFAIL, so fuzz must not report it as new (torchvision's upstream bugs, say). The engine's own
+    matcher decides (opforge.engine.tasks.declared), on the case id without the example's fill (what xfail globs are
+    written against). An example with a special value in an input (NAME=one|row|all:S) is also what the
+    special_values check's entries declare (roi_pool skipping NaN). A crash or hang is declared by the spec's
+    `crash: true` entries, which the search applies (opforge.fuzz.search.declared_crash)."""
     checks = [_XFAIL_CHECKS.get(verdict.oracle, verdict.oracle)]
     if writes_special(case.fill):  # what the special_values check's xfails declare
         checks.append("special_values")
-    spec = loaded.spec
-    matrix_id = replace(case, fill="").id  # the ids xfail globs are written against have no fill
-    xfail = next(
-        (
-            x
-            for check in checks
-            if (x := spec.xfail_for(implementation.name, check, case.dtype, case.device, case.layout, matrix_id))
-        ),
-        None,
-    )
-    if xfail is None:
-        return verdict
-    return replace(verdict, status=Status.XFAIL, message=f"expected failure ({xfail.reason}): {verdict.message}")
+    matrix_case = replace(case, fill="")
+    for check in checks:
+        known = apply_xfail(loaded.spec, implementation.name, check, matrix_case, verdict)
+        if known.status == Status.XFAIL:
+            return known
+    return verdict
 
 
 def _is_cuda_fault(exc: BaseException) -> bool:
     text = str(exc)
     return "CUDA error" in text or "device-side assert" in text or type(exc).__name__ == "AcceleratorError"
+
+
+# The check (or opcheck sub-test) an xfail names for each oracle's failures.
+_XFAIL_CHECKS = {"fake": "opcheck:test_faketensor"}
 
 
 def _from_check(name: str, oracle: str) -> Oracle:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from opforge.cases import kept_case
+from opforge.engine.tasks import declared
 from opforge.environment import host_environment
 from opforge.fuzz.options import FuzzOptions
 from opforge.fuzz.process import FuzzWorker
@@ -218,10 +219,10 @@ def declared_crash(spec: OpSpec, example: Regression, verdict: Verdict) -> Verdi
     if verdict.status != Status.FAIL or verdict.oracle not in (CRASHED, HUNG):
         return verdict
     case_id = "" if example.sample is not None else replace(kept_case(spec, example, "fuzz"), fill="").id
-    xfail = spec.crash_declared("native", example.dtype, example.device, example.layout, case_id)
-    if xfail is None or (xfail.case is not None and not case_id):
-        return verdict
-    return replace(verdict, status=Status.XFAIL, message=f"expected failure ({xfail.reason}): {verdict.message}")
+    entries = spec if case_id else replace(spec, xfail=tuple(x for x in spec.xfail if x.case is None))
+    crash = replace(verdict, status=Status.CRASH)
+    known = declared(entries, NATIVE, None, example.dtype, example.device, example.layout, case_id, crash)
+    return known if known.status == Status.XFAIL else verdict
 
 
 def _applicable(spec: OpSpec, device: str) -> tuple[str, ...]:
