@@ -18,6 +18,7 @@ from helpers import FIXTURES, SPECS, in_process, run_spec
 from hypothesis import given, settings
 from typer.testing import CliRunner
 
+from opforge.checks.catalog import CATALOG
 from opforge.cli import app
 from opforge.errors import SpecError
 from opforge.fuzz.options import FuzzOptions
@@ -430,7 +431,9 @@ def test_an_oracle_that_raises_is_that_oracles_failure_not_a_dead_worker(monkeyp
         raise RuntimeError("boom")
 
     spec = load_spec(FUZZ_OPS / "doubles.yaml")
-    monkeypatch.setitem(oracles._ORACLES, "determinism", raising)
+    determinism = CATALOG.get("determinism")
+    broken = replace(determinism, one_example=replace(determinism.one_example, run=raising))
+    monkeypatch.setattr(CATALOG, "_checks", {**CATALOG._checks, "determinism": broken})
     verdict = oracles.Judge(load_op(spec, None))(kept_case(spec, SEVEN, "fuzz"), ("correctness", "determinism"))
     assert (verdict.status, verdict.oracle) == ("fail", "determinism")
     assert "raised RuntimeError: boom" in verdict.message
@@ -558,10 +561,10 @@ def test_a_fakes_wrong_strides_shrink_below_the_specs_shapes(tmp_path):
     # Found on the example extension: the fake-strides failure's minimal example stayed at the spec's [33, 65]
     # transposed, since a size shrank towards the spec's own.
     spec = load_spec(FIXTURES / "outside_ops" / "softsign_like_fake.yaml")
-    options = FuzzOptions(budget=60, seed=0, oracles=("fake",), exit_first=True, database=tmp_path / "db")
+    options = FuzzOptions(budget=60, seed=0, oracles=("opcheck",), exit_first=True, database=tmp_path / "db")
     (failure,) = fuzz(spec, options).failures
     minimal = dict(failure.example.shapes)["x"]
     (declared,) = [shape for shape in spec.inputs[0].shapes if len(shape) == len(minimal)]
-    assert failure.oracle == "fake" and "stride" in failure.message.lower(), failure
+    assert failure.oracle == "opcheck:test_faketensor" and "stride" in failure.message.lower(), failure
     # Below the spec's shape of its rank: [2, 65] or [2, 3, 1, 5] here, by the search's luck.
     assert math.prod(minimal) < math.prod(declared), failure.example
