@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -390,3 +391,39 @@ def test_fuzz_still_reads_check_fake_and_says_what_to_write_instead():
     assert result.exit_code == 0, result.output
     assert "--check fake is deprecated: write --check opcheck:test_faketensor" in result.output
     assert "pass (opcheck:test_faketensor)" in result.output
+
+
+# A check that judges one example, in a module of its own, joined to the catalog in every process of the run (the
+# fuzz worker, the fork server) by a sitecustomize that stands for its catalog line.
+_TOY_ORACLE_MODULE = """
+from opforge.checks.base import Check, OneExample, all_cases
+from opforge.outcomes import CheckFailure
+
+
+def _run(context, implementation, case):
+    wide = any(shape and shape[-1] > 6 for _, shape in case.shapes)
+    return {"toy_wide": CheckFailure("toy: too wide") if wide else None}
+
+
+CHECKS = (Check("toy_wide", "a toy check fuzz judges by", all_cases, _run, one_example=OneExample()),)
+"""
+_TOY_SITECUSTOMIZE = (
+    "import opforge.checks.catalog as catalog, toy_wide\n"
+    "catalog.CATALOG = catalog.Catalog((*catalog.CATALOG, *toy_wide.CHECKS))\n"
+)
+
+
+def test_a_check_module_with_one_example_is_searched_by_opforge_fuzz_end_to_end(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "toy_wide.py").write_text(_TOY_ORACLE_MODULE)
+    (site / "sitecustomize.py").write_text(_TOY_SITECUSTOMIZE)
+    spec = _spec_listing(tmp_path, "correctness, toy_wide")
+    env = {**os.environ, "PYTHONPATH": str(site), "NO_COLOR": "1"}
+    args = ["fuzz", str(spec), "--seed", "0", "--max-examples", "40", "-x", "--json", str(tmp_path / "f.json")]
+    command = [sys.executable, "-m", "opforge", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    data = json.loads((tmp_path / "f.json").read_text())
+    assert data["oracles"] == ["correctness", "toy_wide"], data["oracles"]
+    assert [(f["check"], f["message"]) for f in data["failures"]] == [("toy_wide", "toy: too wide")], data["failures"]
