@@ -18,6 +18,7 @@ from helpers import FIXTURES, SPECS, in_process, run_spec
 from hypothesis import given, settings
 from typer.testing import CliRunner
 
+from opforge.checks.catalog import CATALOG
 from opforge.cli import app
 from opforge.errors import SpecError
 from opforge.fuzz.options import FuzzOptions
@@ -25,7 +26,7 @@ from opforge.fuzz.process import FuzzWorker
 from opforge.fuzz.save import save_regressions
 from opforge.fuzz.search import fuzz
 from opforge.fuzz.space import Space, examples
-from opforge.results import Status
+from opforge.results import Status, Verdict
 from opforge.spec.load import load_spec
 from opforge.spec.model import Regression
 
@@ -379,6 +380,32 @@ def test_a_special_value_example_is_known_to_the_special_values_checks_xfail(tmp
     assert known.exit_code == 0 and "known correctness: expected failure (inf gives NaN)" in known.output, known.output
 
 
+@pytest.mark.parametrize(
+    ("fixture", "entry", "known"),
+    [
+        ("doubles", "{check: determinism, crash: true, reason: dies}", True),  # a crash is no one check's
+        ("doubles", "{check: correctness, crash: true, case: '*x=7*', reason: dies}", True),
+        ("doubles", "{check: correctness, crash: true, case: '*x=5*', reason: dies}", False),
+        ("doubles", "{check: correctness, layout: offset, crash: true, reason: dies}", False),
+        ("doubles", "{check: correctness, reason: 'wrong, not a crash'}", False),
+        # A samples spec's example has its case id only in the worker: only entries without `case:` declare it.
+        ("doubles_openmp_samples", "{check: correctness, crash: true, reason: dies}", True),
+        ("doubles_openmp_samples", "{check: correctness, crash: true, case: '*', reason: dies}", False),
+    ],
+)
+def test_a_crash_is_known_where_a_crash_entry_declares_it(tmp_path, fixture, entry, known):
+    from opforge.fuzz.search import declared_crash
+    from opforge.fuzz.verdict import CRASHED
+
+    path = fixture_copy(tmp_path, fixture)
+    path.write_text(path.read_text() + f"xfail:\n  - {entry}\n")
+    spec = load_spec(path)
+    example = SEVEN if spec.samples is None else replace(SEVEN, shapes=(), sample=0)
+    verdict = declared_crash(spec, example, Verdict(Status.FAIL, "killed by SIGSEGV", oracle=CRASHED))
+    assert (verdict.status, verdict.oracle) == (Status.XFAIL if known else Status.FAIL, CRASHED), verdict
+    assert verdict.message == ("expected failure (dies): " if known else "") + "killed by SIGSEGV"
+
+
 @pytest.mark.slow
 def test_a_search_counts_declared_failures_and_reports_none(tmp_path):
     path = fixture_copy(tmp_path, "doubles_short_tail")
@@ -404,7 +431,9 @@ def test_an_oracle_that_raises_is_that_oracles_failure_not_a_dead_worker(monkeyp
         raise RuntimeError("boom")
 
     spec = load_spec(FUZZ_OPS / "doubles.yaml")
-    monkeypatch.setitem(oracles._ORACLES, "determinism", raising)
+    determinism = CATALOG.get("determinism")
+    broken = replace(determinism, one_example=replace(determinism.one_example, run=raising))
+    monkeypatch.setattr(CATALOG, "_checks", {**CATALOG._checks, "determinism": broken})
     verdict = oracles.Judge(load_op(spec, None))(kept_case(spec, SEVEN, "fuzz"), ("correctness", "determinism"))
     assert (verdict.status, verdict.oracle) == ("fail", "determinism")
     assert "raised RuntimeError: boom" in verdict.message
@@ -532,10 +561,10 @@ def test_a_fakes_wrong_strides_shrink_below_the_specs_shapes(tmp_path):
     # Found on the example extension: the fake-strides failure's minimal example stayed at the spec's [33, 65]
     # transposed, since a size shrank towards the spec's own.
     spec = load_spec(FIXTURES / "outside_ops" / "softsign_like_fake.yaml")
-    options = FuzzOptions(budget=60, seed=0, oracles=("fake",), exit_first=True, database=tmp_path / "db")
+    options = FuzzOptions(budget=60, seed=0, oracles=("opcheck",), exit_first=True, database=tmp_path / "db")
     (failure,) = fuzz(spec, options).failures
     minimal = dict(failure.example.shapes)["x"]
     (declared,) = [shape for shape in spec.inputs[0].shapes if len(shape) == len(minimal)]
-    assert failure.oracle == "fake" and "stride" in failure.message.lower(), failure
+    assert failure.oracle == "opcheck:test_faketensor" and "stride" in failure.message.lower(), failure
     # Below the spec's shape of its rank: [2, 65] or [2, 3, 1, 5] here, by the search's luck.
     assert math.prod(minimal) < math.prod(declared), failure.example

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -316,3 +317,116 @@ def _three(output: str) -> tuple[str, str, str]:
     first = output.index("good  (")
     second = output.index("good  (", first + 1)
     return output[:first], output[first:second], output[second:]
+
+
+# ------------------------------------------------------------------------------- a check as an oracle of fuzz
+
+
+@pytest.fixture
+def toy_oracle(toy_check, monkeypatch):
+    """The toy check, declaring that it judges one example: nothing under opforge/fuzz/ names it."""
+    from opforge.checks.base import OneExample
+
+    toy = replace(toy_check, one_example=OneExample())
+    monkeypatch.setattr(CATALOG, "_checks", {**CATALOG._checks, "toy": toy})
+    monkeypatch.setattr(CATALOG, "_by_result", {**CATALOG._by_result, "toy:small": toy, "toy:even": toy})
+    return toy
+
+
+def test_a_check_that_judges_one_example_is_an_oracle_of_fuzz_through_the_catalog_alone(toy_oracle, tmp_path):
+    """Its applicability comes from where `opforge check` takes it (the spec's checks), `--check` selects it by its
+    name or a result's, its failure is its oracle's, and the spec's xfail entries declare it as they do for check."""
+    from opforge.cases import kept_case
+    from opforge.fuzz.oracles import Judge
+    from opforge.fuzz.search import oracles_for
+    from opforge.loading import load_op
+    from opforge.spec.load import load_spec
+    from opforge.spec.model import Regression
+
+    spec = load_spec(_spec_listing(tmp_path, "correctness, toy"))
+    assert oracles_for(spec, "cpu") == ("correctness", "toy")
+    assert oracles_for(spec, "cpu", ("toy:even",)) == oracles_for(spec, "cpu", ("toy",)) == ("toy",)
+    assert "toy" not in oracles_for(load_spec(_spec_listing(tmp_path, "correctness")), "cpu")
+    two_d = Regression("float64", "cpu", "contiguous", (("x", (5, 6)),), (), "", 0)
+    one_d = replace(two_d, shapes=(("x", (7,)),))
+    judge = Judge(load_op(spec, None))
+    failed = judge(kept_case(spec, two_d, "fuzz"), ("correctness", "toy"))
+    assert (failed.status, failed.oracle, failed.message) == (Status.FAIL, "toy", "toy failure"), failed
+    assert judge(kept_case(spec, one_d, "fuzz"), ("correctness", "toy")).status == Status.PASS
+    path = spec.path
+    path.write_text(path.read_text() + "xfail:\n  - {check: toy, reason: a toy bug}\n")
+    declared = load_spec(path)
+    known = Judge(load_op(declared, None))(kept_case(declared, two_d, "fuzz"), ("toy",))
+    assert (known.status, known.message) == (Status.XFAIL, "expected failure (a toy bug): toy failure"), known
+
+
+@pytest.mark.parametrize(
+    "names",
+    [["opcheck"], ["opcheck:test_faketensor"], ["correctness", "determinism"], []],
+    ids=["a-check", "a-result", "two-checks", "none"],
+)
+def test_check_selects_the_same_in_check_and_fuzz(tmp_path, names):
+    """What `opforge check --check` runs, of the results fuzz can judge an example by, is what `opforge fuzz --check`
+    judges by."""
+    from opforge.cli import app
+
+    spec = str(FIXTURES / "fuzz_ops" / "doubles.yaml")
+    selection = [arg for name in names for arg in ("--check", name)]
+    report = tmp_path / "check.json"
+    check = CliRunner().invoke(
+        app, ["check", spec, "--no-isolation", "--dtype", "float32", "--json", str(report), *selection]
+    )
+    assert check.exit_code == 0, check.output
+    ran = {r["check"] for op in json.loads(report.read_text())["ops"] for r in op["results"]}
+    example = '{"shapes": {"x": [7]}}'
+    fuzz = CliRunner().invoke(app, ["fuzz", spec, "--example", example, *selection], env={"COLUMNS": "300"})
+    assert fuzz.exit_code == 0, fuzz.output
+    judged = fuzz.output.split("pass (")[1].split(")")[0].split(", ")
+    assert sorted(judged) == sorted(ran & set(CATALOG.oracles)), (judged, ran)
+
+
+def test_fuzz_still_reads_check_fake_and_says_what_to_write_instead():
+    from opforge.cli import app
+
+    example = '{"shapes": {"x": [7]}}'
+    args = ["fuzz", str(FIXTURES / "fuzz_ops" / "doubles.yaml"), "--example", example, "--check", "fake"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "--check fake is deprecated: write --check opcheck:test_faketensor" in result.output
+    assert "pass (opcheck:test_faketensor)" in result.output
+
+
+# A check that judges one example, in a module of its own, joined to the catalog in every process of the run (the
+# fuzz worker, the fork server) by a sitecustomize that stands for its catalog line.
+_TOY_ORACLE_MODULE = """
+from opforge.checks.base import Check, OneExample, all_cases
+from opforge.outcomes import CheckFailure
+
+
+def _run(context, implementation, case):
+    wide = any(shape and shape[-1] > 6 for _, shape in case.shapes)
+    return {"toy_wide": CheckFailure("toy: too wide") if wide else None}
+
+
+CHECKS = (Check("toy_wide", "a toy check fuzz judges by", all_cases, _run, one_example=OneExample()),)
+"""
+_TOY_SITECUSTOMIZE = (
+    "import opforge.checks.catalog as catalog, toy_wide\n"
+    "catalog.CATALOG = catalog.Catalog((*catalog.CATALOG, *toy_wide.CHECKS))\n"
+)
+
+
+def test_a_check_module_with_one_example_is_searched_by_opforge_fuzz_end_to_end(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "toy_wide.py").write_text(_TOY_ORACLE_MODULE)
+    (site / "sitecustomize.py").write_text(_TOY_SITECUSTOMIZE)
+    spec = _spec_listing(tmp_path, "correctness, toy_wide")
+    env = {**os.environ, "PYTHONPATH": str(site), "NO_COLOR": "1"}
+    args = ["fuzz", str(spec), "--seed", "0", "--max-examples", "40", "-x", "--json", str(tmp_path / "f.json")]
+    command = [sys.executable, "-m", "opforge", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    data = json.loads((tmp_path / "f.json").read_text())
+    assert data["oracles"] == ["correctness", "toy_wide"], data["oracles"]
+    assert [(f["check"], f["message"]) for f in data["failures"]] == [("toy_wide", "toy: too wide")], data["failures"]

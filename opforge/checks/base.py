@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from opforge.cases import layout_kind
 from opforge.outcomes import Outcome
-from opforge.spec.model import Input
+from opforge.spec.model import Input, OpSpec
 from opforge.spec.reader import Reader
 
 if TYPE_CHECKING:
@@ -116,6 +116,26 @@ Validator = Callable[["LoadedOp"], None]
 
 
 @dataclass(frozen=True)
+class OneExample:
+    """A check that can judge one example on its own (a call beyond the spec's matrix): `opforge fuzz` makes it one
+    of its oracles, named by the one result it judges (opcheck:test_faketensor) or else the check's name. It judges
+    an example where `opforge check` would run the check (the spec's `checks:`, the check's devices) and `unless`
+    gives no reason against it."""
+
+    # The results it judges (a check's run must give their outcomes); empty: all of the check's.
+    results: tuple[str, ...] = ()
+    # How it judges one example, when not the check's own `run` (opcheck: test_faketensor alone).
+    run: Runner | None = None
+    # Why it says nothing about `spec`'s op on `device` (determinism: a spec that claims results differ run to run);
+    # None: it applies.
+    unless: Callable[[OpSpec, str], str | None] = lambda spec, device: None
+    # It judges only when asked by name (`opforge fuzz --check compile`): too slow for every search.
+    asked_only: bool = False
+    # Seconds it may add to one example's time limit (compile: a child's first example of a dtype compiles the op).
+    extra_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
 class Check:
     name: str
     # One line for `--help` and docs: the bug it catches.
@@ -146,9 +166,24 @@ class Check:
     # Its cases with the same key (per implementation) reuse work kept in CheckContext.shared, so one worker runs
     # them all (compile: one compiled function per dtype and device); None: every case stands alone.
     shares_work: Callable[[Case], Hashable] | None = None
+    # How it judges one example of `opforge fuzz` (an oracle), when it can.
+    one_example: OneExample | None = None
 
     def result_names(self) -> tuple[str, ...]:
         return self.results or (self.name,)
+
+    def judged_results(self) -> tuple[str, ...]:
+        """The results it judges one example by (`one_example`); empty when it cannot."""
+        if self.one_example is None:
+            return ()
+        return self.one_example.results or self.result_names()
+
+    @property
+    def oracle(self) -> str | None:
+        """Its name as an oracle of `opforge fuzz`: the one result it judges, else its own name; None when it
+        judges no example."""
+        judged = self.judged_results()
+        return None if not judged else judged[0] if len(judged) == 1 else self.name
 
     def runs_by_default(self, claims: dict[str, bool]) -> bool:
         return all(claims[c] for c in self.default_when) and (self.claim is None or claims[self.claim])

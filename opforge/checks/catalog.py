@@ -76,6 +76,11 @@ class Catalog:
         """Every spec section a check owns, once each."""
         return tuple({c.section.key: c.section for c in self if c.section is not None}.values())
 
+    @property
+    def oracles(self) -> dict[str, Check]:
+        """`opforge fuzz`'s oracles by name (Check.oracle): every check that can judge one example."""
+        return {c.oracle: c for c in self if c.oracle is not None}
+
     def default_checks(self, claims: Mapping[str, bool]) -> tuple[str, ...]:
         """The checks a spec runs when it lists none: those whose claims its spec makes."""
         return tuple(c.name for c in self if c.runs_by_default(dict(claims)))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opforge.cases import Case
-from opforge.checks.base import Check, CheckContext, Outcomes, aligned, first_values
+from opforge.checks.base import Check, CheckContext, OneExample, Outcomes, aligned, first_values
 from opforge.checks.op_and_reference import (
     RunOutputs,
     agreement,
@@ -130,6 +130,13 @@ def current_code_only() -> Iterator[None]:
         yield
 
 
+# What compile adds to a fuzz example's time limit (asked for only: compiling takes seconds): a child's first example
+# of a dtype and device compiles the op (inductor, dynamic shapes), and an example whose sizes or strides break the
+# compiled graph's guards compiles again. `opforge check`'s compile rows run under its 300 s row limit; in fuzz one
+# compile took up to that.
+COMPILE_TIME_LIMIT = 300.0
+
+
 def compile_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     """Every shape of every dtype/device/layout, first argument values: one compiled function per implementation,
     dtype and device sees them all (dynamic shapes), and a failure names its shape (a `case:` glob can xfail it)."""
@@ -143,5 +150,6 @@ CHECKS = (
         compile_cases,
         compile_check,
         shares_work=lambda case: (case.dtype, case.device),
+        one_example=OneExample(asked_only=True, extra_seconds=COMPILE_TIME_LIMIT),
     ),
 )

@@ -4,7 +4,7 @@ their dtype, shape and device too; inputs the schema does not declare mutable mu
 from __future__ import annotations
 
 from opforge.cases import Case
-from opforge.checks.base import Check, CheckContext, Outcomes, all_cases
+from opforge.checks.base import Check, CheckContext, OneExample, Outcomes, all_cases
 from opforge.checks.op_and_reference import (
     against_reference,
     argument,
@@ -52,5 +52,6 @@ CHECKS = (
         "outputs and mutated arguments against the float64 reference, every dtype, shape, layout and value",
         all_cases,
         correctness,
+        one_example=OneExample(),
     ),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, CaseInputs
-from opforge.checks.base import Check, CheckContext, Outcomes, aligned
+from opforge.checks.base import Check, CheckContext, OneExample, Outcomes, aligned
 from opforge.checks.op_and_reference import (
     argument,
     differentiable_outputs,
@@ -19,6 +19,7 @@ from opforge.checks.op_and_reference import (
 from opforge.compare import EXACT, check_result
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure
+from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:
     import torch
@@ -94,7 +95,11 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def deterministic_cases(loaded: LoadedOp, implementation: Implementation, cases: list[Case]) -> list[Case]:
     """Every case, unless the spec claims `deterministic: false` (atomics, sampling)."""
-    return aligned(cases) if loaded.spec.deterministic else []
+    return aligned(cases) if _claims_otherwise(loaded.spec, "") is None else []
+
+
+def _claims_otherwise(spec: OpSpec, device: str) -> str | None:
+    return None if spec.deterministic else "the spec claims deterministic: false"
 
 
 CHECKS = (
@@ -103,5 +108,6 @@ CHECKS = (
         "two runs on the same inputs give the same bits (outputs and gradients)",
         deterministic_cases,
         determinism,
+        one_example=OneExample(unless=_claims_otherwise),
     ),
 )

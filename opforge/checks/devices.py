@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from opforge.cases import Case
-from opforge.checks.base import Check, CheckContext, Outcomes, all_cases
+from opforge.checks.base import Check, CheckContext, OneExample, Outcomes, all_cases
 from opforge.checks.op_and_reference import (
     RunOutputs,
     agreement,
@@ -15,6 +15,7 @@ from opforge.checks.op_and_reference import (
     outputs_of,
 )
 from opforge.loading import Implementation
+from opforge.spec.model import OpSpec
 
 
 def devices_agree(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
@@ -42,6 +43,11 @@ def devices_agree(ctx: CheckContext, implementation: Implementation, case: Case)
     return {"devices": None}
 
 
+def _no_cpu(spec: OpSpec, device: str) -> str | None:
+    """Fuzz compares an example's CUDA result with the CPU result only for a spec that runs on both."""
+    return None if "cpu" in spec.devices else "the spec does not run on cpu"
+
+
 CHECKS = (
     Check(
         "devices",
@@ -49,5 +55,6 @@ CHECKS = (
         all_cases,
         devices_agree,
         devices=("cuda",),
+        one_example=OneExample(unless=_no_cpu),
     ),
 )

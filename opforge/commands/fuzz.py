@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from opforge.checks.catalog import CATALOG
 from opforge.commands.app import (
     EXECUTION,
     REPORTS,
@@ -30,7 +31,10 @@ from opforge.spec.model import KNOWN_DEVICES, OpSpec
 if TYPE_CHECKING:
     from opforge.fuzz.search import FuzzReport
 
-ORACLE_NAMES = ("correctness", "fake", "determinism", "devices", "compile")
+# The checks that can judge one example (fuzz's oracles), as --help names them.
+ORACLE_CHECKS = tuple(dict.fromkeys(check.name for check in CATALOG.oracles.values()))
+# What `--check` named before the oracles were the catalog's checks (issue 41): still read, with a warning.
+DEPRECATED_NAMES = {"fake": "opcheck:test_faketensor"}
 
 
 @app.command()
@@ -62,7 +66,8 @@ def fuzz(
         list[str],
         typer.Option(
             "--check",
-            help=f"Only these oracles (repeatable): {', '.join(ORACLE_NAMES)} (compile only when asked).",
+            help="Only these checks as oracles (repeatable), as `opforge check --check` names them: "
+            f"{', '.join(ORACLE_CHECKS)} (compile only when asked), or a result such as opcheck:test_faketensor.",
             rich_help_panel=SELECTION,
         ),
     ] = [],  # noqa: B006
@@ -110,7 +115,7 @@ def fuzz(
 
     def body() -> int:
         from opforge.fuzz.search import fuzz as search
-        from opforge.fuzz.search import replay
+        from opforge.fuzz.search import oracles_for, replay
         from opforge.reporters.fuzz_report import Live, render_fuzz, render_replay
         from opforge.spec.load import load_spec
         from opforge.spec.regressions import read_example
@@ -118,12 +123,14 @@ def fuzz(
         [spec_path] = spec_paths([op], False)
         spec = load_spec(spec_path)
         chosen = _device(spec, device)
+        checks = _checks(check_)
+        oracles_for(spec, chosen, checks)  # a --check that selects no oracle here is a usage error before the search
         options = FuzzOptions(
             budget=_positive(budget, "--budget"),
             max_examples=max_examples,
             seed=seed,
             device=chosen,
-            oracles=_oracles(check_, chosen, spec),
+            oracles=checks,
             max_numel=int(_positive(max_numel, "--max-numel")),
             cuda_arch=cuda_arch,
             exit_first=exit_first,
@@ -190,15 +197,14 @@ def _device(spec: OpSpec, device: str | None) -> str:
     return device
 
 
-def _oracles(names: list[str], device: str, spec: OpSpec) -> tuple[str, ...]:
+def _checks(names: list[str]) -> tuple[str, ...]:
+    """The --check names, a deprecated one replaced by what to write now (with a warning that says so)."""
+    from opforge.reporters import console as out
+
     for name in names:
-        if name not in ORACLE_NAMES:
-            raise UsageError("--check", f"one of {', '.join(ORACLE_NAMES)}", repr(name), "Pick fuzz's oracles.")
-    if "devices" in names and (device != "cuda" or "cpu" not in spec.devices):
-        raise UsageError(
-            "--check devices", "--device cuda on a spec that also runs on cpu", device, "Drop --check devices."
-        )
-    return tuple(names)
+        if name in DEPRECATED_NAMES:
+            out.warning(f"--check {name} is deprecated: write --check {DEPRECATED_NAMES[name]} (or its check's name)")
+    return tuple(DEPRECATED_NAMES.get(name, name) for name in names)
 
 
 def _positive(value: float, option: str) -> float:

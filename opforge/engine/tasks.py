@@ -145,10 +145,19 @@ def apply_xfail(spec: OpSpec, implementation: str, check: str, case: Case, verdi
 
 
 def declared(
-    spec: OpSpec, implementation: str, check: str, dtype: str, device: str, layout: str, case_id: str, verdict: Verdict
+    spec: OpSpec,
+    implementation: str,
+    check: str | None,
+    dtype: str,
+    device: str,
+    layout: str,
+    case_id: str,
+    verdict: Verdict,
 ) -> Verdict:
     """A result's verdict under the spec's xfail entries: a declared failure is XFAIL (a crash entry declares only a
-    CRASH or TIMEOUT result, any other entry only a FAIL or ERROR), and a strict entry whose result passed is XPASS."""
+    CRASH or TIMEOUT result, any other entry only a FAIL or ERROR), and a strict entry whose result passed is XPASS.
+    The one xfail matcher: `opforge check`'s results, bench's verification and fuzz's examples (`check` None: an
+    entry naming any check, for fuzz's crash, which is no one check's)."""
     where = (implementation, check, dtype, device, layout, case_id)
     if verdict.status == Status.PASS:
         stale = spec.xfail_for(*where) or spec.xfail_for(*where, crashed=True)

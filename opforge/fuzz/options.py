@@ -17,7 +17,9 @@ class FuzzOptions:
     max_examples: int | None = None
     seed: int | None = None
     device: str = "cpu"
-    oracles: tuple[str, ...] = ()  # empty: every oracle that applies
+    # --check: the checks (or their results) whose oracles judge, as `opforge check --check` names them; empty: every
+    # oracle that applies and is not asked for by name only (opforge.fuzz.search.oracles_for).
+    oracles: tuple[str, ...] = ()
     max_numel: int = DEFAULT_MAX_NUMEL
     cuda_arch: str | None = None
     database: Path = DATABASE

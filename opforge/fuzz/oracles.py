@@ -1,14 +1,8 @@
 """What decides one fuzz example, in the worker: the reference decides the domain, the op may reject a call cleanly,
-and then the oracles, the same code `opforge check` runs (its comparison rules, low-precision rule included):
-
-- correctness: outputs, their dtype and shape, mutated and untouched arguments against the float64 reference;
-- fake: the fake kernel's output metadata (shape, dtype, strides) against the real output (opcheck's
-  test_faketensor);
-- determinism: two runs of the same call alike, bit for bit (unless the spec claims otherwise);
-- devices: the CUDA result against the CPU result of the same call (on a GPU, for a spec that runs on both);
-- compile: torch.compile(fullgraph=True, dynamic=True) of the op against eager and, where they differ, against the
-  float64 reference (the compile check's own rule), one compiled function per dtype and device for all the
-  examples a child judges.
+and then the oracles: the catalog's checks that can judge one example (opforge.checks.base.OneExample), each its
+check's own code (its comparison rules, low-precision rule included), in the catalog's order. Today correctness,
+devices, determinism, opcheck:test_faketensor (the fake kernel's output metadata) and compile (asked for only);
+which apply to a search is opforge.fuzz.search.oracles_for's.
 
 A failure's cause (Judge._cause) tells distinct failures apart: the kind of mismatch, and the special value the
 example's fill wrote when the failure needs it.
@@ -24,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from opforge.cases import Case, CaseInputs, writes_special
-from opforge.checks.base import CheckContext
+from opforge.checks.base import Check, CheckContext
 from opforge.checks.catalog import CATALOG
 from opforge.checks.op_and_reference import (
     call_reference,
@@ -35,17 +29,12 @@ from opforge.checks.op_and_reference import (
     reference_in_op_dtypes,
     split_reference,
 )
-from opforge.checks.opcheck import outcome
 from opforge.compare import map_tensors
-from opforge.engine.tasks import check_verdicts
+from opforge.engine.tasks import apply_xfail, check_verdicts
 from opforge.fuzz.verdict import CRASHED, OUTSIDE_DOMAIN, UNDECIDABLE
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, ReferenceFailure, short
 from opforge.results import Mismatch, Status, Verdict
-
-ORACLES = ("correctness", "fake", "determinism", "devices", "compile")
-
-Oracle = Callable[[CheckContext, Implementation, Case], "Verdict | None"]
 
 
 class Judge:
@@ -102,7 +91,7 @@ class Judge:
     def _first_failure(self, case: Case, oracles: tuple[str, ...]) -> Verdict | None:
         for oracle in oracles:
             try:
-                verdict = _ORACLES[oracle](self.context, self.native, case)
+                verdict = _judge(CATALOG.oracles[oracle], self.context, self.native, case)
             except Exception as exc:  # as `opforge check` makes a check that raises an ERROR result, not a dead worker
                 verdict = Verdict(Status.FAIL, f"the {oracle} oracle raised {short(exc)}", oracle=oracle)
             if verdict is not None:
@@ -263,32 +252,22 @@ def _equal(a: Any, b: Any) -> bool:
     return tuple(a.shape) == tuple(b.shape) and bool(a.detach().cpu().eq(b.detach().cpu()).all())
 
 
-# The check (or opcheck sub-test) an xfail names for each oracle's failures.
-_XFAIL_CHECKS = {"fake": "opcheck:test_faketensor"}
-
-
 def _declared(loaded: LoadedOp, implementation: Implementation, case: Case, verdict: Verdict) -> Verdict:
     """A failure the spec's xfail entries declare for this check and case becomes `known`: `opforge check` would
-    report it as XFAIL, so fuzz must not report it as new (torchvision's upstream bugs, say). An example with a
-    special value in an input (NAME=one|row|all:S) is also what the special_values check's entries declare (roi_pool
-    skipping NaN). A crash or hang is declared by the spec's `crash: true` entries, which the search applies
-    (opforge.fuzz.search.declared_crash)."""
-    checks = [_XFAIL_CHECKS.get(verdict.oracle, verdict.oracle)]
+    report it as XFAIL, so fuzz must not report it as new (torchvision's upstream bugs, say). The engine's own
+    matcher decides (opforge.engine.tasks.declared), on the case id without the example's fill (what xfail globs are
+    written against). An example with a special value in an input (NAME=one|row|all:S) is also what the
+    special_values check's entries declare (roi_pool skipping NaN). A crash or hang is declared by the spec's
+    `crash: true` entries, which the search applies (opforge.fuzz.search.declared_crash)."""
+    checks = [verdict.oracle]
     if writes_special(case.fill):  # what the special_values check's xfails declare
         checks.append("special_values")
-    spec = loaded.spec
-    matrix_id = replace(case, fill="").id  # the ids xfail globs are written against have no fill
-    xfail = next(
-        (
-            x
-            for check in checks
-            if (x := spec.xfail_for(implementation.name, check, case.dtype, case.device, case.layout, matrix_id))
-        ),
-        None,
-    )
-    if xfail is None:
-        return verdict
-    return replace(verdict, status=Status.XFAIL, message=f"expected failure ({xfail.reason}): {verdict.message}")
+    matrix_case = replace(case, fill="")
+    for check in checks:
+        known = apply_xfail(loaded.spec, implementation.name, check, matrix_case, verdict)
+        if known.status == Status.XFAIL:
+            return known
+    return verdict
 
 
 def _is_cuda_fault(exc: BaseException) -> bool:
@@ -296,36 +275,13 @@ def _is_cuda_fault(exc: BaseException) -> bool:
     return "CUDA error" in text or "device-side assert" in text or type(exc).__name__ == "AcceleratorError"
 
 
-def _from_check(name: str, oracle: str) -> Oracle:
-    """The oracle that runs check `name` on one example: its failure or error the oracle's failure."""
-
-    def judged(context: CheckContext, implementation: Implementation, case: Case) -> Verdict | None:
-        check = CATALOG.get(name)
-        for verdict in check_verdicts(check, lambda: check.run(context, implementation, case)).values():
-            if verdict.status in (Status.FAIL, Status.ERROR):
-                return replace(verdict, status=Status.FAIL, oracle=oracle)
-        return None
-
-    return judged
-
-
-def _fake(context: CheckContext, implementation: Implementation, case: Case) -> Verdict | None:
-    import torch
-
-    if implementation.overload is None:
-        return None
-    inputs = inputs_for(context.loaded, case, 0)
-    verdicts = torch.library.opcheck(
-        implementation.overload, inputs.args, inputs.kwargs, test_utils=("test_faketensor",), raise_exception=False
-    )
-    failure = outcome(verdicts.get("test_faketensor", "SUCCESS"), inputs)
-    return Verdict(Status.FAIL, failure.message, oracle="fake") if isinstance(failure, CheckFailure) else None
-
-
-_ORACLES: dict[str, Oracle] = {
-    "correctness": _from_check("correctness", "correctness"),
-    "fake": _fake,
-    "determinism": _from_check("determinism", "determinism"),
-    "devices": _from_check("devices", "devices"),
-    "compile": _from_check("compile", "compile"),
-}
+def _judge(check: Check, context: CheckContext, implementation: Implementation, case: Case) -> Verdict | None:
+    """Check `check`'s verdict on one example (its OneExample run, else its own), through the engine's own outcome
+    mapping: its first failed or errored result is the oracle's failure; None when they all pass or skip."""
+    assert check.one_example is not None and check.oracle is not None
+    run = check.one_example.run or check.run
+    judged = replace(check, results=check.judged_results())
+    for verdict in check_verdicts(judged, lambda: run(context, implementation, case)).values():
+        if verdict.status in (Status.FAIL, Status.ERROR):
+            return replace(verdict, status=Status.FAIL, oracle=check.oracle)
+    return None

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from opforge.checks.catalog import CATALOG
 from opforge.child import ChildProcess, describe_exit, with_this_opforge
 from opforge.engine.forkserver import shared_server
 from opforge.errors import OpforgeError, WorkerInternalError
@@ -37,10 +38,6 @@ COSTLY_SHARE = 1 / 3
 # cause) and, for correctness, the reference and its baseline once more (an integer output the dtype cannot decide).
 # The rest of the example may take the limit plus that many times the first calls' time.
 ORACLE_CALLS = 26
-# What the compile oracle adds to an example's limit: a child's first example of a dtype and device compiles the op
-# (inductor, dynamic shapes), and an example whose sizes or strides break the compiled graph's guards compiles
-# again. `opforge check`'s compile tasks run under its 300 s task limit; here one compile took up to that.
-COMPILE_TIME_LIMIT = 300.0
 
 
 class LoadFailed(OpforgeError):
@@ -124,7 +121,7 @@ class FuzzWorker(ChildProcess):
         cost = reference_seconds + float(answer["seconds"])
         if cost > costly:
             return self._abandoned(Status.DISCARD, f"the reference and one call of the op took {cost:.3g} s")
-        limit = self.time_limit + ORACLE_CALLS * cost + (COMPILE_TIME_LIMIT if "compile" in oracles else 0.0)
+        limit = self.time_limit + ORACLE_CALLS * cost + _extra_seconds(oracles)
         answer = self._within(limit)
         if answer is None:
             return self._abandoned(Status.FAIL, f"the op ran past the {limit:.3g} s limit of this example")
@@ -186,3 +183,10 @@ def _verdict(answer: dict[str, Any]) -> Verdict:
         oracle=answer["oracle"],
         cause=answer["cause"],
     )
+
+
+def _extra_seconds(oracles: tuple[str, ...]) -> float:
+    """What the oracles add to an example's limit beyond their calls of the op (OneExample.extra_seconds: compile's
+    compiling)."""
+    judging = [CATALOG.oracles[name].one_example for name in oracles]
+    return sum(one.extra_seconds for one in judging if one is not None)

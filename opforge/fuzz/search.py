@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from opforge.cases import kept_case
+from opforge.checks.base import Check
+from opforge.checks.catalog import CATALOG
+from opforge.engine.plan import Filters
+from opforge.engine.tasks import declared
 from opforge.environment import host_environment
+from opforge.errors import UsageError
 from opforge.fuzz.options import FuzzOptions
 from opforge.fuzz.process import FuzzWorker
 from opforge.fuzz.save import repro_command
@@ -192,7 +197,7 @@ def fuzz(spec: OpSpec, options: FuzzOptions, progress: Progress | None = None) -
     worker = FuzzWorker(spec.path, options.cuda_arch, EXAMPLE_TIME_LIMIT)
     start = time.monotonic()
     try:
-        oracles = options.oracles or _applicable(spec, options.device)
+        oracles = oracles_for(spec, options.device, options.oracles)
         report = FuzzReport(spec.name, spec.path, options.device, oracles, max_examples=options.max_examples)
         _Search(spec, options, worker, report, progress or (lambda report, left: None), start).run()
     finally:
@@ -205,7 +210,7 @@ def replay(spec: OpSpec, example: Regression, options: FuzzOptions) -> tuple[Ver
     """One example through the oracles (a failure's repro command)."""
     worker = FuzzWorker(spec.path, options.cuda_arch, EXAMPLE_TIME_LIMIT)
     try:
-        oracles = options.oracles or _applicable(spec, example.device)
+        oracles = oracles_for(spec, example.device, options.oracles)
         return declared_crash(spec, example, worker.run(example, oracles)), oracles
     finally:
         worker.close()
@@ -218,21 +223,60 @@ def declared_crash(spec: OpSpec, example: Regression, verdict: Verdict) -> Verdi
     if verdict.status != Status.FAIL or verdict.oracle not in (CRASHED, HUNG):
         return verdict
     case_id = "" if example.sample is not None else replace(kept_case(spec, example, "fuzz"), fill="").id
-    xfail = spec.crash_declared("native", example.dtype, example.device, example.layout, case_id)
-    if xfail is None or (xfail.case is not None and not case_id):
-        return verdict
-    return replace(verdict, status=Status.XFAIL, message=f"expected failure ({xfail.reason}): {verdict.message}")
+    entries = spec if case_id else replace(spec, xfail=tuple(x for x in spec.xfail if x.case is None))
+    crash = replace(verdict, status=Status.CRASH)
+    known = declared(entries, NATIVE, None, example.dtype, example.device, example.layout, case_id, crash)
+    return known if known.status == Status.XFAIL else verdict
 
 
-def _applicable(spec: OpSpec, device: str) -> tuple[str, ...]:
-    """The oracles that can say something about this op on this device (opforge.fuzz.oracles), compile excepted:
-    it is asked for with --check compile (COMPILE_COST)."""
-    found = ["correctness", "fake"]
-    if spec.deterministic:
-        found.append("determinism")
-    if device == "cuda" and "cpu" in spec.devices:
-        found.append("devices")
-    return tuple(found)
+def oracles_for(spec: OpSpec, device: str, checks: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The oracles of a search of `spec` on `device`: the catalog's checks that can judge one example
+    (Check.one_example), where `opforge check` would run them (the spec's `checks:`, the check's devices) and their
+    own condition allows (determinism: not on a spec that claims `deterministic: false`), in the catalog's order.
+    `checks` (`--check`) selects as `opforge check`'s does: a check's name or one of its results (`opcheck`, or
+    `opcheck:test_faketensor`, select the fake oracle); without it, every one not asked for by name only (compile).
+    Raises UsageError for a name that selects no oracle here, saying why."""
+    for name in checks:
+        _check_selects_an_oracle(spec, device, name)
+    wanted = Filters(checks=checks)
+    return tuple(
+        oracle
+        for oracle, check in CATALOG.oracles.items()
+        if any(wanted.wants_check(r) for r in check.judged_results())
+        and _not_judging(spec, device, check) is None
+        and (checks or not (check.one_example and check.one_example.asked_only))
+    )
+
+
+def _not_judging(spec: OpSpec, device: str, check: Check) -> str | None:
+    """Why `check` judges no example of `spec` on `device`; None: it judges them."""
+    if check.name not in spec.checks:
+        return f"the spec does not run {check.name} (its checks: {', '.join(spec.checks)})"
+    if check.devices and device not in check.devices:
+        return f"{check.name} runs on {', '.join(check.devices)}, not {device}"
+    return check.one_example.unless(spec, device) if check.one_example else "it cannot judge one example"
+
+
+def _check_selects_an_oracle(spec: OpSpec, device: str, name: str) -> None:
+    """A --check name selects an oracle of this search, or is a usage error saying why not."""
+    checks = {check.name: None for check in CATALOG.oracles.values()}
+    results = [oracle for oracle in CATALOG.oracles if oracle not in checks]
+    oracles = f"{', '.join(checks)}, or one of their results: {', '.join(results)}"
+    if name not in CATALOG.names and name not in CATALOG.result_names:
+        raise UsageError(
+            "--check", f"a check that judges one example ({oracles})", repr(name), "Pick one of fuzz's oracles."
+        )
+    check = CATALOG.get(name) if name in CATALOG.names else CATALOG.of_result(name)
+    if (name not in check.judged_results() and name != check.name) or check.oracle is None:
+        raise UsageError(
+            "--check",
+            f"a check that judges one example ({oracles})",
+            f"{name}, which `opforge check` runs on its matrix alone",
+            "Run it with `opforge check`.",
+        )
+    why = _not_judging(spec, device, check)
+    if why is not None:
+        raise UsageError(f"--check {name}", f"an oracle that judges {spec.name} on {device}", why, "Drop it.")
 
 
 class _Search:

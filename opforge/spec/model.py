@@ -358,29 +358,23 @@ class OpSpec:
     def xfail_for(
         self,
         implementation: str,
-        check: str,
+        check: str | None,
         dtype: str,
         device: str,
         layout: str,
         case_id: str,
         crashed: bool = False,
     ) -> XFail | None:
-        """The entry declaring this result's failure: a crash entry for a result whose process died or hung (`crashed`),
-        any other for a failure the check reported."""
+        """The entry declaring this result's failure: a crash entry for a result whose process died or hung
+        (`crashed`), any other for a failure the check reported. `check` None: whatever check an entry names (fuzz
+        runs every oracle of an example in one process, so a death there is no one check's)."""
         return next(
             (
                 x
                 for x in self.xfail
-                if x.crash == crashed and x.matches(implementation, check, dtype, device, layout, case_id)
+                if x.crash == crashed
+                and x.matches(implementation, x.check if check is None else check, dtype, device, layout, case_id)
             ),
-            None,
-        )
-
-    def crash_declared(self, implementation: str, dtype: str, device: str, layout: str, case_id: str) -> XFail | None:
-        """A crash entry for this case, whatever check it names: fuzz runs every oracle of an example in one process,
-        so a death there is no one check's."""
-        return next(
-            (x for x in self.xfail if x.crash and x.matches(implementation, x.check, dtype, device, layout, case_id)),
             None,
         )
 
