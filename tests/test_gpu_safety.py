@@ -142,7 +142,7 @@ def test_the_sanitizer_child_runs_with_the_caching_allocator_off_and_line_info()
     command = child_command("/opt/cuda/bin/compute-sanitizer", "memcheck", FIXTURES / "job.json")
     assert command[:3] == ["/opt/cuda/bin/compute-sanitizer", "--tool", "memcheck"]
     # The child starts as the engine's workers do, so that the cwd cannot shadow opforge (not `python -m`).
-    assert command[-4:] == [*entry_point("opforge.checks.sanitize_child"), str(FIXTURES / "job.json")]
+    assert command[-4:] == [*entry_point("opforge.engine.sanitize_child"), str(FIXTURES / "job.json")]
 
 
 # --------------------------------------------------------------------------------------------------- grid size

@@ -335,7 +335,7 @@ def test_a_named_samples_case_reaches_the_sanitizer_child_unchanged():
 
     from opforge.cases import build_matrix
     from opforge.checks.sanitize import _case_json
-    from opforge.checks.sanitize_child import _case
+    from opforge.engine.sanitize_child import _case
 
     spec = load_op(load_spec(ROUND3 / "gather_rows.yaml")).spec
     case = build_matrix(spec, ("int32",), ("cpu",))[1]

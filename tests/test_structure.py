@@ -52,7 +52,7 @@ LAYERS = [
     ("spec loading", ["spec.load", "spec.xfail", "spec.regressions"]),
     # The child processes of large_index and the sanitizer checks are entry points of their own: they load the spec
     # like a worker does.
-    ("engine", ["engine", "checks.large_index_child", "checks.sanitize_child"]),
+    ("engine", ["engine"]),
     ("bench", ["bench"]),
     ("fuzz", ["fuzz"]),
     ("tools", ["doctor", "scaffold", "profile", "merge", "scan", "record"]),

@@ -3,7 +3,7 @@ the reference. Catches int32 indexing (vLLM #5781 and many more).
 
 Such a kernel usually faults with an illegal memory access past 2^31 (or loops forever when its int index wraps
 around): a sticky CUDA error that ruins the process. So the case runs in a child process of its own
-(opforge.checks.large_index_child, started by child.entry_point), which writes its verdict to a file; a child that
+(opforge.engine.large_index_child, started by child.entry_point), which writes its verdict to a file; a child that
 dies or hangs after it started the op is the op's failure.
 
 The spec gives the large shape of every tensor input (`large_index: {shapes: {x: [2147487747]}}`); the op is
@@ -124,7 +124,7 @@ def run_in_child(job: Job, timeout_s: float = CHILD_TIMEOUT_S) -> CheckFailure |
         job_path.write_text(json.dumps(asdict(job)))
         try:
             done = subprocess.run(
-                [*entry_point("opforge.checks.large_index_child"), str(job_path)],
+                [*entry_point("opforge.engine.large_index_child"), str(job_path)],
                 capture_output=True,
                 text=True,
                 timeout=timeout_s,

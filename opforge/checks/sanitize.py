@@ -169,7 +169,7 @@ def child_command(executable: str, tool: str, job_path: Path) -> list[str]:
         str(PRINT_LIMIT),
         "--show-backtrace",
         "no",
-        *entry_point("opforge.checks.sanitize_child"),
+        *entry_point("opforge.engine.sanitize_child"),
         str(job_path),
     ]
 

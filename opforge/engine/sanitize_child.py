@@ -1,5 +1,5 @@
 """The child process of the sanitizer checks (opforge.checks.sanitize), run under compute-sanitizer as
-`opforge.checks.sanitize_child JOB` (started by child.entry_point): load the op, then run each case (and its
+`opforge.engine.sanitize_child JOB` (started by child.entry_point): load the op, then run each case (and its
 gradients, for a differentiable op), printing a marker before each so that the tool's reports are blamed on it.
 Every output is copied to the host (a consumer's read, which initcheck needs to see an unwritten element)."""
 
