@@ -30,6 +30,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from opforge.compare import leaves, map_tensors, returned_values
+
 if TYPE_CHECKING:
     import torch
     from torch._ops import OpOverload
@@ -123,23 +125,18 @@ class SelfReference:
         its floating results in `narrow` cast back to float64. Returns the outputs, then each mutated argument."""
         import torch
 
-        def prepare(value: Any) -> Any:
-            if isinstance(value, (list, tuple)):
-                return type(value)(prepare(v) for v in value)
-            if not isinstance(value, torch.Tensor):
-                return value
-            moved = value.to(self.device)
+        def prepare(tensor: torch.Tensor) -> torch.Tensor:
+            moved = tensor.to(self.device)
             if narrow is not None and moved.dtype == torch.float64:
                 moved = moved.to(narrow)
             # A copy always (differentiable, so autograd reaches the caller's tensor): the op may write it.
             return moved.clone(memory_format=torch.contiguous_format)
 
-        call_args = tuple(prepare(a) for a in args)
-        call_kwargs = {k: prepare(v) for k, v in kwargs.items()}
+        call_args = tuple(map_tensors(prepare, a) for a in args)
+        call_kwargs = {k: map_tensors(prepare, v) for k, v in kwargs.items()}
         returned = self.overload(*call_args, **call_kwargs)
         schema = self.overload._schema
-        count = len(schema.returns)
-        outputs = () if count == 0 else (returned,) if count == 1 else tuple(returned)
+        outputs = returned_values(len(schema.returns), returned)
         names = [a.name for a in schema.arguments]
         mutated = []
         for argument in schema.arguments:
@@ -187,11 +184,7 @@ def _widened(value: Any, narrow: torch.dtype | None) -> Any:
     """A result computed in the fallback dtype as float64 (the reference's convention); the rest as it is."""
     import torch
 
-    if isinstance(value, (list, tuple)):
-        return type(value)(_widened(v, narrow) for v in value)
-    if narrow is not None and isinstance(value, torch.Tensor) and value.dtype == narrow:
-        return value.to(torch.float64)
-    return value
+    return map_tensors(lambda t: t.to(torch.float64) if narrow is not None and t.dtype == narrow else t, value)
 
 
 def _disagreement(wide: Any, narrow: Any, dtype: torch.dtype) -> str | None:
@@ -200,7 +193,7 @@ def _disagreement(wide: Any, narrow: Any, dtype: torch.dtype) -> str | None:
     relative RMS difference of sqrt(eps) of `dtype`."""
     import torch
 
-    wides, narrows = _leaves(wide), _leaves(narrow)
+    wides, narrows = [v for _, v in leaves("", wide)], [v for _, v in leaves("", narrow)]
     if len(wides) != len(narrows):
         return "a different number of results"
     allowed = math.sqrt(torch.finfo(dtype).eps)
@@ -231,12 +224,6 @@ def _disagreement(wide: Any, narrow: Any, dtype: torch.dtype) -> str | None:
         if float(error) > allowed * float(scale) + torch.finfo(dtype).tiny:
             return f"result {index} off by a relative RMS difference of {float(error / scale):.3g}"
     return None
-
-
-def _leaves(value: Any) -> list[Any]:
-    if isinstance(value, (list, tuple)):
-        return [leaf for v in value for leaf in _leaves(v)]
-    return [value]
 
 
 def _plain_close(a: Any, b: Any, allowed: float) -> bool:
