@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
 from xml.etree import ElementTree
 
 import pytest
-import typer
 from helpers import FIXTURES, REPO, in_process
 from typer.testing import CliRunner
 
@@ -170,13 +170,19 @@ def test_python_dash_m_and_help_do_not_import_torch():
     assert "check" in out.stdout and out.stdout.strip().endswith("False")
 
 
-@pytest.mark.parametrize("command", ["check", "bench", "build", "merge-reports", "profile", "new", "doctor", "list"])
+COMMANDS = ["check", "fuzz", "bench", "build", "merge-reports", "profile", "new", "doctor", "list", "record", "scan"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 def test_help_shows_value_words_not_python_types(command):
-    if not typer.__version__.startswith("0.29."):
-        pytest.skip(f"typer {typer.__version__} is outside opforge's declared typer>=0.29,<0.30 (pyproject.toml)")
-    result = runner.invoke(app, [command, "--help"], env={"NO_COLOR": "1", "COLUMNS": "140"})
+    """Every option that takes a value names it with a word (its metavar), in every typer release: typer 0.29 would
+    show the Python type (`<str>`, `<list[str]>`) where no metavar is given."""
+    result = runner.invoke(app, [command, "--help"], env={"NO_COLOR": "1", "COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "<bool>" not in result.output and "<list[" not in result.output and "<str>" not in result.output
+    option_lines = [line for line in result.output.splitlines() if re.match(r"^│\s+(--|-\w\b)", line)]
+    assert option_lines, result.output
+    typed = [line.strip() for line in option_lines if re.search(r"<(?!bool>)[a-zA-Z\[\]|]+>", line)]
+    assert not typed, "options showing a Python type instead of a word (add metavar=...):\n" + "\n".join(typed)
     assert "Show this message and exit." in result.output
 
 

@@ -20,24 +20,6 @@ from opforge.reporters.base import NotWritten, Reporter, ReportFormat
 from opforge.spec.load import find_spec, list_specs
 from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES
 
-# What a value looks like, for the help's type column. typer 0.29 (pyproject pins it) shows Python types there
-# (`<bool>`, `<list[str]>`); a user wants nothing for a flag and a word for a value, as click used to show.
-_VALUE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "path": "PATH", "file": "PATH"}
-
-
-def _value_word(param: Any, ctx: Any) -> str | None:
-    if param.metavar is not None:
-        return str(param.metavar)
-    label = str(param.display_type(ctx)).strip("<>")
-    label = label.removeprefix("list[").removesuffix("]")
-    if label == "bool":
-        return None
-    return _VALUE_WORDS.get(label, label.upper())
-
-
-typer.core.TyperOption.display_type_rich = _value_word  # type: ignore[method-assign, assignment]
-typer.core.TyperArgument.display_type_rich = _value_word  # type: ignore[method-assign, assignment]
-
 app = typer.Typer(
     name="opforge",
     help="Prove a PyTorch custom operator right before you ship it.",
@@ -54,13 +36,19 @@ OpsOrSpecs = Annotated[list[str] | None, typer.Argument(help="Op names (see `opf
 Devices = Annotated[
     list[str],
     typer.Option(
-        "--device", help=f"Only these devices (repeatable): {', '.join(KNOWN_DEVICES)}.", rich_help_panel=SELECTION
+        "--device",
+        help=f"Only these devices (repeatable): {', '.join(KNOWN_DEVICES)}.",
+        rich_help_panel=SELECTION,
+        metavar="TEXT",
     ),
 ]
 Dtypes = Annotated[
     list[str],
     typer.Option(
-        "--dtype", help=f"Only these dtypes (repeatable): {', '.join(KNOWN_DTYPES)}.", rich_help_panel=SELECTION
+        "--dtype",
+        help=f"Only these dtypes (repeatable): {', '.join(KNOWN_DTYPES)}.",
+        rich_help_panel=SELECTION,
+        metavar="TEXT",
     ),
 ]
 ShardOption = Annotated[
@@ -74,10 +62,12 @@ ShardOption = Annotated[
     ),
 ]
 CudaArch = Annotated[
-    str | None, typer.Option("--cuda-arch", help="CUDA archs to build for, e.g. 9.0.", rich_help_panel=EXECUTION)
+    str | None,
+    typer.Option("--cuda-arch", help="CUDA archs to build for, e.g. 9.0.", rich_help_panel=EXECUTION, metavar="TEXT"),
 ]
 Modes = Annotated[
-    list[str], typer.Option("--mode", help="fwd, bwd or fwd+bwd (repeatable).", rich_help_panel=SELECTION)
+    list[str],
+    typer.Option("--mode", help="fwd, bwd or fwd+bwd (repeatable).", rich_help_panel=SELECTION, metavar="TEXT"),
 ]
 Contenders = Annotated[
     list[str],
@@ -86,6 +76,7 @@ Contenders = Annotated[
         "--impl",
         help="Only these contenders: native, a spec implementation, eager, compile (repeatable).",
         rich_help_panel=SELECTION,
+        metavar="TEXT",
     ),
 ]
 Sizes = Annotated[
@@ -94,6 +85,7 @@ Sizes = Annotated[
         "--sizes",
         help="Elements per tensor input, e.g. 2**20,2**24 (replaces the spec's sizes and shapes).",
         rich_help_panel=SELECTION,
+        metavar="TEXT",
     ),
 ]
 
@@ -174,7 +166,9 @@ def with_report_options(formats: tuple[ReportFormat, ...]) -> Callable[[Callable
             param_name(fmt),
             inspect.Parameter.KEYWORD_ONLY,
             default=None,
-            annotation=Annotated[Path | None, typer.Option(fmt.option, help=fmt.help, rich_help_panel=REPORTS)],
+            annotation=Annotated[
+                Path | None, typer.Option(fmt.option, help=fmt.help, rich_help_panel=REPORTS, metavar="PATH")
+            ],
         )
         for fmt in formats
     ]

@@ -53,25 +53,37 @@ def bench(
             "--layout",
             help="Memory formats to time (repeatable): contiguous, channels_last (default: the spec's bench.layouts).",
             rich_help_panel=SELECTION,
+            metavar="TEXT",
         ),
     ] = [],  # noqa: B006
     shard: ShardOption = None,
     baseline: Annotated[
         Path | None,
-        typer.Option("--baseline", help="A --json of an earlier run to gate against."),
+        typer.Option("--baseline", help="A --json of an earlier run to gate against.", metavar="PATH"),
     ] = None,
     max_regression: Annotated[
-        float, typer.Option("--max-regression", help="Percent slower (beyond noise) that fails.")
+        float, typer.Option("--max-regression", help="Percent slower (beyond noise) that fails.", metavar="FLOAT")
     ] = 5.0,
     markdown_path: Annotated[
         Path | None,
-        typer.Option("--markdown", help="Also write the gate's Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)."),
+        typer.Option(
+            "--markdown",
+            help="Also write the gate's Markdown summary here (e.g. $GITHUB_STEP_SUMMARY).",
+            metavar="PATH",
+        ),
     ] = None,
-    budget: Annotated[float, typer.Option("--budget", help="Seconds of timing per contender and case, at most.")] = 2.0,
-    warmup: Annotated[float, typer.Option("--warmup", help="Seconds of warm-up per contender and case.")] = 0.2,
-    noise: Annotated[float, typer.Option("--noise", help="Stop timing once IQR/median is below this.")] = 0.02,
+    budget: Annotated[
+        float, typer.Option("--budget", help="Seconds of timing per contender and case, at most.", metavar="FLOAT")
+    ] = 2.0,
+    warmup: Annotated[
+        float, typer.Option("--warmup", help="Seconds of warm-up per contender and case.", metavar="FLOAT")
+    ] = 0.2,
+    noise: Annotated[
+        float, typer.Option("--noise", help="Stop timing once IQR/median is below this.", metavar="FLOAT")
+    ] = 0.02,
     min_reps: Annotated[
-        int, typer.Option("--min-reps", help="Samples taken before the noise target may stop timing.")
+        int,
+        typer.Option("--min-reps", help="Samples taken before the noise target may stop timing.", metavar="INTEGER"),
     ] = 25,
     contender_limit: Annotated[
         float,
@@ -79,6 +91,7 @@ def bench(
             "--contender-limit",
             help="Seconds a baseline (eager, compile) may take on one case (compiling and warm-up included) before "
             "it is cut off with a note; 0: no limit.",
+            metavar="FLOAT",
         ),
     ] = 60.0,
     cuda_graph: Annotated[
@@ -89,8 +102,10 @@ def bench(
         ),
     ] = False,
     refresh_peak: Annotated[bool, typer.Option("--refresh-peak", help="Measure the peak bandwidth again.")] = False,
-    threads: Annotated[int | None, typer.Option("--threads", help="CPU threads for torch (default: torch's).")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the benchmark inputs.")] = 0,
+    threads: Annotated[
+        int | None, typer.Option("--threads", help="CPU threads for torch (default: torch's).", metavar="INTEGER")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the benchmark inputs.", metavar="INTEGER")] = 0,
     cuda_arch: CudaArch = None,
     *,
     reports: dict[ReportFormat, Path | None],

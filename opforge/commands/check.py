@@ -59,10 +59,14 @@ def check(
             help=f"Only these checks (repeatable): {', '.join(CATALOG.names)}, or a result name such as "
             "opcheck:test_schema.",
             rich_help_panel=SELECTION,
+            metavar="TEXT",
         ),
     ] = [],  # noqa: B006
     keyword: Annotated[
-        str | None, typer.Option("-k", help="Only results whose id contains this substring.", rich_help_panel=SELECTION)
+        str | None,
+        typer.Option(
+            "-k", help="Only results whose id contains this substring.", rich_help_panel=SELECTION, metavar="TEXT"
+        ),
     ] = None,
     shard: ShardOption = None,
     last_failed: Annotated[
@@ -77,7 +81,10 @@ def check(
     seed: Annotated[
         int,
         typer.Option(
-            "--seed", help="Base seed; each case derives its own from it and its id.", rich_help_panel=EXECUTION
+            "--seed",
+            help="Base seed; each case derives its own from it and its id.",
+            rich_help_panel=EXECUTION,
+            metavar="INTEGER",
         ),
     ] = 0,
     fail_fast: Annotated[
@@ -93,6 +100,7 @@ def check(
             help="Seconds one check on one case may take before it is killed (TIMEOUT); overrides the specs' "
             "`timeout:`. Default 300.",
             rich_help_panel=EXECUTION,
+            metavar="FLOAT",
         ),
     ] = None,
     jobs: Annotated[
@@ -105,6 +113,7 @@ def check(
             f"at most {session.AUTO_JOBS_LIMIT}, every one seeing every GPU.",
             show_default=False,
             rich_help_panel=EXECUTION,
+            metavar="INTEGER",
         ),
     ] = None,
     no_isolation: Annotated[

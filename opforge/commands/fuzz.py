@@ -54,12 +54,16 @@ def fuzz(
             "--seed",
             help="Seed the search: the same seed, the same examples (hypothesis then leaves its database alone).",
             rich_help_panel=EXECUTION,
+            metavar="INTEGER",
         ),
     ] = None,
     device: Annotated[
         str | None,
         typer.Option(
-            "--device", help="cpu or cuda (default: cpu when the spec runs there).", rich_help_panel=SELECTION
+            "--device",
+            help="cpu or cuda (default: cpu when the spec runs there).",
+            rich_help_panel=SELECTION,
+            metavar="TEXT",
         ),
     ] = None,
     check_: Annotated[
@@ -69,6 +73,7 @@ def fuzz(
             help="Only these checks as oracles (repeatable), as `opforge check --check` names them: "
             f"{', '.join(ORACLE_CHECKS)} (compile only when asked), or a result such as opcheck:test_faketensor.",
             rich_help_panel=SELECTION,
+            metavar="TEXT",
         ),
     ] = [],  # noqa: B006
     max_numel: Annotated[

@@ -19,7 +19,8 @@ from opforge.session import exit_code
 @with_report_options(CHECK_FORMATS)
 def merge_reports(
     paths: Annotated[
-        list[Path], typer.Argument(help="The --json reports of `check` (or of `bench`) runs: every shard of a split.")
+        list[Path],
+        typer.Argument(help="The --json reports of `check` (or of `bench`) runs: every shard of a split."),
     ],
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="List every result.")] = False,
     *,

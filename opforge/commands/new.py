@@ -16,12 +16,16 @@ from opforge.reporters import console as out
 def new(
     name: Annotated[str, typer.Argument(help="The op's name: a lowercase identifier, e.g. my_swish.")],
     directory: Annotated[
-        Path | None, typer.Option("--dir", help="Where to write it (default: ./NAME).", show_default=False)
+        Path | None,
+        typer.Option("--dir", help="Where to write it (default: ./NAME).", show_default=False, metavar="PATH"),
     ] = None,
     stage: Annotated[
-        str, typer.Option("--stage", help="python (a custom_op prototype), cpp (+ C++ kernels) or cuda (+ CUDA).")
+        str,
+        typer.Option(
+            "--stage", help="python (a custom_op prototype), cpp (+ C++ kernels) or cuda (+ CUDA).", metavar="TEXT"
+        ),
     ] = "python",
-    namespace: Annotated[str, typer.Option("--namespace", help="The op's namespace.")] = "myops",
+    namespace: Annotated[str, typer.Option("--namespace", help="The op's namespace.", metavar="TEXT")] = "myops",
 ) -> None:
     """Scaffold an op that passes `opforge check` as written: its spec, a Python prototype, and C++/CUDA kernels.
 

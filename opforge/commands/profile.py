@@ -31,13 +31,15 @@ def profile(
     mode: Modes = [],  # noqa: B006
     contender: Contenders = [],  # noqa: B006
     sizes: Sizes = [],  # noqa: B006
-    calls: Annotated[int, typer.Option("--calls", help="Calls profiled per implementation.")] = 10,
+    calls: Annotated[int, typer.Option("--calls", help="Calls profiled per implementation.", metavar="INTEGER")] = 10,
     trace: Annotated[
         Path | None,
-        typer.Option("--trace", help="Write a Chrome/Perfetto trace per implementation: FILE-NN-impl-....json."),
+        typer.Option(
+            "--trace", help="Write a Chrome/Perfetto trace per implementation: FILE-NN-impl-....json.", metavar="PATH"
+        ),
     ] = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs.")] = 0,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the figures here.", metavar="PATH")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the inputs.", metavar="INTEGER")] = 0,
 ) -> None:
     """Profile each implementation of an op: kernels per call, each kernel's time and share, host time, GB/s.
 

@@ -14,22 +14,30 @@ from opforge.reporters import console as out
 @app.command(context_settings={"allow_interspersed_args": False})
 def record(
     command: Annotated[
-        list[str], typer.Argument(help="The command to run, after `--`: a Python program, `python -m pytest ...`.")
+        list[str],
+        typer.Argument(help="The command to run, after `--`: a Python program, `python -m pytest ...`."),
     ],
     namespaces: Annotated[
         list[str] | None,
-        typer.Option("--namespace", help="Record this namespace's ops only (repeatable; default: all but torch's)."),
+        typer.Option(
+            "--namespace",
+            help="Record this namespace's ops only (repeatable; default: all but torch's).",
+            metavar="TEXT",
+        ),
     ] = None,
-    directory: Annotated[Path, typer.Option("--out", help="Where to write the specs and calls files.")] = Path(
-        "recorded"
-    ),
-    max_calls: Annotated[int, typer.Option("--max-calls", min=1, help="Distinct calls kept per op.")] = 5,
+    directory: Annotated[
+        Path, typer.Option("--out", help="Where to write the specs and calls files.", metavar="PATH")
+    ] = Path("recorded"),
+    max_calls: Annotated[
+        int, typer.Option("--max-calls", min=1, help="Distinct calls kept per op.", metavar="INTEGER")
+    ] = 5,
     max_elements: Annotated[
         int,
         typer.Option(
             "--max-elements",
             min=0,
             help="Values kept per floating tensor up to this many elements (integer tensors: 16x); beyond, a summary.",
+            metavar="INTEGER",
         ),
     ] = 1 << 16,
 ) -> None:
