@@ -456,7 +456,7 @@ def test_a_bytes_expression_using_a_gradient_in_fwd_is_refused_at_load(tmp_path)
         load_spec(path)
 
 
-def test_a_bytes_expression_a_point_cannot_evaluate_is_an_error_row_not_an_abort(tmp_path):
+def test_a_bytes_expression_a_point_cannot_evaluate_is_an_error_result_not_an_abort(tmp_path):
     # grad_indices passes the load-time check (an output's gradient) but int64 indices have none: each bwd result of
     # the point is an ERROR naming file:line and key, the fwd results are timed, and the JSON is written.
     path = copy_fixture(tmp_path, "bench_sort.yaml", lambda text: text + "  bytes: {bwd: 'grad_indices.nbytes'}\n")
@@ -488,7 +488,7 @@ def test_a_bytes_expression_a_point_cannot_evaluate_is_an_error_row_not_an_abort
         ),
     ],
 )
-def test_a_bytes_expression_failing_on_a_point_is_an_error_row(tmp_path, bytes_line, fragments):
+def test_a_bytes_expression_failing_on_a_point_is_an_error_result(tmp_path, bytes_line, fragments):
     path = copy_fixture(tmp_path, "bench_sort.yaml", lambda text: text + bytes_line + "\n")
     out = tmp_path / "run.json"
     result = invoke("bench", str(path), "--mode", "fwd", "--impl", "native", "--json", str(out), *QUICK)
@@ -634,7 +634,7 @@ def test_bench_of_a_mutating_op_times_every_contender(tmp_path):
 # ------------------------------------------------------------------------------ contenders that raise
 
 
-def test_a_contender_raising_while_verified_or_timed_costs_its_row(tmp_path, monkeypatch):
+def test_a_contender_raising_while_verified_or_timed_costs_its_result(tmp_path, monkeypatch):
     from dataclasses import replace
 
     from opforge.bench import runner as bench_runner

@@ -130,7 +130,7 @@ def test_float64_through_float32_fails_gradcheck_in_float64_only():
     assert "correctness" not in {c for c, rows in failed.items() if any(r.dtype == "float32" for r in rows)}
 
 
-def test_compile_rows_of_one_dtype_share_one_function_and_one_worker():
+def test_compile_tasks_of_one_dtype_share_one_function_and_one_worker():
     # leaky_swish's float32 tasks build 6 + 3 + 3 + 1 graphs for one function (each shape has a rank of its own), past
     # dynamo's 8 per function: fullgraph=True would fail the last tasks had each task not made room for its calls.
     loaded = load_op(load_spec(REPO / "specs" / "leaky_swish.yaml"))
@@ -613,7 +613,7 @@ def test_large_index_child_that_breaks_outside_the_op_is_an_error_with_where():
         run_in_child(replace(_small_index_job("good"), implementation="no_such_implementation"))
 
 
-def test_large_index_child_time_limit_fits_in_the_rows():
+def test_large_index_child_time_limit_fits_in_the_task_s_limit():
     from opforge.checks.large_index import CHILD_TIMEOUT_S, TASK_MARGIN_S, child_time_limit
 
     assert child_time_limit(None) == CHILD_TIMEOUT_S

@@ -86,7 +86,7 @@ def misbehaving_run(tmp_path_factory):
 
 
 @pytest.mark.parametrize("op, signal_name", [("segfaults", "SIGSEGV"), ("aborts", "SIGABRT")])
-def test_a_crash_is_one_crash_row_naming_the_signal_and_the_stack(misbehaving_run, op, signal_name):
+def test_a_crash_is_one_crash_result_naming_the_signal_and_the_stack(misbehaving_run, op, signal_name):
     _, report, _ = misbehaving_run
     rows = rows_of(report, op)
     assert {k: r["status"] for k, r in rows.items()} == {"x=0d": "pass", "x=7": "crash", "x=5x6": "pass"}
@@ -364,7 +364,7 @@ def test_bad_run_options_exit_2(option):
     assert result.exit_code == 2 and "expected" in result.output and "Traceback" not in result.output
 
 
-def test_a_load_error_in_a_worker_is_one_error_row_and_the_other_ops_still_run(tmp_path):
+def test_a_load_error_in_a_worker_is_one_error_result_and_the_other_ops_still_run(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text((FIXTURES / "good.yaml").read_text().replace("broken_ops:reference", "broken_ops:nope"))
     result = runner.invoke(
@@ -394,7 +394,7 @@ def test_a_load_error_in_a_worker_is_one_error_row_and_the_other_ops_still_run(t
     assert (tmp_path / "summary.md").read_text().startswith("## opforge: FAILED")
 
 
-def test_a_crash_while_loading_is_a_crash_load_row(tmp_path):
+def test_a_crash_while_loading_is_a_crash_load_result(tmp_path):
     (tmp_path / "dies_on_import.py").write_text("import ctypes\nctypes.string_at(0)\n")
     shutil.copy(FIXTURES / "broken_ops.py", tmp_path)  # the spec's reference, found before anything is imported
     spec = tmp_path / "dies.yaml"
@@ -457,7 +457,7 @@ def test_fail_fast_stops_the_ops_running_beside_the_one_that_failed(tmp_path):
     assert "timeout" not in {r["status"] for r in ops["hangs"]}
 
 
-def test_a_fresh_worker_that_plans_other_rows_crashes_the_rest_of_the_op_not_the_run():
+def test_a_fresh_worker_that_plans_other_tasks_crashes_the_rest_of_the_op_not_the_run():
     class Closed:
         def close(self):
             pass
@@ -484,7 +484,7 @@ def test_a_fresh_worker_that_plans_other_rows_crashes_the_rest_of_the_op_not_the
 
 
 @requires_cuda
-def test_a_cuda_device_assert_does_not_fail_the_rows_after_it(tmp_path):
+def test_a_cuda_device_assert_does_not_fail_the_tasks_after_it(tmp_path):
     path = tmp_path / "r.json"
     invoke("check", str(FIXTURES / "poisons_cuda.yaml"), str(FIXTURES / "good.yaml"), "--json", str(path))
     report = json.loads(path.read_text())

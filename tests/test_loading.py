@@ -81,7 +81,7 @@ def test_cuda_only_sources_where_cuda_cannot_be_built_are_a_clear_build_error(tm
     assert "internal error" not in result.output
 
 
-def test_a_spec_that_does_not_load_is_one_error_row_and_the_other_ops_still_run(tmp_path):
+def test_a_spec_that_does_not_load_is_one_error_result_and_the_other_ops_still_run(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("op: [not, a, name\n")
     result = invoke("check", str(bad), str(FIXTURES / "good.yaml"), "--check", "correctness", "--json", "r.json")

@@ -122,7 +122,7 @@ def test_one_item_is_selected_by_its_node_id(specs):
     assert result.parseoutcomes()["passed"] == 1, result.stdout.str()
 
 
-def test_an_ops_items_run_in_one_context_so_compile_rows_share_their_function():
+def test_an_ops_items_run_in_one_context_so_compile_tasks_share_their_function():
     """As in the engine's workers, the compile tasks of one (implementation, dtype, device) find the function an
     earlier item compiled: one torch.compile per dtype, not one per item (and no dynamo reset in between)."""
     from opforge import session as run_session

@@ -66,7 +66,7 @@ TWINS = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted({spec for spec, *_ in TWINS} | {"permute_rows_unweighted"}))
-def test_each_correct_round3_op_passes_every_row(tmp_path, name):
+def test_each_correct_round3_op_passes_every_check(tmp_path, name):
     code, rows = check(tmp_path, ROUND3 / f"{name}.yaml")
     assert code == 0, [(r["check"], r["case_id"], r["message"]) for r in rows if r["status"] not in ("pass", "xfail")]
     assert any(r["status"] == "pass" for r in rows)
@@ -135,7 +135,7 @@ def test_a_declared_crash_is_xfail_on_the_case_that_crashed(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_undeclared_crash_stays_a_crash_row_on_the_case_that_crashed(tmp_path):
+def test_an_undeclared_crash_stays_a_crash_result_on_the_case_that_crashed(tmp_path):
     code, rows = check(tmp_path, variant(tmp_path, "double_contiguous_only", without_xfails))
     assert code == 1
     crashed = [r for r in rows if r["status"] == "crash"]

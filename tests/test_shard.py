@@ -43,18 +43,18 @@ def statuses(report_path) -> dict[str, str]:
     return {r["id"]: r["status"] for op in data["ops"] for r in op["results"]}
 
 
-def test_the_shards_of_a_run_hold_each_of_its_rows_once():
+def test_the_shards_of_a_run_hold_each_of_its_results_once():
     loaded = load_op(load_spec(FIXTURES / "good.yaml"))
     full = {r.full_id for r in run_op(loaded, Filters(checks=("correctness", "opcheck"))).results}
     shards = [
         {r.full_id for r in run_op(loaded, Filters(checks=("correctness", "opcheck"), shard=(k, 3))).results}
         for k in (1, 2, 3)
     ]
-    assert all(shards), "a shard of a 100-row run got nothing"
+    assert all(shards), "a shard of a 100-result run got nothing"
     assert set().union(*shards) == full and sum(map(len, shards)) == len(full)
 
 
-def test_a_row_s_shard_is_stable_and_its_sub_rows_stay_together():
+def test_a_task_s_shard_is_stable_and_its_results_stay_together():
     # One planned task (opcheck on a case) reports several results: they are one unit of work.
     loaded = load_op(load_spec(FIXTURES / "good.yaml"))
     rows = run_op(loaded, Filters(checks=("opcheck",), shard=(2, 3))).results
@@ -111,7 +111,7 @@ def test_a_merge_without_every_shard_is_refused(tmp_path):
     assert doubled.exit_code == 2 and "twice 3/3" in doubled.output
 
 
-def test_a_shard_that_gets_no_rows_is_no_pass(tmp_path):
+def test_a_shard_that_gets_no_tasks_is_no_pass(tmp_path):
     # One task, in whichever shard of 2 owns it: the other shard ran nothing.
     row = "good/native::correctness[float32-cpu-contiguous-x=7]"
     empty = 2 if owns((1, 2), row) else 1

@@ -216,7 +216,7 @@ def test_a_spec_may_list_a_check_the_catalog_knows(toy_check, tmp_path):
     ],
     ids=["typo", "forgotten", "not-an-outcome", "not-a-dict"],
 )
-def test_a_missing_or_unknown_outcome_is_an_error_row_never_a_pass(toy_check, outcomes, expected, tmp_path):
+def test_a_missing_or_unknown_outcome_is_an_error_result_never_a_pass(toy_check, outcomes, expected, tmp_path):
     from opforge.engine.inprocess import run_op
     from opforge.engine.plan import Filters
     from opforge.engine.plan import load_checked as load

@@ -184,7 +184,7 @@ def test_without_a_terminal_a_long_step_prints_a_heartbeat_until_it_ends(capsys)
     assert len(beats) >= 2 and all(line.startswith("... still compiling op.cpp (") for line in beats), beats
 
 
-def test_a_bench_row_whose_spread_is_large_against_its_median_is_flagged_noisy():
+def test_a_bench_result_whose_spread_is_large_against_its_median_is_flagged_noisy():
     from opforge.reporters.bench_terminal import noise_note
 
     assert noise_note(1e-3, 0.5e-4) == ""
