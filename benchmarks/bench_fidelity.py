@@ -6,7 +6,7 @@ Both subcommands run from the repository root.
         Per case timed in every run: how far each run's median is from the runs' mean (±%), and the summary.
 
     python benchmarks/bench_fidelity.py gpu --out DIR [--op leaky_swish] [--sizes 2**24,2**26,2**28]
-            [--dtype float32 --dtype bfloat16] [--impl native --impl eager] [--runs 3]
+            [--dtype float32 --dtype bfloat16] [--contender native --contender eager] [--runs 3]
         Runs `opforge bench OP --device cuda --sizes ... --json DIR/run<i>.json` RUNS times back to back, each in a
         fresh process; then times the same cases in this process with triton.testing.do_bench (median; do_bench
         flushes L2 itself) and writes DIR/fidelity.md: the spread (target: every case within ±3%) and opforge's
@@ -106,7 +106,7 @@ def gpu(args) -> list[str]:
     common = (
         ["--device", "cuda", "--sizes", args.sizes]
         + [a for d in args.dtype for a in ("--dtype", d)]
-        + [a for i in args.impl for a in ("--impl", i)]
+        + [a for i in args.contender for a in ("--contender", i)]
     )
     paths = []
     for i in range(1, args.runs + 1):
@@ -124,7 +124,7 @@ def gpu(args) -> list[str]:
         paths.append(path)
     spread_lines, deviations = spread_table(paths)
     ours = load_medians(paths[0])
-    theirs, flush_s = do_bench_medians(args.op, args.sizes, tuple(args.dtype), tuple(args.impl))
+    theirs, flush_s = do_bench_medians(args.op, args.sizes, tuple(args.dtype), tuple(args.contender))
     report = [
         f"# opforge bench fidelity: {args.op}, sizes {args.sizes}, {args.runs} runs",
         "",
@@ -247,11 +247,11 @@ def main() -> None:
     g.add_argument("--runs", type=int, default=3)
     # torch.compile is left out by default: its compilations (two per point) would push three runs of 2^24..2^28
     # past ten minutes; the eager reference is the other, very different, kernel to compare.
-    g.add_argument("--impl", action="append", default=None)
+    g.add_argument("--contender", action="append", default=None)
     args = parser.parse_args()
     if args.command == "gpu":
         args.dtype = args.dtype or ["float32", "bfloat16"]
-        args.impl = args.impl or ["native", "eager"]
+        args.contender = args.contender or ["native", "eager"]
     try:
         misses = {"spread": spread, "gpu": gpu}[args.command](args)
     except Failed as exc:

@@ -4,7 +4,8 @@ Run on a GPU machine from the repository root (Liger-Kernel is a pure-Python whe
 dependencies, or leave it in .whl/, where this script finds it and unpacks it into a temporary folder):
     pip install --no-deps .whl/liger_kernel-*.whl
     python benchmarks/rms_norm_peers.py [--json out.json] [--markdown out.md]
-    python benchmarks/rms_norm_peers.py --shapes 4096x4096 --dtypes bfloat16 --modes bwd --impl opforge --impl liger
+    python benchmarks/rms_norm_peers.py --shapes 4096x4096 --dtypes bfloat16 --modes bwd \
+        --contender opforge --contender liger
 Tuning a constant of the CUDA kernels: edit its constexpr value in the source and rerun; the build cache keys on
 the sources (docs/measurements/tuned-constants.md lists the constants and what chose each value).
 
@@ -216,7 +217,7 @@ class Row:
     hidden: int
     dtype: str
     mode: str
-    impl: str
+    contender: str
     median_ms: float | None
     gbps: float | None
     pct_copy: float | None
@@ -306,10 +307,10 @@ def fill_row(row: Row, timer: Timer, peer: Peer, x, w, grad, expected, mode: str
 
 def print_row(row: Row) -> None:
     if row.median_ms is None:
-        print(f"  {row.rows}x{row.hidden} {row.dtype} {row.mode} {row.impl}: {row.note}", flush=True)
+        print(f"  {row.rows}x{row.hidden} {row.dtype} {row.mode} {row.contender}: {row.note}", flush=True)
     else:
         print(
-            f"  {row.rows}x{row.hidden} {row.dtype} {row.mode} {row.impl}: {row.median_ms * 1e3:.1f} us, "
+            f"  {row.rows}x{row.hidden} {row.dtype} {row.mode} {row.contender}: {row.median_ms * 1e3:.1f} us, "
             f"{row.gbps:.0f} GB/s, {row.pct_copy:.1f}% of copy, max err {row.max_err:.2e}",
             flush=True,
         )
@@ -317,18 +318,18 @@ def print_row(row: Row) -> None:
 
 def markdown(rows: list[Row]) -> str:
     lines = [
-        "| rows x hidden | dtype | mode | impl | median (us) | GB/s | % copy | opforge speedup | max err |",
+        "| rows x hidden | dtype | mode | contender | median (us) | GB/s | % copy | opforge speedup | max err |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    ours = {(r.rows, r.hidden, r.dtype, r.mode): r.median_ms for r in rows if r.impl == "opforge"}
+    ours = {(r.rows, r.hidden, r.dtype, r.mode): r.median_ms for r in rows if r.contender == "opforge"}
     for r in rows:
         if r.median_ms is None:
-            lines.append(f"| {r.rows}x{r.hidden} | {r.dtype} | {r.mode} | {r.impl} | - | - | - | - | {r.note} |")
+            lines.append(f"| {r.rows}x{r.hidden} | {r.dtype} | {r.mode} | {r.contender} | - | - | - | - | {r.note} |")
             continue
         mine = ours.get((r.rows, r.hidden, r.dtype, r.mode))
-        speedup = f"{r.median_ms / mine:.2f}x" if mine and r.impl != "opforge" else "-"
+        speedup = f"{r.median_ms / mine:.2f}x" if mine and r.contender != "opforge" else "-"
         lines.append(
-            f"| {r.rows}x{r.hidden} | {r.dtype} | {r.mode} | {r.impl} | {r.median_ms * 1e3:.1f} | "
+            f"| {r.rows}x{r.hidden} | {r.dtype} | {r.mode} | {r.contender} | {r.median_ms * 1e3:.1f} | "
             f"{r.gbps:.0f} | {r.pct_copy:.1f} | {speedup} | {r.max_err:.1e} |"
         )
     return "\n".join(lines)
@@ -366,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--impl", action="append", choices=IMPLS, help="only these contenders (repeatable)")
+    parser.add_argument("--contender", action="append", choices=IMPLS, help="only these contenders (repeatable)")
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--json", type=Path, help="write every row, with its samples, here")
@@ -376,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("rms_norm_peers: expected a CUDA device, found none. Run it on the GPU machine.", file=sys.stderr)
         return 1
-    peers = [PEER_FACTORIES[name]() for name in (args.impl or IMPLS)]
+    peers = [PEER_FACTORIES[name]() for name in (args.contender or IMPLS)]
     for peer in peers:
         if peer.note:
             print(f"{peer.name}: {peer.note}")

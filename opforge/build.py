@@ -37,8 +37,8 @@ HEADER_SUFFIXES = (".h", ".hpp", ".cuh")
 # are unchanged: unlike -ffast-math it allows no reassociation and keeps NaN/inf semantics.
 # -mprefer-vector-width=512: on an AVX-512 machine GCC vectorizes with 256-bit registers unless told otherwise, while
 # inductor's kernels (ATen's Vectorized) use all 512 bits. 2-core Intel Xeon with AVX-512, torch 2.13.0, `opforge
-# bench leaky_swish --device cpu --dtype float32 --mode fwd --sizes 2**24 --impl native --impl compile`: 28.3 ms
-# (0.69x compile) without it, 19.7 ms (1.00x) with it. No effect where the ISA has no 512-bit vectors.
+# bench leaky_swish --device cpu --dtype float32 --mode fwd --sizes 2**24 --contender native --contender compile`:
+# 28.3 ms (0.69x compile) without it, 19.7 ms (1.00x) with it. No effect where the ISA has no 512-bit vectors.
 CPU_FLAGS = (
     "-O3",
     "-march=native",

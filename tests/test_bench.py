@@ -65,13 +65,13 @@ def test_wrong_implementations_are_reported_and_not_timed(tmp_path):
         BENCH_GOOD,
         "--sizes",
         "256",
-        "--impl",
+        "--contender",
         "native",
-        "--impl",
+        "--contender",
         "scaled",
-        "--impl",
+        "--contender",
         "wrong_gradient",
-        "--impl",
+        "--contender",
         "eager",
         "--json",
         str(out),
@@ -103,7 +103,7 @@ def junit_cases(path: Path) -> dict[tuple[str, str], ET.Element]:
 
 def test_bench_junit_fails_a_wrong_case_and_passes_a_timed_one(tmp_path):
     out = tmp_path / "bench.xml"
-    impls = ("--impl", "native", "--impl", "scaled")
+    impls = ("--contender", "native", "--contender", "scaled")
     result = invoke("bench", BENCH_GOOD, "--sizes", "256", "--mode", "fwd", *impls, "--junit", str(out), *QUICK)
     assert result.exit_code == 1, result.output
     cases = junit_cases(out)
@@ -123,9 +123,9 @@ def test_compile_baseline_and_speedup_columns(tmp_path):
         "256",
         "--mode",
         "fwd",
-        "--impl",
+        "--contender",
         "native",
-        "--impl",
+        "--contender",
         "compile",
         "--json",
         str(out),
@@ -143,9 +143,9 @@ def test_json_csv_and_plot(tmp_path):
     result = invoke(
         "bench",
         BENCH_GOOD,
-        "--impl",
+        "--contender",
         "native",
-        "--impl",
+        "--contender",
         "eager",
         "--mode",
         "fwd",
@@ -194,7 +194,7 @@ def test_plot_without_matplotlib_is_refused_before_timing(tmp_path, monkeypatch)
     [
         (["bench", str(FIXTURES / "good.yaml")], "a `bench:` section"),
         (
-            ["bench", BENCH_GOOD, "--impl", "nope"],
+            ["bench", BENCH_GOOD, "--contender", "nope"],
             "--contender: expected one of native, scaled, wrong_gradient, eager, compile",
         ),
         (["bench", BENCH_GOOD, "--sizes", "2**x"], "--sizes: expected element counts"),
@@ -235,9 +235,9 @@ def record_baseline(tmp_path, fake_timer) -> str:
         "256",
         "--mode",
         "fwd",
-        "--impl",
+        "--contender",
         "native",
-        "--impl",
+        "--contender",
         "eager",
         "--json",
         str(path),
@@ -254,9 +254,9 @@ def gate(baseline: str, *extra: str):
         "256",
         "--mode",
         "fwd",
-        "--impl",
+        "--contender",
         "native",
-        "--impl",
+        "--contender",
         "eager",
         "--baseline",
         baseline,
@@ -328,10 +328,14 @@ def test_gate_warns_when_the_environments_differ(tmp_path, fake_timer):
 
 def test_gate_warns_about_baseline_cases_not_run_and_fails_when_none_ran(tmp_path, fake_timer):
     baseline = record_baseline(tmp_path, fake_timer)
-    result = invoke("bench", BENCH_GOOD, "--sizes", "256", "--mode", "fwd", "--impl", "native", "--baseline", baseline)
+    result = invoke(
+        "bench", BENCH_GOOD, "--sizes", "256", "--mode", "fwd", "--contender", "native", "--baseline", baseline
+    )
     assert result.exit_code == 0, result.output
     assert "warning: 1 case(s) of the baseline were not run: good/eager[fwd-float32-cpu-n=2^8]" in result.output
-    result = invoke("bench", BENCH_GOOD, "--sizes", "512", "--mode", "fwd", "--impl", "native", "--baseline", baseline)
+    result = invoke(
+        "bench", BENCH_GOOD, "--sizes", "512", "--mode", "fwd", "--contender", "native", "--baseline", baseline
+    )
     assert result.exit_code == 1, result.output
     assert "### opforge bench: ❌ nothing compared" in result.output
     assert "--baseline: expected at least one case compared with" in result.output
@@ -461,7 +465,7 @@ def test_a_bytes_expression_a_point_cannot_evaluate_is_an_error_result_not_an_ab
     # the point is an ERROR naming file:line and key, the fwd results are timed, and the JSON is written.
     path = copy_fixture(tmp_path, "bench_sort.yaml", lambda text: text + "  bytes: {bwd: 'grad_indices.nbytes'}\n")
     out = tmp_path / "run.json"
-    result = invoke("bench", str(path), "--impl", "native", "--impl", "eager", "--json", str(out), *QUICK)
+    result = invoke("bench", str(path), "--contender", "native", "--contender", "eager", "--json", str(out), *QUICK)
     assert result.exit_code == 1, result.output
     rows = results_by_id(out)
     assert rows["sort_values/native[fwd-float32-cpu-n=2^10]"]["status"] == "ok"
@@ -491,7 +495,7 @@ def test_a_bytes_expression_a_point_cannot_evaluate_is_an_error_result_not_an_ab
 def test_a_bytes_expression_failing_on_a_point_is_an_error_result(tmp_path, bytes_line, fragments):
     path = copy_fixture(tmp_path, "bench_sort.yaml", lambda text: text + bytes_line + "\n")
     out = tmp_path / "run.json"
-    result = invoke("bench", str(path), "--mode", "fwd", "--impl", "native", "--json", str(out), *QUICK)
+    result = invoke("bench", str(path), "--mode", "fwd", "--contender", "native", "--json", str(out), *QUICK)
     assert result.exit_code == 1, result.output
     message = results_by_id(out)["sort_values/native[fwd-float32-cpu-n=2^10]"]["message"]
     for fragment in fragments:
@@ -613,11 +617,11 @@ def test_bench_of_a_mutating_op_times_every_contender(tmp_path):
         "1024",
         "--dtype",
         "float32",
-        "--impl",
+        "--contender",
         "native",
-        "--impl",
+        "--contender",
         "wrong",
-        "--impl",
+        "--contender",
         "eager",
         "--json",
         str(out),
@@ -667,13 +671,13 @@ def test_a_contender_raising_while_verified_or_timed_costs_its_result(tmp_path, 
         "64",
         "--mode",
         "fwd",
-        "--impl",
+        "--contender",
         "native",
-        "--impl",
+        "--contender",
         "scaled",
-        "--impl",
+        "--contender",
         "wrong_gradient",
-        "--impl",
+        "--contender",
         "eager",
         "--json",
         str(out),
@@ -707,7 +711,7 @@ def test_a_contender_past_its_time_limit_is_cut_off_with_a_note_and_the_run_goes
         tmp_path, "bench_good.yaml", lambda text: text.replace("broken_ops:reference", "bench_ops:slow_reference")
     )
     out = tmp_path / "run.json"
-    args = ("bench", str(path), "--sizes", "64", "--mode", "fwd", "--impl", "native", "--impl", "eager")
+    args = ("bench", str(path), "--sizes", "64", "--mode", "fwd", "--contender", "native", "--contender", "eager")
     result = invoke(*args, "--contender-limit", "1", "--json", str(out), *QUICK)
     assert result.exit_code == 0, result.output
     rows = results_by_id(out)
@@ -727,7 +731,7 @@ def test_the_op_itself_is_never_cut_off(tmp_path, monkeypatch):
         tmp_path, "bench_good.yaml", lambda text: text.replace("bench_ops:scaled", "bench_ops:slow_reference")
     )
     out = tmp_path / "run.json"
-    args = ("bench", str(path), "--sizes", "64", "--mode", "fwd", "--impl", "scaled")
+    args = ("bench", str(path), "--sizes", "64", "--mode", "fwd", "--contender", "scaled")
 
     def one_slow_call(call, device, options, reset=None) -> Timing:
         call()
@@ -869,7 +873,7 @@ def test_cuda_graph_bench_goes_round_cold_copies_of_the_inputs(tmp_path):
         "2**16",
         "--mode",
         "fwd",
-        "--impl",
+        "--contender",
         "native",
         "--json",
         str(out),
@@ -893,7 +897,7 @@ def test_a_declared_xfail_is_timed_with_a_note(tmp_path):
     )
     out = tmp_path / "run.json"
     result = invoke(
-        "bench", str(spec_path), "--sizes", "64", "--mode", "fwd", "--impl", "scaled", "--json", str(out), *QUICK
+        "bench", str(spec_path), "--sizes", "64", "--mode", "fwd", "--contender", "scaled", "--json", str(out), *QUICK
     )
     assert result.exit_code == 0, result.output
     row = results_by_id(out)["good/scaled[fwd-float32-cpu-n=2^6]"]

@@ -39,7 +39,7 @@ def test_each_implementation_is_profiled_with_its_operators_bytes_and_trace(tmp_
 
 
 def test_an_unknown_implementation_is_a_usage_error():
-    result = invoke("profile", GOOD, "--sizes", "1024", "--impl", "nativ")
+    result = invoke("profile", GOOD, "--sizes", "1024", "--contender", "nativ")
     assert result.exit_code == 2
     assert "--contender: expected one of native, eager, compile" in " ".join(result.output.split())
 

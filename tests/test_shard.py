@@ -122,7 +122,18 @@ def test_a_shard_that_gets_no_tasks_is_no_pass(tmp_path):
 
 
 def test_bench_shards_split_points_and_merge_into_one_baseline(tmp_path):
-    base = ("bench", BENCH_GOOD, "--impl", "native", "--impl", "eager", "--mode", "fwd", "--sizes", "64,128,256,512")
+    base = (
+        "bench",
+        BENCH_GOOD,
+        "--contender",
+        "native",
+        "--contender",
+        "eager",
+        "--mode",
+        "fwd",
+        "--sizes",
+        "64,128,256,512",
+    )
     for k in (1, 2):
         result = invoke(*base, "--shard", f"{k}/2", "--json", str(tmp_path / f"b{k}.json"), *QUICK)
         assert result.exit_code == 0, result.output
@@ -144,7 +155,7 @@ def test_check_and_bench_reports_do_not_merge_together(tmp_path):
     invoke(
         "bench",
         BENCH_GOOD,
-        "--impl",
+        "--contender",
         "native",
         "--mode",
         "fwd",

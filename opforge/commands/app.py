@@ -73,7 +73,6 @@ Contenders = Annotated[
     list[str],
     typer.Option(
         "--contender",
-        "--impl",
         help="Only these contenders: native, a spec implementation, eager, compile (repeatable).",
         rich_help_panel=SELECTION,
         metavar="TEXT",

@@ -126,7 +126,7 @@ def render_bench(run: BenchRun) -> None:
         origin = "cached" if peak.get("cached") else "measured now"
         console.print(f"[dim]peak {device}: {peak['gbps']:.1f} GB/s ({peak['method']}; {origin})[/dim]")
     baselines = list(dict.fromkeys(r.contender for r in run.results if r.role == BASELINE))
-    headers = ["size", *LABEL_COLUMNS, "impl", *NUMBER_COLUMNS, *(f"vs {b}" for b in baselines), "note"]
+    headers = ["size", *LABEL_COLUMNS, "contender", *NUMBER_COLUMNS, *(f"vs {b}" for b in baselines), "note"]
     for op in run.ops():
         op_results = [r for r in run.results if r.op == op]
         body = [_bench_cells(r, op_results, baselines) for r in op_results]

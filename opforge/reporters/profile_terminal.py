@@ -30,7 +30,7 @@ def render_profile(run: ProfileRun) -> None:
 def _summary(results: list[Profiled], device: str) -> Table:
     on_device = device == "cuda"
     table = Table(show_lines=False)
-    table.add_column("impl", no_wrap=True)
+    table.add_column("contender", no_wrap=True)
     table.add_column("wall/call", justify="right")
     table.add_column("kernels/call" if on_device else "ops/call", justify="right")
     table.add_column("device time" if on_device else "op time", justify="right")
