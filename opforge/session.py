@@ -71,8 +71,7 @@ def run(paths: list[Path], options: RunOptions, reporters: list[Reporter]) -> tu
     specs = load_specs(paths, report)
     report.notes += unlisted_check_notes(specs, options.filters, options.settings)
     events = fan_out(reporters)
-    for reporter in reporters:
-        reporter.start()
+    events.start()
     start = time.perf_counter()
     try:
         if options.isolation:

@@ -19,6 +19,7 @@ from opforge.bench import peak as peak_module
 from opforge.bench.model import BENCH_SCHEMA_VERSION
 from opforge.bench.timing import Timing, TimingOptions
 from opforge.cli import app
+from opforge.engine.events import Events
 
 BENCH_GOOD = str(FIXTURES / "bench_good.yaml")
 QUICK = ("--budget", "0.05", "--warmup", "0.01", "--min-reps", "4", "--noise", "0.5")
@@ -1084,3 +1085,57 @@ def test_timeline_summary_of_stamped_blocks_and_of_none():
     assert "partial rows' sum:   2.00 /   3.00 /   4.00 us" in summary
     assert "expected a line per block from backward_kernel, got none" in script.summarize([])
     assert "slices added: no block" in script.summarize([lines[1]])
+
+
+class _Recorded(Events):
+    def __init__(self) -> None:
+        self.heard: list[tuple] = []
+
+    def task_started(self, name):
+        self.heard.append(("started", name))
+
+    def task_finished(self, name):
+        self.heard.append(("finished", name))
+
+    def planned(self, op, total):
+        self.heard.append(("planned", op, total))
+
+    def result(self, op, result):
+        self.heard.append(("result", op, result.contender))
+
+    def finish(self, run):
+        self.heard.append(("finish", len(run.results)))
+
+
+def test_a_bench_run_reports_through_the_one_declaration_of_events():
+    from opforge.bench.plan import BenchFilters
+    from opforge.bench.runner import run_bench
+    from opforge.spec.load import load_spec
+
+    recorded = _Recorded()
+    filters = BenchFilters(dtypes=("float32",), modes=("fwd",), sizes=(64,), contenders=("scaled",))
+    timing = TimingOptions(budget_s=0.05, warmup_s=0.01, min_reps=4, noise_target=0.5)
+    run = run_bench([load_spec(BENCH_GOOD)], filters, timing, events=recorded)
+    assert recorded.heard == [
+        ("started", "loading good"),
+        ("finished", "loading good"),
+        ("started", "peak bandwidth of cpu"),
+        ("finished", "peak bandwidth of cpu"),
+        ("planned", "bench", len(run.results)),
+        *[("result", "bench", r.contender) for r in run.results],
+        ("finish", len(run.results)),
+    ]
+
+
+def test_a_bench_task_that_fails_still_ends_for_its_subscribers(tmp_path):
+    from opforge.bench.plan import BenchFilters
+    from opforge.bench.runner import run_bench
+    from opforge.errors import OpforgeError
+    from opforge.spec.load import load_spec
+
+    # The spinner of a load that raises must stop: task_finished follows task_started whatever happens in it.
+    path = copy_fixture(tmp_path, "bench_good.yaml", lambda text: text.replace("bench_ops:scaled", "bench_ops:gone"))
+    recorded = _Recorded()
+    with pytest.raises(OpforgeError):
+        run_bench([load_spec(path)], BenchFilters(), TimingOptions(), events=recorded)
+    assert recorded.heard == [("started", "loading good"), ("finished", "loading good")]

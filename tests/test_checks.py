@@ -546,9 +546,9 @@ def _small_index_limit() -> int:
 
 
 def _small_index_job(implementation, shape=(10_000,)):
-    from opforge.checks.large_index import Job
+    from opforge.engine.protocol import LargeIndexJob
 
-    return Job(
+    return LargeIndexJob(
         spec=str(FIXTURES / "wrong_past_limit.yaml"),
         implementation=implementation,
         seed=0,
@@ -633,12 +633,26 @@ def test_large_index_child_skips_when_memory_is_short():
 
 def test_large_index_child_that_hangs_or_dies_early_is_reported():
     from opforge.checks.large_index import verdict
+    from opforge.engine.protocol import Running
     from opforge.outcomes import ReferenceFailure
 
-    hung = verdict([{"stage": "running"}], None, "", 600)
+    hung = verdict([Running()], None, "", 600)
     assert "did not finish within 600 s" in hung.message
     with pytest.raises(ReferenceFailure, match="before it ran the op"):
         verdict([], 1, "ImportError: no module named x", 600)
+
+
+def test_a_large_index_child_that_dies_in_the_middle_of_a_message_is_judged_by_what_it_said_last():
+    from opforge.checks.large_index import verdict
+    from opforge.engine.protocol import Outcome, Running, decode_stream, encode
+    from opforge.results import Status, Verdict
+
+    said = (encode(Running()) + encode(Outcome(Verdict(Status.PASS)))[:12]).encode()
+    messages, cut = decode_stream(said)
+    assert messages == [Running()] and cut == '{"kind": "ou'
+    failure = verdict(messages, -11, "Fatal Python error: Segmentation fault", 600, cut)
+    assert "ended with SIGSEGV" in failure.message and "Fatal Python error" in failure.message
+    assert 'died in the middle of a message to opforge: {"kind": "ou' in failure.message
 
 
 @requires_cuda

@@ -139,10 +139,71 @@ def test_the_sanitizer_child_runs_with_the_caching_allocator_off_and_line_info()
 
     env = child_env()
     assert env["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1" and "-lineinfo" in env["OPFORGE_EXTRA_CUDA_CFLAGS"]
-    command = child_command("/opt/cuda/bin/compute-sanitizer", "memcheck", FIXTURES / "job.json")
+    command = child_command("/opt/cuda/bin/compute-sanitizer", "memcheck", FIXTURES / "channel")
     assert command[:3] == ["/opt/cuda/bin/compute-sanitizer", "--tool", "memcheck"]
     # The child starts as the engine's workers do, so that the cwd cannot shadow opforge (not `python -m`).
-    assert command[-4:] == [*entry_point("opforge.engine.sanitize_child"), str(FIXTURES / "job.json")]
+    assert command[-4:] == [*entry_point("opforge.engine.sanitize_child"), str(FIXTURES / "channel")]
+
+
+def test_the_sanitizer_child_s_cases_are_marked_where_its_output_stood_when_each_started():
+    from opforge.checks.sanitize import marked_output, parse_reports
+    from opforge.engine.protocol import CaseRaised, CaseStarted
+
+    output = b"========= COMPUTE-SANITIZER\n========= Invalid __global__ read of size 4 bytes\npartial"
+    messages = [CaseStarted("a", 28), CaseRaised("a", "RuntimeError: no", 28), CaseStarted("b", 200)]
+    marked = marked_output(output, messages)
+    assert marked.splitlines() == [
+        "========= COMPUTE-SANITIZER",
+        "OPFORGE-SANITIZE-CASE a",
+        "OPFORGE-SANITIZE-ERROR a raised RuntimeError: no",
+        "========= Invalid __global__ read of size 4 bytes",
+        "partial",  # a line the tool had not ended: the marker after it goes on a line of its own
+        "OPFORGE-SANITIZE-CASE b",
+    ]
+    assert [r.case_id for r in parse_reports(marked)] == ["a"]
+    assert marked_output(b"", []) == ""
+
+
+FAKE_SANITIZER = """import subprocess, sys
+args = sys.argv[1:]
+command = args[args.index("--show-backtrace") + 2:]
+print("========= COMPUTE-SANITIZER", flush=True)
+print("========= Program hit an error before the cases", flush=True)
+code = subprocess.run(command).returncode
+print("========= Invalid __global__ read of size 4 bytes", flush=True)
+print("========= ERROR SUMMARY: 2 errors", flush=True)
+sys.exit(code)
+"""
+
+
+@pytest.mark.slow
+def test_the_sanitizer_child_speaks_the_protocol_through_the_tool_that_wraps_it(tmp_path):
+    import sys
+
+    from opforge.cases import build_matrix
+    from opforge.checks.sanitize import _case_json, parse_reports, run_child
+    from opforge.engine.protocol import CaseRaised, CaseStarted, Done, SanitizeJob
+    from opforge.spec.load import load_spec
+
+    # A stand-in for compute-sanitizer that writes to the child's stdout before and after it, as the tool does: the
+    # job reaches the child through it, its events come back on their own channel, its output is the log.
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text(f"#!{sys.executable}\n{FAKE_SANITIZER}")
+    tool.chmod(0o755)
+    spec = load_spec(FIXTURES / "good.yaml")
+    cases = [c for c in build_matrix(spec, ("float32",), ("cuda",)) if c.values_index == 0][:2]
+    job = SanitizeJob(str(spec.path), "native", 0, tuple(_case_json(c) for c in cases))
+    output, messages, returncode = run_child(str(tool), "memcheck", job, 300)
+    assert returncode == 0, output
+    assert [type(m) for m in messages] == [CaseStarted, CaseRaised, CaseStarted, CaseRaised, Done], output
+    assert [m.case_id for m in messages if isinstance(m, CaseStarted)] == [c.id for c in cases]
+    lines = output.splitlines()
+    assert lines[:2] == ["========= COMPUTE-SANITIZER", "========= Program hit an error before the cases"]
+    assert lines[2] == f"OPFORGE-SANITIZE-CASE {cases[0].id}"  # no GPU here: each case raises
+    assert lines[3].startswith(f"OPFORGE-SANITIZE-ERROR {cases[0].id} raised ")
+    assert lines[-1] == "========= ERROR SUMMARY: 2 errors"
+    before, last = parse_reports(output)
+    assert before.case_id == "before the first case (loading the op)" and last.case_id == cases[1].id
 
 
 # --------------------------------------------------------------------------------------------------- grid size

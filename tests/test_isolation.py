@@ -32,8 +32,8 @@ from opforge.engine.isolated import (
     time_limit,
     visible_gpus,
 )
-from opforge.engine.plan import Filters, RunSettings
-from opforge.engine.protocol import Job, Loaded, TaskHeader
+from opforge.engine.plan import CheckJob, Filters, RunSettings
+from opforge.engine.protocol import Loaded, TaskHeader
 from opforge.errors import SpecError, WorkerInternalError
 from opforge.loading import load_op
 from opforge.results import OpReport, RunReport, Status
@@ -275,7 +275,7 @@ def test_a_forked_worker_whose_server_died_is_killed_and_its_lost_end_is_an_inte
     server = ForkServer(with_this_opforge(os.environ))
     try:
         assert server.wait_ready()
-        job = Job(str(FIXTURES / "hangs.yaml"), Filters(keyword="x=7"), RunSettings(), 0, 600.0)
+        job = CheckJob(str(FIXTURES / "hangs.yaml"), Filters(keyword="x=7"), RunSettings(), 0, 600.0)
         worker = Worker(job, with_this_opforge(os.environ), server)
         assert isinstance(worker.proc, ForkedProcess)
         os.kill(server.proc.pid, signal.SIGKILL)

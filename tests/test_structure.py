@@ -38,6 +38,8 @@ LAYERS = [
             "cuda_spin",
             "shard",
             "child",
+            # The one protocol of every child process: the checks' children (large_index, the sanitizers) speak it.
+            "engine.protocol",
             "__init__",
             "record.hook",
             "recorded",

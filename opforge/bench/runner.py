@@ -15,8 +15,8 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from opforge.bench.bytes import bytes_moved
@@ -45,6 +45,7 @@ from opforge.checks.base import CheckContext
 from opforge.checks.catalog import CATALOG
 from opforge.checks.op_and_reference import argument, differentiated
 from opforge.compare import leaves
+from opforge.engine.events import Events
 from opforge.engine.tasks import apply_xfail, check_verdicts
 from opforge.errors import SpecError
 from opforge.loading import Implementation, LoadedOp
@@ -68,42 +69,21 @@ Timer = Callable[[Callable[[], Any], str, TimingOptions, "Callable[[], None] | N
 # ----------------------------------------------------------------------------------------------------- running
 
 
-def _no_step(text: str) -> AbstractContextManager:
-    return nullcontext()
-
-
-def _no_info(text: str) -> None:
-    return None
-
-
-@contextmanager
-def _no_progress(total: int) -> Iterator[Callable[[BenchResult], None]]:
-    yield lambda result: None
-
-
-@dataclass(frozen=True)
-class BenchHooks:
-    """How a caller follows a run; the library prints nothing. step(text) wraps a long step (loading an op,
-    measuring a peak); info(text) receives build messages; progress(total) wraps the timing of `total`
-    (point, contender) pairs and yields a callback that receives each result."""
-
-    step: Callable[[str], AbstractContextManager] = _no_step
-    info: Callable[[str], None] = _no_info
-    progress: Callable[[int], AbstractContextManager[Callable[[BenchResult], None]]] = _no_progress
-
-
 def run_bench(
     specs: list[OpSpec],
     filters: BenchFilters,
     timing: TimingOptions,
     refresh_peak: bool = False,
     cuda_arch: str | None = None,
-    hooks: BenchHooks = BenchHooks(),
+    events: Events | None = None,
     timer: Timer | None = None,
 ) -> BenchRun:
-    """Load each op, measure (or read) each device's peak bandwidth, then time every point of every op.
+    """Load each op, measure (or read) each device's peak bandwidth, then time every point of every op. The library
+    prints nothing: `events` hears each long task (loading an op, measuring a peak), the build's messages (step),
+    how many (point, contender) pairs the run times (planned), each result, and the run's end (finish).
 
     `timer` replaces the timers (benchmarks/bench_fidelity.py times with do_bench)."""
+    events = events or Events()
     from opforge.bench.environment import fingerprint
     from opforge.bench.peak import peak_bandwidth
     from opforge.loading import load_op
@@ -113,8 +93,8 @@ def run_bench(
         selected(spec, filters)  # a missing bench section or an unclaimed choice is an error before any build
     plans, skipped = [], {}
     for spec in specs:
-        with hooks.step(f"loading {spec.name}"):
-            loaded = load_op(spec, cuda_arch, on_step=hooks.info)
+        with _task(events, f"loading {spec.name}"):
+            loaded = load_op(spec, cuda_arch, on_step=events.step)
         devices, skips = runnable_devices(spec, filters)
         skipped.update(skips)
         plans.append((loaded, plan_points(spec, filters, devices), contenders(loaded, filters)))
@@ -123,7 +103,7 @@ def run_bench(
     options = {**vars(timing), "seed": filters.seed, "shard": shard_text(filters.shard)}
     run = BenchRun(environment=env, options=options, skipped=skipped)
     for device in used:
-        with hooks.step(f"peak bandwidth of {device}"):
+        with _task(events, f"peak bandwidth of {device}"):
             peak = peak_bandwidth(device, env, refresh=refresh_peak)
         run.peaks[device] = {
             "gbps": peak.gbps,
@@ -133,7 +113,8 @@ def run_bench(
             "key": peak.key,
         }
     total = sum(len(points) * len(chosen) for _, points, chosen in plans)
-    with hooks.progress(total) as advance:
+    events.planned("bench", total)
+    try:
         for loaded, points, chosen in plans:
             for point in points:
                 run.results += run_point(
@@ -143,11 +124,22 @@ def run_bench(
                     timing,
                     filters.seed,
                     run.peaks[point.device]["gbps"],
-                    on_result=advance,
+                    on_result=functools.partial(events.result, "bench"),
                     timer=timer,
                 )
-    run.seconds = time.perf_counter() - start
+        run.seconds = time.perf_counter() - start
+    finally:
+        events.finish(run)
     return run
+
+
+@contextmanager
+def _task(events: Events, name: str) -> Iterator[None]:
+    events.task_started(name)
+    try:
+        yield
+    finally:
+        events.task_finished(name)
 
 
 def run_point(

@@ -3,7 +3,8 @@ the reference. Catches int32 indexing (vLLM #5781 and many more).
 
 Such a kernel usually faults with an illegal memory access past 2^31 (or loops forever when its int index wraps
 around): a sticky CUDA error that ruins the process. So the case runs in a child process of its own
-(opforge.engine.large_index_child, started by child.entry_point), which writes its verdict to a file; a child that
+(opforge.engine.large_index_child, started as the engine's workers are: opforge.child), which speaks the protocol
+of every child (opforge.engine.protocol: a LargeIndexJob on its stdin, Running and its Outcome back); a child that
 dies or hangs after it started the op is the op's failure.
 
 The spec gives the large shape of every tensor input (`large_index: {shapes: {x: [2147487747]}}`); the op is
@@ -12,21 +13,20 @@ assumed elementwise: output element i depends on element i of each input, so the
 
 from __future__ import annotations
 
-import json
 import math
 import os
+import select
 import subprocess
-import tempfile
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
-from typing import Any
+import time
+from dataclasses import dataclass, replace
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, Outcomes, SpecBeforeSections, SpecSection
-from opforge.child import describe_exit, entry_point, with_this_opforge
+from opforge.child import ChildProcess, describe_exit, with_this_opforge
+from opforge.engine.protocol import LargeIndexJob, Message, Outcome, Running, decode_stream
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
-from opforge.results import Status, mismatch_from_json
+from opforge.results import Status
 from opforge.spec.model import KNOWN_DTYPES, TensorInput
 from opforge.spec.reader import Reader, one_of, read_bool, read_shape
 
@@ -48,23 +48,6 @@ TASK_MARGIN_S = 10
 MEMORY_HEADROOM = 1.05
 # Lines of the child's stderr kept in a failure message (the CUDA error is near the end).
 STDERR_LINES = 6
-
-
-@dataclass(frozen=True)
-class Job:
-    """What the child runs: one implementation of a spec on one large case."""
-
-    spec: str
-    implementation: str
-    seed: int
-    dtype: str
-    device: str
-    shapes: tuple[tuple[str, tuple[int, ...]], ...]
-    values: tuple[tuple[str, Any], ...]
-    boundary: int = INT32_INDEX_LIMIT
-    window: int = WINDOW
-    cuda_arch: str | None = None
-    result_path: str = ""
 
 
 def unless_asked(loaded: LoadedOp) -> str | None:
@@ -92,7 +75,7 @@ def large_index_cases(loaded: LoadedOp, implementation: Implementation, cases: l
 def large_index(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:
     loaded = ctx.loaded
     build = loaded.build.plan.toolchain.cuda_archs if loaded.build else ()
-    job = Job(
+    job = LargeIndexJob(
         spec=str(loaded.spec.path),
         implementation=implementation.name,
         seed=case.seed(ctx.base_seed),
@@ -100,6 +83,8 @@ def large_index(ctx: CheckContext, implementation: Implementation, case: Case) -
         device=case.device,
         shapes=case.shapes,
         values=case.values,
+        boundary=INT32_INDEX_LIMIT,
+        window=WINDOW,
         cuda_arch=";".join(build) or None,
     )
     return {"large_index": run_in_child(job, child_time_limit(ctx.time_limit))}
@@ -116,51 +101,59 @@ def child_time_limit(task_limit: float | None) -> float:
 # ------------------------------------------------------------------------------------------------ the parent
 
 
-def run_in_child(job: Job, timeout_s: float = CHILD_TIMEOUT_S) -> CheckFailure | None:
+def run_in_child(job: LargeIndexJob, timeout_s: float = CHILD_TIMEOUT_S) -> CheckFailure | None:
     """Run `job` in a fresh Python process; its verdict, or the op's failure if the process died or hung."""
-    with tempfile.TemporaryDirectory(prefix="opforge-large-") as tmp:
-        job = replace(job, result_path=str(Path(tmp) / "result.jsonl"))
-        job_path = Path(tmp) / "job.json"
-        job_path.write_text(json.dumps(asdict(job)))
-        try:
-            done = subprocess.run(
-                [*entry_point("opforge.engine.large_index_child"), str(job_path)],
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                env=with_this_opforge(os.environ),
-            )
-            returncode, stderr = done.returncode, done.stderr
-        except subprocess.TimeoutExpired as exc:
-            returncode, stderr = None, exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        records = _records(Path(job.result_path))
-    return verdict(records, returncode, stderr, timeout_s)
+    child = ChildProcess("opforge.engine.large_index_child", with_this_opforge(os.environ))
+    try:
+        child.send(job.to_line())
+        child.stdin.close()
+        said, returncode = _until_end(child, time.monotonic() + timeout_s)
+        child.stderr.seek(0)
+        stderr = child.stderr.read().decode("utf-8", "replace")
+    finally:
+        child.close()
+    messages, cut = decode_stream(said)
+    return verdict(messages, returncode, stderr, timeout_s, cut)
 
 
-def _records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def _until_end(child: ChildProcess, deadline: float) -> tuple[bytes, int | None]:
+    """Everything the child said, and its exit code once it ended (None: it was killed at the deadline)."""
+    said = b""
+    while (left := deadline - time.monotonic()) > 0:
+        readable, _, _ = select.select([child], [], [], left)
+        if not readable:
+            break
+        chunk = os.read(child.fileno(), 1 << 16)
+        if not chunk:  # it closed its channel: it is ending
+            try:
+                return said, child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:  # it hangs on its way out
+                break
+        said += chunk
+    child.kill()
+    return said, None
 
 
 def verdict(
-    records: list[dict[str, Any]], returncode: int | None, stderr: str, timeout_s: float
+    messages: list[Message], returncode: int | None, stderr: str, timeout_s: float, cut: str = ""
 ) -> CheckFailure | None:
-    """The outcome from what the child wrote (its stages, then its verdict) and how it ended."""
-    final = next((r for r in reversed(records) if "verdict" in r), None)
+    """The outcome from what the child said (Running, then its Outcome) and how it ended; `cut`: the start of a
+    message it died in the middle of."""
+    final = next((m.verdict for m in reversed(messages) if isinstance(m, Outcome)), None)
     if final is not None:
-        status = Status(final["verdict"])
-        if status == Status.PASS:
+        if final.status == Status.PASS:
             return None
-        if status == Status.SKIP:
-            raise CheckSkipped(final["message"])
-        if status == Status.ERROR:
-            raise ReferenceFailure(final["message"])
-        mismatch = final.get("mismatch")
-        return CheckFailure(final["message"], mismatch_from_json(mismatch) if mismatch else None)
-    tail = "\n".join(line for line in stderr.splitlines() if line.strip())[-2000:].splitlines()[-STDERR_LINES:]
+        if final.status == Status.SKIP:
+            raise CheckSkipped(final.message)
+        if final.status == Status.ERROR:
+            raise ReferenceFailure(final.message)
+        return CheckFailure(final.message, final.mismatch)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    if cut.strip():
+        lines.append(f"(it died in the middle of a message to opforge: {cut.strip()[:200]})")
+    tail = "\n".join(lines)[-2000:].splitlines()[-STDERR_LINES:]
     how = f"did not finish within {timeout_s:g} s" if returncode is None else f"ended with {describe_exit(returncode)}"
-    if not any(r.get("stage") == "running" for r in records):
+    if not any(isinstance(m, Running) for m in messages):
         raise ReferenceFailure(f"the large_index child process {how} before it ran the op:\n" + "\n".join(tail))
     return CheckFailure(
         f"the op {how} on a tensor past 2^31 elements (in a child process of its own, so the run "

@@ -9,15 +9,17 @@ unwritten: initcheck reports the read of it (opforge copies every output to the 
 barriers in divergent code.
 
 One child per tool runs a representative set of the op's CUDA cases (every claimed floating dtype and shape,
-contiguous and at an offset, first argument values; the gradients too for a differentiable op), printing a marker
-before each, so each report is blamed on its case. The op's sources are built with -lineinfo in the child, so a
-report names the source line. Cost: a child start (import, CUDA context under the tool) of tens of seconds per tool,
-the cases themselves in milliseconds (racecheck: seconds).
+contiguous and at an offset, first argument values; the gradients too for a differentiable op). It speaks the
+protocol of every child (opforge.engine.protocol): its SanitizeJob on stdin, and a CaseStarted event before each case
+saying how much output the tool had written by then, so each report is blamed on its case. Its events go to a
+channel file of their own, which compute-sanitizer's output (on the child's stdout and stderr) cannot reach; the
+tool's output, with a marker line put back before each case's reports, is the log a user reads. The op's sources
+are built with -lineinfo in the child, so a report names the source line. Cost: a child start (import, CUDA context
+under the tool) of tens of seconds per tool, the cases themselves in milliseconds (racecheck: seconds).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -30,6 +32,7 @@ from pathlib import Path
 from opforge.cases import Case, layout_kind
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, OptIns, Outcomes, Runner
 from opforge.child import entry_point, with_this_opforge
+from opforge.engine.protocol import CaseRaised, CaseStarted, Message, SanitizeJob, decode_stream
 from opforge.errors import UsageError
 from opforge.loading import Implementation, LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
@@ -54,8 +57,10 @@ SHOWN_CASES = 3
 CHILD_TIMEOUT_S = 600
 # Of the task's own limit, what the parent keeps for itself (see large_index.TASK_MARGIN_S).
 TASK_MARGIN_S = 10
-# The marker the child prints before each case, so that the reports that follow are blamed on it.
+# The line put back into the tool's output where each case started (CaseStarted), so that the reports that follow
+# are blamed on it; and where the op raised on a case (CaseRaised).
 CASE_MARKER = "OPFORGE-SANITIZE-CASE "
+RAISED_MARKER = "OPFORGE-SANITIZE-ERROR "
 # A report's first line, after the tool's `========= ` prefix.
 _REPORT = re.compile(
     r"^========= (?P<what>(Invalid |Uninitialized |Error: |Warning: |Program hit |Barrier |Host API |"
@@ -63,17 +68,6 @@ _REPORT = re.compile(
 )
 _LOCATION = re.compile(r"^=========\s+at (?P<where>.+)$")
 _HAS_LINE = re.compile(r"\bin \S+:\d+")
-
-
-@dataclass(frozen=True)
-class Job:
-    """What the child runs: one implementation on a list of cases."""
-
-    spec: str
-    implementation: str
-    seed: int
-    cases: tuple[dict, ...]
-    cuda_arch: str | None = None
 
 
 @dataclass(frozen=True)
@@ -133,19 +127,19 @@ def sanitize(ctx: CheckContext, implementation: Implementation, tool: str) -> Ch
     loaded = ctx.loaded
     cases = sanitize_case_set(loaded)
     build = loaded.build.plan.toolchain.cuda_archs if loaded.build else ()
-    job = Job(
+    job = SanitizeJob(
         spec=str(loaded.spec.path),
         implementation=implementation.name,
         seed=ctx.base_seed,
         cases=tuple(_case_json(c) for c in cases),
         cuda_arch=";".join(build) or None,
     )
-    output, returncode = run_child(executable, tool, job, child_time_limit(ctx.time_limit))
+    output, messages, returncode = run_child(executable, tool, job, child_time_limit(ctx.time_limit))
     log = _keep_log(loaded.spec.name, implementation.name, tool, output)
     reports = parse_reports(output)
     if reports:
         return CheckFailure(describe_reports(tool, reports, len(cases), log))
-    if not any(line.startswith(CASE_MARKER) for line in output.splitlines()) or returncode not in (0, None):
+    if not any(isinstance(m, CaseStarted) for m in messages) or returncode not in (0, None):
         tail = "\n".join(output.strip().splitlines()[-8:])
         raise ReferenceFailure(
             f"the {tool} child process ended (exit code {returncode}) without running the cases:\n{tail}"
@@ -159,7 +153,8 @@ def child_time_limit(task_limit: float | None) -> float:
     return min(CHILD_TIMEOUT_S, max(task_limit - TASK_MARGIN_S, task_limit / 2))
 
 
-def child_command(executable: str, tool: str, job_path: Path) -> list[str]:
+def child_command(executable: str, tool: str, channel: Path) -> list[str]:
+    """compute-sanitizer running the child, whose one argument is its channel file (its events: see run_child)."""
     return [
         executable,
         "--tool",
@@ -170,7 +165,7 @@ def child_command(executable: str, tool: str, job_path: Path) -> list[str]:
         "--show-backtrace",
         "no",
         *entry_point("opforge.engine.sanitize_child"),
-        str(job_path),
+        str(channel),
     ]
 
 
@@ -183,25 +178,61 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_child(executable: str, tool: str, job: Job, timeout_s: float) -> tuple[str, int | None]:
-    """The child's combined output and exit code (None: killed at the time limit)."""
+def run_child(executable: str, tool: str, job: SanitizeJob, timeout_s: float) -> tuple[str, list[Message], int | None]:
+    """The tool's and the child's combined output (the cases' markers put back: marked_output), the child's
+    events and its exit code (None: killed at the time limit). The job goes on the child's stdin; its events to a
+    channel file, its and the tool's output to another file, whose size the child reads before each case."""
     with tempfile.TemporaryDirectory(prefix="opforge-sanitize-") as tmp:
-        job_path = Path(tmp) / "job.json"
-        job_path.write_text(json.dumps(asdict(job)))
-        try:
-            done = subprocess.run(
-                child_command(executable, tool, job_path),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                timeout=timeout_s,
-                env=child_env(),
-                check=False,
-            )
-            return done.stdout, done.returncode
-        except subprocess.TimeoutExpired as exc:
-            output = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            return output + f"\n(killed after {timeout_s:g} s)", None
+        channel = Path(tmp) / "channel"
+        channel.touch()
+        with open(Path(tmp) / "output", "w+b") as output:
+            try:
+                done = subprocess.run(
+                    child_command(executable, tool, channel),
+                    input=job.to_line().encode(),
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    timeout=timeout_s,
+                    env=child_env(),
+                    check=False,
+                )
+                returncode: int | None = done.returncode
+            except subprocess.TimeoutExpired:
+                returncode = None
+            output.seek(0)
+            text = output.read()
+        messages, cut = decode_stream(channel.read_bytes())
+    marked = marked_output(text, messages)
+    if cut.strip():
+        marked += f"\n(the child died in the middle of a message to opforge: {cut.strip()[:200]})"
+    if returncode is None:
+        marked += f"\n(killed after {timeout_s:g} s)"
+    return marked, messages, returncode
+
+
+def marked_output(output: bytes, messages: list[Message]) -> str:
+    """The tool's output with a line put back where each case started (CASE_MARKER and its id) and where the op
+    raised on one (RAISED_MARKER), at the offsets the child read: what parse_reports blames reports by, and the log."""
+    marks = sorted(
+        ((m.offset, i, _mark(m)) for i, m in enumerate(messages) if isinstance(m, (CaseStarted, CaseRaised))),
+        key=lambda mark: mark[:2],
+    )
+    marked, done = bytearray(), 0
+    for offset, _, line in marks:
+        at = max(done, min(offset, len(output)))
+        marked += output[done:at]
+        if marked and not marked.endswith(b"\n"):
+            marked += b"\n"  # a line the tool had not ended yet: the marker goes on a line of its own
+        marked += line.encode() + b"\n"
+        done = at
+    marked += output[done:]
+    return marked.decode("utf-8", "replace")
+
+
+def _mark(message: CaseStarted | CaseRaised) -> str:
+    if isinstance(message, CaseStarted):
+        return CASE_MARKER + message.case_id
+    return f"{RAISED_MARKER}{message.case_id} raised {message.message}"
 
 
 def parse_reports(output: str) -> list[Report]:

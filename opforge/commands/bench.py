@@ -28,7 +28,6 @@ from opforge.commands.app import (
 )
 from opforge.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, UsageError
 from opforge.reporters import BENCH_FORMATS
-from opforge.reporters import console as out
 from opforge.reporters.base import ReportFormat
 from opforge.shard import parse_shard
 from opforge.spec.load import load_spec
@@ -119,7 +118,7 @@ def bench(
     """
 
     def body() -> int:
-        from opforge.bench.runner import BenchHooks, run_bench
+        from opforge.bench.runner import run_bench
         from opforge.bench.timing import TimingOptions
         from opforge.reporters import bench_terminal
 
@@ -151,8 +150,7 @@ def bench(
             import torch
 
             torch.set_num_threads(threads)
-        hooks = BenchHooks(step=out.spinner, info=out.info, progress=bench_terminal.bench_progress)
-        run = run_bench(specs, filters, timing, refresh_peak, cuda_arch, hooks)
+        run = run_bench(specs, filters, timing, refresh_peak, cuda_arch, bench_terminal.BenchProgress())
         bench_terminal.render_bench(run)
         comparison = None
         if old is not None:

@@ -148,7 +148,7 @@ def fuzz(
             return _replay_exit(verdict.status)
         live = Live()
         with live.shown():
-            report = search(spec, options, live.update)
+            report = search(spec, options, live)
         render_fuzz(report)
         written = finish_files(files, report)
         if save and report.failures:

@@ -10,10 +10,10 @@ The server never loads an op and never touches CUDA or OpenMP's threads: a forke
 made before the fork, and a process that has used OpenMP's threads hangs its forked children. Each child loads its
 op and makes its own context after the fork, as a freshly started process would.
 
-Protocol over a Unix SEQPACKET socket (the server's stdin), one JSON object per packet: the parent sends
-{"module", "env", "cwd"} with three descriptors (the child's stdin, stdout and stderr), which the child runs
-`module.main()` on, as a process started with child.start_in_session would; the server answers "ready" once its
-imports are done, "forked" (the child's pid) for each request, and "exited" (pid, exit code as subprocess reports
+The messages of opforge.engine.protocol over a Unix SEQPACKET socket (the server's stdin), one per packet: the
+parent sends a Fork with three descriptors (the child's stdin, stdout and stderr), which the child runs
+`module.main()` on, as a process started with child.start_in_session would; the server answers ServerReady once
+its imports are done, Forked (the child's pid) for each request, and Exited (pid, exit code as subprocess reports
 it) when a child ends. Each child is the leader of a session of its own, so that killing its process group takes
 whatever it started.
 """
@@ -24,7 +24,6 @@ import atexit
 import contextlib
 import faulthandler
 import importlib
-import json
 import os
 import select
 import signal
@@ -35,10 +34,13 @@ import tempfile
 import time
 import traceback
 from collections.abc import Mapping
-from typing import Any
+from typing import TypeVar
 
 from opforge.child import end_session, file_excerpt, start_in_session
+from opforge.engine.protocol import Exited, Fork, Forked, Message, ServerReady, decode, encode
 from opforge.errors import WorkerInternalError
+
+_M = TypeVar("_M", bound=Message)
 
 # Bytes of one request: the module, the environment and the working directory, far under this.
 MAX_PACKET = 1 << 20
@@ -132,7 +134,7 @@ class ForkServer:
     def wait_ready(self, limit: float = READY_TIME_LIMIT) -> bool:
         """Whether the server finished its imports within `limit` seconds (False: it died or is stuck there)."""
         try:
-            return self._next("ready", limit) is not None
+            return self._next(ServerReady, limit) is not None
         except WorkerInternalError:
             return False
 
@@ -143,16 +145,16 @@ class ForkServer:
         """`module`'s main() in a child forked on these descriptors (copies: the caller closes its own), in the
         current working directory, with `environ` as its whole environment. WorkerInternalError where the server
         cannot fork it (it has died, or did not answer)."""
-        request = {"module": module, "env": dict(environ), "cwd": _working_directory()}
+        request = Fork(module, dict(environ), _working_directory())
         try:
-            socket.send_fds(self.socket, [json.dumps(request).encode()], [stdin, stdout, stderr])
+            socket.send_fds(self.socket, [encode(request).encode()], [stdin, stdout, stderr])
         except OSError as exc:
             raise WorkerInternalError(f"the fork server has ended ({exc}): {self._stderr_tail()}") from exc
-        answer = self._next("forked", FORK_TIME_LIMIT)
+        answer = self._next(Forked, FORK_TIME_LIMIT)
         if answer is None:
             self.close()  # stuck: later requests fail at once, and shared_server starts a new one
             raise WorkerInternalError(f"the fork server did not fork a child within {FORK_TIME_LIMIT:g} s")
-        pid = int(answer["pid"])
+        pid = answer.pid
         self.exits.pop(pid, None)  # an earlier child's, which had this pid and ended before this one was forked
         return ForkedProcess(self, pid)
 
@@ -175,17 +177,17 @@ class ForkServer:
         self.last_words = self._stderr_tail()
         self.stderr.close()
 
-    def _next(self, event: str, limit: float) -> dict[str, Any] | None:
-        """The next message of kind `event` (the exits that come first are kept), or None after `limit` seconds."""
+    def _next(self, kind: type[_M], limit: float) -> _M | None:
+        """The next message of type `kind` (the exits that come first are kept), or None after `limit` seconds."""
         deadline = time.monotonic() + limit
         while (remaining := deadline - time.monotonic()) > 0:
             message = self._read(remaining)
-            if message is not None and message["event"] == event:
+            if isinstance(message, kind):
                 return message
             self._keep(message)
         return None
 
-    def _read(self, timeout: float | None) -> dict[str, Any] | None:
+    def _read(self, timeout: float | None) -> Message | None:
         """The server's next message, None if none came within `timeout` seconds (None: wait for one). A child
         whose end the server can no longer report (it died, or was closed after it failed) is an internal error:
         its exit status is lost with it."""
@@ -197,12 +199,11 @@ class ForkServer:
         packet = self.socket.recv(MAX_PACKET)
         if not packet:
             raise WorkerInternalError(f"the fork server has ended: {self._stderr_tail()}")
-        message: dict[str, Any] = json.loads(packet)
-        return message
+        return decode(packet)
 
-    def _keep(self, message: dict[str, Any] | None) -> None:
-        if message is not None and message["event"] == "exited":
-            self.exits[int(message["pid"])] = int(message["code"])
+    def _keep(self, message: Message | None) -> None:
+        if isinstance(message, Exited):
+            self.exits[message.pid] = message.code
 
     def _stderr_tail(self) -> str:
         return file_excerpt(self.stderr) or "it wrote nothing to stderr"
@@ -256,7 +257,7 @@ def main() -> None:
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    _send(control, {"event": "ready"})
+    _send(control, ServerReady())
     while True:
         _report_exits(control)
         readable, _, _ = select.select([control.fileno(), wake_read], [], [])
@@ -272,10 +273,10 @@ def main() -> None:
             stream.flush()
         pid = os.fork()
         if pid == 0:
-            _become_child(json.loads(packet), fds, [control.fileno(), wake_read, wake_write])
+            _become_child(packet, fds, [control.fileno(), wake_read, wake_write])
         for fd in fds:
             os.close(fd)
-        _send(control, {"event": "forked", "pid": pid})
+        _send(control, Forked(pid))
 
 
 # What every child imports before its op: torch, torch._dynamo (an op's first call imports it), the checks
@@ -305,10 +306,10 @@ def _report_exits(control: socket.socket) -> None:
             return  # no child alive
         if pid == 0:
             return
-        _send(control, {"event": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+        _send(control, Exited(pid, os.waitstatus_to_exitcode(status)))
 
 
-def _become_child(request: dict[str, Any], fds: list[int], servers: list[int]) -> None:
+def _become_child(packet: bytes, fds: list[int], servers: list[int]) -> None:
     """The forked child: `module.main()` on the descriptors it was sent, as a process started with
     child.start_in_session would run it. Never returns."""
     code = 1
@@ -322,11 +323,14 @@ def _become_child(request: dict[str, Any], fds: list[int], servers: list[int]) -
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
+        request = decode(packet)  # a request this server cannot read ends the child, its traceback on its stderr
+        if not isinstance(request, Fork):
+            raise TypeError(f"the fork server was sent a {request.kind!r} message where a fork request was expected")
         os.environ.clear()
-        os.environ.update(request["env"])
-        if request["cwd"] is not None:
-            os.chdir(request["cwd"])
-        importlib.import_module(request["module"]).main()
+        os.environ.update(request.env)
+        if request.cwd is not None:
+            os.chdir(request.cwd)
+        importlib.import_module(request.module).main()
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
@@ -339,8 +343,8 @@ def _become_child(request: dict[str, Any], fds: list[int], servers: list[int]) -
         os._exit(code)
 
 
-def _send(control: socket.socket, message: dict[str, Any]) -> None:
-    control.send(json.dumps(message).encode())
+def _send(control: socket.socket, message: Message) -> None:
+    control.send(encode(message).encode())
 
 
 if __name__ == "__main__":

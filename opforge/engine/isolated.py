@@ -32,14 +32,13 @@ from opforge.checks.catalog import CATALOG
 from opforge.child import ChildProcess, describe_exit, with_this_opforge
 from opforge.engine.events import Events, progress_names
 from opforge.engine.forkserver import ForkServer, shared_server
-from opforge.engine.plan import Filters, RunSettings, load_result, part_of
+from opforge.engine.plan import CheckJob, Filters, RunSettings, load_result, part_of
 from opforge.engine.protocol import (
     Done,
     End,
     EnvironmentEvent,
     Event,
     Internal,
-    Job,
     Loaded,
     LoadError,
     Restart,
@@ -148,7 +147,7 @@ def threads_per_worker(jobs: int, cpus: int | None) -> int:
 class Worker(ChildProcess):
     """An op's worker (opforge.engine.worker): its job on stdin, then its events on stdout until it ends."""
 
-    def __init__(self, job: Job, env: dict[str, str], server: ForkServer | None):
+    def __init__(self, job: CheckJob, env: dict[str, str], server: ForkServer | None):
         super().__init__("opforge.engine.worker", env, server)
         self.send(job.to_line())
         self.stdin.close()
@@ -283,7 +282,7 @@ class Supervisor:
         gpus = self.gpus[op.slot]
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpus
-        job = Job(
+        job = CheckJob(
             str(op.spec.path),
             self.filters,
             self.settings,
@@ -296,7 +295,7 @@ class Supervisor:
         op.spawned = self._start(job, env, own_gpus=gpus is not None)
         op.in_flight, op.since, op.progressed, op.dying_since = None, time.monotonic(), False, None
 
-    def _start(self, job: Job, env: dict[str, str], own_gpus: bool) -> Worker:
+    def _start(self, job: CheckJob, env: dict[str, str], own_gpus: bool) -> Worker:
         """A worker forked from the fork server, else a process of its own: where forking is not available, where
         the server did not start or has died (a worker that fails the same way reports it as the op's load result),
         and for a worker with a share of the GPUs of its own, whose CUDA_VISIBLE_DEVICES is in its environment

@@ -1,61 +1,48 @@
 """The child process of the large_index check (opforge.checks.large_index): load the op, run it once on inputs past
-2^31 elements, compare windows of the output with the reference, and write the verdict to the job's result file.
-Its one argument is the job file (started by child.entry_point; `python -m` runs it too): a fault here ends this
-process, not the run.
+2^31 elements, compare windows of the output with the reference, and send the verdict. It speaks the protocol of
+every child (opforge.engine.protocol) as the engine's workers do: its LargeIndexJob on stdin, Running (before the
+op runs) and its Outcome on a duplicate of the original stdout, fd 1 then pointing at stderr so that the op's own
+prints never reach the protocol. A fault here ends this process, not the run.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from opforge.cases import argument_value
-from opforge.checks.large_index import Job, required_bytes
+from opforge.checks.large_index import required_bytes
+from opforge.engine.protocol import LargeIndexJob, Message, Outcome, Running, send
 from opforge.loading import LoadedOp
 from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, short
-from opforge.results import Status
+from opforge.results import Status, Verdict
 from opforge.spec.model import ScalarInput, Tolerance
 
 
-def child_main(job_path: str) -> int:
+def child_main(job: LargeIndexJob, say: Callable[[Message], None]) -> int:
     import torch
 
-    job = Job(**json.loads(Path(job_path).read_text()))
-    job = replace(job, shapes=tuple((n, tuple(s)) for n, s in job.shapes), values=tuple(map(tuple, job.values)))
-    result = Path(job.result_path)
-
-    def write(record: dict[str, Any]) -> None:
-        with result.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
     try:
-        record = _child_run(job, write)
+        verdict = _child_run(job, say)
     except CheckSkipped as exc:
-        record = {"verdict": Status.SKIP.value, "message": str(exc)}
+        verdict = Verdict(Status.SKIP, str(exc))
     except CheckFailure as failure:
-        record = {
-            "verdict": Status.FAIL.value,
-            "message": failure.message,
-            "mismatch": asdict(failure.mismatch) if failure.mismatch else None,
-        }
+        verdict = Verdict(Status.FAIL, failure.message, failure.mismatch)
     except ReferenceFailure as exc:
-        record = {"verdict": Status.ERROR.value, "message": str(exc)}
+        verdict = Verdict(Status.ERROR, str(exc))
     except torch.OutOfMemoryError as exc:
-        record = {
-            "verdict": Status.SKIP.value,
-            "message": f"out of memory on {job.device} outside the op (its inputs past 2^31 "
-            f"elements, their windows): {_summary(exc)}",
-        }
+        verdict = Verdict(
+            Status.SKIP,
+            f"out of memory on {job.device} outside the op (its inputs past 2^31 elements, their windows): "
+            f"{_summary(exc)}",
+        )
     except Exception as exc:  # a bug outside the op (loading, the windows, the reference): not the op's failure
-        record = {"verdict": Status.ERROR.value, "message": f"the large_index child process failed: {_summary(exc)}"}
-    write(record)
+        verdict = Verdict(Status.ERROR, f"the large_index child process failed: {_summary(exc)}")
+    say(Outcome(verdict))
     return 0
 
 
@@ -68,7 +55,7 @@ def _summary(exc: Exception) -> str:
     return short(exc) + where
 
 
-def _child_run(job: Job, write: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+def _child_run(job: LargeIndexJob, say: Callable[[Message], None]) -> Verdict:
     import torch
 
     from opforge.loading import load_op
@@ -83,7 +70,7 @@ def _child_run(job: Job, write: Callable[[dict[str, Any]], None]) -> dict[str, A
     _check_memory(loaded, job, shapes)
     kwargs = _large_inputs(loaded, job, shapes)
     before = _windows(job, kwargs)
-    write({"stage": "running"})
+    say(Running())
     try:
         returned = implementation.fn(**kwargs)
         if job.device == "cuda":
@@ -99,10 +86,10 @@ def _child_run(job: Job, write: Callable[[dict[str, Any]], None]) -> dict[str, A
             "or size overflows (an illegal memory access is the usual sign). Index with int64_t."
         ) from exc
     _compare_windows(loaded, job, returned, kwargs, before)
-    return {"verdict": Status.PASS.value}
+    return Verdict(Status.PASS)
 
 
-def _check_memory(loaded: LoadedOp, job: Job, shapes: dict[str, tuple[int, ...]]) -> None:
+def _check_memory(loaded: LoadedOp, job: LargeIndexJob, shapes: dict[str, tuple[int, ...]]) -> None:
     import torch
 
     needed = required_bytes(loaded, job.dtype, shapes)
@@ -117,7 +104,7 @@ def _check_memory(loaded: LoadedOp, job: Job, shapes: dict[str, tuple[int, ...]]
         )
 
 
-def _large_inputs(loaded: LoadedOp, job: Job, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+def _large_inputs(loaded: LoadedOp, job: LargeIndexJob, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
     """Uniform values in each input's [low, high], drawn on the device (a float64 copy would not fit)."""
     import torch
 
@@ -138,7 +125,7 @@ def _large_inputs(loaded: LoadedOp, job: Job, shapes: dict[str, tuple[int, ...]]
     return {n: argument_value(arguments[n], v, job.dtype) if n in arguments else v for n, v in kwargs.items()}
 
 
-def _window_bounds(job: Job, n: int) -> list[tuple[int, int]]:
+def _window_bounds(job: LargeIndexJob, n: int) -> list[tuple[int, int]]:
     """[boundary - window, boundary + window) and the last `window` elements, merged where they overlap."""
     spans = sorted(
         {(max(0, job.boundary - job.window), min(n, job.boundary + job.window)), (max(0, n - job.window), n)}
@@ -152,7 +139,7 @@ def _window_bounds(job: Job, n: int) -> list[tuple[int, int]]:
     return merged
 
 
-def _windows(job: Job, kwargs: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
+def _windows(job: LargeIndexJob, kwargs: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
     """Each window of each tensor argument, copied to the CPU before the op runs (mutated arguments change)."""
     import torch
 
@@ -163,7 +150,7 @@ def _windows(job: Job, kwargs: dict[str, Any]) -> dict[tuple[int, int], dict[str
 
 def _compare_windows(
     loaded: LoadedOp,
-    job: Job,
+    job: LargeIndexJob,
     returned: Any,
     kwargs: dict[str, Any],
     before: dict[tuple[int, int], dict[str, Any]],
@@ -207,7 +194,7 @@ def _require_large(name: str, value: Any, shape: tuple[int, ...], dtype: Any) ->
 
 
 def _compare_window(
-    name: str, part: Any, expected: Any, job: Job, lo: int, shape: tuple[int, ...], tol: Tolerance
+    name: str, part: Any, expected: Any, job: LargeIndexJob, lo: int, shape: tuple[int, ...], tol: Tolerance
 ) -> None:
     import torch
 
@@ -227,8 +214,11 @@ def _compare_window(
 
 
 def main() -> None:
-    """What child.entry_point runs: the job file's path is the one argument."""
-    sys.exit(child_main(sys.argv[1]))
+    """What child.entry_point runs: the job on stdin, the protocol on a duplicate of stdout (fd 1 is then stderr)."""
+    job_line = sys.stdin.readline()
+    channel = os.dup(1)
+    os.dup2(2, 1)
+    sys.exit(child_main(LargeIndexJob.from_line(job_line), lambda message: send(channel, message)))
 
 
 if __name__ == "__main__":

@@ -7,11 +7,12 @@ import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from opforge.cases import Case, build_matrix
 from opforge.checks.base import Check, CheckContext, OptIns
 from opforge.checks.catalog import CATALOG
+from opforge.engine.protocol import Job
 from opforge.errors import OpforgeError
 from opforge.results import CaseResult, OpReport, Status, Verdict, case_result, result_id
 from opforge.shard import Shard, owns
@@ -82,6 +83,31 @@ class RunSettings:
         values = data["opt_ins"]["values"]
         opt_ins = OptIns(tuple((name, tuple(v) if isinstance(v, list) else v) for name, v in values))
         return cls(data["seed"], data["fail_fast"], opt_ins)
+
+
+@dataclass(frozen=True)
+class CheckJob(Job):
+    """An engine worker's job (opforge.engine.worker): one op (or one part of its tasks), its spec, from which task
+    to go on, and the task's time limit."""
+
+    kind: ClassVar[str] = "check-job"
+    spec: str
+    filters: Filters
+    settings: RunSettings
+    start: int
+    time_limit: float
+    cuda_arch: str | None = None
+    # One of `parts` workers that share an op's tasks: it runs those whose part_of(group, parts) == part.
+    part: int = 0
+    parts: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "filters": self.filters.to_json(), "settings": self.settings.to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CheckJob:
+        filters, settings = Filters.from_json(data["filters"]), RunSettings.from_json(data["settings"])
+        return cls(**{**data, "filters": filters, "settings": settings})
 
 
 def load_result_id(op: str) -> str:

@@ -1,33 +1,34 @@
 """The child process of the sanitizer checks (opforge.checks.sanitize), run under compute-sanitizer as
-`opforge.engine.sanitize_child JOB` (started by child.entry_point): load the op, then run each case (and its
-gradients, for a differentiable op), printing a marker before each so that the tool's reports are blamed on it.
-Every output is copied to the host (a consumer's read, which initcheck needs to see an unwritten element)."""
+`opforge.engine.sanitize_child CHANNEL` (started by child.entry_point): its SanitizeJob on stdin, then load the op
+and run each case (and its gradients, for a differentiable op). Before each case it sends CaseStarted with the size
+of its output so far (its stdout: the file the tool writes its reports to, too), so that the reports that follow are
+blamed on it; its events (opforge.engine.protocol) go to the channel file CHANNEL, which the tool's output never
+reaches. Every output is copied to the host (a consumer's read, which initcheck needs to see an unwritten element)."""
 
 from __future__ import annotations
 
-import json
+import os
 import sys
+from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from opforge.cases import Case
-from opforge.checks.sanitize import CASE_MARKER, Job
+from opforge.engine.protocol import CaseRaised, CaseStarted, Done, Message, SanitizeJob, send
 
 
-def child_main(job_path: str) -> int:
+def child_main(job: SanitizeJob, say: Callable[[Message], None]) -> int:
     import torch
 
     from opforge.checks.op_and_reference import argument, inputs_for
     from opforge.engine.plan import load_checked
     from opforge.spec.load import load_spec
 
-    job = Job(**json.loads(Path(job_path).read_text()))
     loaded = load_checked(load_spec(job.spec), job.cuda_arch)
     implementation = next(t for t in loaded.implementations if t.name == job.implementation)
     for data in job.cases:
-        case = _case(data)
-        print(CASE_MARKER + case.id, flush=True)
+        case = _case(dict(data))
+        say(CaseStarted(case.id, output_size()))
         try:
             inputs = inputs_for(loaded, case, job.seed, requires_grad=loaded.spec.differentiable)
             returned = implementation.fn(*inputs.args, **inputs.kwargs)
@@ -51,9 +52,17 @@ def child_main(job_path: str) -> int:
                         grad.cpu()
         except Exception as exc:  # the op's own error is correctness's to report; the tool's reports are what count
             first_line = str(exc).splitlines()[0] if str(exc) else ""
-            print(f"OPFORGE-SANITIZE-ERROR {case.id} raised {type(exc).__name__}: {first_line}")
-        sys.stdout.flush()
+            say(CaseRaised(case.id, f"{type(exc).__name__}: {first_line}", output_size()))
+    say(Done())
     return 0
+
+
+def output_size() -> int:
+    """Bytes in this process's output file so far: what the tool wrote (its reports of the cases before) and this
+    process printed. Its own buffers are flushed first."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    return os.fstat(1).st_size
 
 
 def _case(data: dict) -> Case:
@@ -73,8 +82,10 @@ def _tensors(value: Any) -> list[Any]:
 
 
 def main() -> None:
-    """What child.entry_point runs: the job file's path is the one argument."""
-    sys.exit(child_main(sys.argv[1]))
+    """What child.entry_point runs: the job on stdin, the channel file's path the one argument."""
+    channel = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)
+    job = SanitizeJob.from_line(sys.stdin.readline())
+    sys.exit(child_main(job, lambda message: send(channel, message)))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The child process of an isolated run (see opforge.engine.isolated): load one op, run its tasks from a
 given index on, and stream what happens to the parent as the events of opforge.engine.protocol.
 
-Forked by the fork server (opforge.engine.forkserver) or started as a process of its own, alike: the Job as one JSON
+Forked by the fork server (opforge.engine.forkserver) or started as a process of its own, alike: the CheckJob as one
 line on stdin, the protocol on a duplicate of the original stdout. fd 1 then points at stderr, so whatever the op's
 own code prints (Python or C++) lands in the stderr the parent keeps the tail of, never in the protocol.
 """
@@ -15,13 +15,13 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from opforge.engine.plan import CheckJob
 from opforge.engine.protocol import (
     Done,
     End,
     EnvironmentEvent,
     Event,
     Internal,
-    Job,
     Loaded,
     LoadError,
     Restart,
@@ -53,7 +53,7 @@ def main() -> None:
 
     try:
         # The job is read inside: a job this worker cannot read (another opforge version's) is an internal error.
-        run(Job.from_line(job_line), send)
+        run(CheckJob.from_line(job_line), send)
     except OpforgeError as exc:
         send(LoadError(str(exc), exc.exit_code))
     except Exception as exc:  # reported to the parent, which turns it into opforge's internal-error exit
@@ -61,7 +61,7 @@ def main() -> None:
     channel.flush()
 
 
-def run(job: Job, send: Send) -> None:
+def run(job: CheckJob, send: Send) -> None:
     from opforge.engine.plan import build_info, check_context, load_checked, plan_op, reported_results
     from opforge.engine.tasks import run_tasks
     from opforge.environment import environment

@@ -4,7 +4,6 @@ a child that died or hung in an example into that example's failure. Nothing her
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import signal
@@ -12,15 +11,31 @@ import time
 from collections import deque
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from opforge.checks.catalog import CATALOG
 from opforge.child import ChildProcess, describe_exit, with_this_opforge
 from opforge.engine.forkserver import shared_server
+from opforge.engine.protocol import (
+    Died,
+    ExampleStart,
+    FuzzExample,
+    FuzzJob,
+    Judged,
+    LoadError,
+    Message,
+    ProtocolError,
+    Ready,
+    Space,
+    Timed,
+    decode,
+)
 from opforge.errors import OpforgeError, WorkerInternalError
 from opforge.fuzz.verdict import CRASHED, HUNG, TOO_COSTLY
-from opforge.results import Status, Verdict, mismatch_from_json
+from opforge.results import Status, Verdict
 from opforge.spec.model import Regression
+
+_M = TypeVar("_M", bound=Message)
 
 # Loading an op may build it: the first build of a C++ extension takes ~40 s on this 2-core VM, a CUDA one minutes.
 LOAD_TIME_LIMIT = 900.0
@@ -58,51 +73,56 @@ class FuzzWorker(ChildProcess):
         super().__init__("opforge.fuzz.worker", environ, shared_server(environ))
         self.time_limit = time_limit
         self._pending: deque[bytes] = deque()
-        self.send(json.dumps({"spec": str(spec_path), "cuda_arch": cuda_arch}))
+        self.send(FuzzJob(str(spec_path), cuda_arch).to_line())
         loaded = self._next(LOAD_TIME_LIMIT, "loading the op")
-        if loaded["event"] == "error":
+        if isinstance(loaded, LoadError):
             self._load_failed(loaded)
-        self.space: dict[str, Any] = loaded["space"]
+        self.space: dict[str, Any] = self._expect(loaded, Space).space
         self.child = self._ready()
 
     def run(self, example: Regression, oracles: tuple[str, ...]) -> Verdict:
         mark = self.stderr_size()  # before the child can write (and crash)
-        self.send(json.dumps({"example": asdict(example), "oracles": list(oracles)}))
+        self.send(FuzzExample(asdict(example), oracles).to_line())
         started = self._next(READY_TIME_LIMIT, "an example's start")
-        if started["event"] == "died":
-            raise WorkerInternalError(f"the fuzz worker's child died before an example: {started['how']}")
+        if isinstance(started, Died):
+            raise WorkerInternalError(f"the fuzz worker's child died before an example: {started.how}")
+        self._expect(started, ExampleStart)
         answer = self._timed_answer(oracles)
         if isinstance(answer, Verdict):
             return answer
-        if answer["event"] == "died":
+        if isinstance(answer, Died):
             tail = self._stderr_since(mark)
             self.child = self._ready()
-            died = f"the op's process died: {answer['how']}" + (f"; stderr: {tail}" if tail else "")
+            died = f"the op's process died: {answer.how}" + (f"; stderr: {tail}" if tail else "")
             return Verdict(Status.FAIL, died, oracle=CRASHED)
-        if answer.get("restart"):
+        judged = self._expect(answer, Judged)
+        if judged.restart:
             self._until_died()
             self.child = self._ready()
-        return _verdict(answer)
+        return judged.verdict
 
     def close(self, grace: float = EXIT_GRACE) -> None:
         super().close(grace)
 
     # --------------------------------------------------------------------------------------------------- inside
 
-    def _load_failed(self, error: dict[str, Any]) -> None:
-        tail = self._stderr_since(0) if error.get("died") else ""
-        raise LoadFailed(error["message"] + (f"; stderr: {tail}" if tail else ""), error["exit_code"])
+    def _load_failed(self, error: LoadError) -> None:
+        tail = self._stderr_since(0) if error.died else ""
+        raise LoadFailed(error.message + (f"; stderr: {tail}" if tail else ""), error.exit_code)
 
     def _ready(self) -> int:
         ready = self._next(READY_TIME_LIMIT, "a fresh child")
-        if ready["event"] == "error":  # it loads the op again, which the planning child loaded
+        if isinstance(ready, LoadError):  # it loads the op again, which the planning child loaded
             self._load_failed(ready)
-        if ready["event"] != "ready":
-            raise WorkerInternalError(f"the fuzz worker sent {ready['event']!r} where a fresh child was expected")
-        pid: int = ready["pid"]
-        return pid
+        return self._expect(ready, Ready).pid
 
-    def _timed_answer(self, oracles: tuple[str, ...]) -> dict[str, Any] | Verdict:
+    def _expect(self, message: Message, kind: type[_M]) -> _M:
+        """`message` where the protocol says a `kind` comes next; anything else is the worker's bug."""
+        if not isinstance(message, kind):
+            raise ProtocolError(f"the fuzz worker sent {message.kind!r} where {kind.kind!r} was expected: {message}")
+        return message
+
+    def _timed_answer(self, oracles: tuple[str, ...]) -> Message | Verdict:
         """The child's last event on an example, each phase under its own limit: the first reference call (past a
         share of the limit the example is too costly), the op's first call (past the limit it hangs), the oracles
         (the limit plus ORACLE_CALLS times the first calls' time). An example stopped on the way is its Verdict."""
@@ -110,15 +130,15 @@ class FuzzWorker(ChildProcess):
         answer = self._within(costly)
         if answer is None:
             return self._abandoned(Status.DISCARD, f"the reference ran past {costly:g} s")
-        if answer["event"] != "reference":  # the reference refused the call, or the child died
+        if not (isinstance(answer, Timed) and answer.phase == "reference"):  # refused by the reference, or died
             return answer
-        reference_seconds = float(answer["seconds"])
+        reference_seconds = answer.seconds
         answer = self._within(self.time_limit)
         if answer is None:
             return self._abandoned(Status.FAIL, f"the op ran past the {self.time_limit:g} s limit of one call")
-        if answer["event"] != "op":  # the op refused the call, or its process died
+        if not (isinstance(answer, Timed) and answer.phase == "op"):  # the op refused the call, or its process died
             return answer
-        cost = reference_seconds + float(answer["seconds"])
+        cost = reference_seconds + answer.seconds
         if cost > costly:
             return self._abandoned(Status.DISCARD, f"the reference and one call of the op took {cost:.3g} s")
         limit = self.time_limit + ORACLE_CALLS * cost + _extra_seconds(oracles)
@@ -127,7 +147,7 @@ class FuzzWorker(ChildProcess):
             return self._abandoned(Status.FAIL, f"the op ran past the {limit:.3g} s limit of this example")
         return answer
 
-    def _within(self, limit: float) -> dict[str, Any] | None:
+    def _within(self, limit: float) -> Message | None:
         """The child's next event, or None when it sent none within `limit` seconds."""
         try:
             return self._next(limit, "")
@@ -145,10 +165,10 @@ class FuzzWorker(ChildProcess):
         return Verdict(Status.DISCARD, f"{why}: too costly to judge", cause=TOO_COSTLY)
 
     def _until_died(self) -> None:
-        while self._next(READY_TIME_LIMIT, "a killed child's end")["event"] != "died":
+        while not isinstance(self._next(READY_TIME_LIMIT, "a killed child's end"), Died):
             pass
 
-    def _next(self, limit: float, waiting_for: str) -> dict[str, Any]:
+    def _next(self, limit: float, waiting_for: str) -> Message:
         """The next event, within `limit` seconds: TimeoutError past it (when waiting for an example's verdict),
         else the worker's own failure as an internal error."""
         deadline = time.monotonic() + limit
@@ -165,24 +185,12 @@ class FuzzWorker(ChildProcess):
                     f"{self._stderr_since(0) or 'no output'}"
                 )
             self._pending.extend(lines)
-        event: dict[str, Any] = json.loads(self._pending.popleft())
-        return event
+        return decode(self._pending.popleft())
 
     def _stderr_since(self, mark: int) -> str:
         # What `opforge check` quotes of a dead worker (faulthandler's account of a fatal signal, else the last
         # lines: a traceback's exception), on one line.
         return " | ".join(line.strip() for line in self.stderr_excerpt(mark).splitlines() if line.strip())
-
-
-def _verdict(answer: dict[str, Any]) -> Verdict:
-    mismatch = answer.get("mismatch")
-    return Verdict(
-        Status(answer["status"]),
-        answer["message"],
-        mismatch_from_json(mismatch) if mismatch else None,
-        oracle=answer["oracle"],
-        cause=answer["cause"],
-    )
 
 
 def _extra_seconds(oracles: tuple[str, ...]) -> float:

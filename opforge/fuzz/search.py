@@ -18,6 +18,7 @@ from typing import Any
 from opforge.cases import kept_case
 from opforge.checks.base import Check
 from opforge.checks.catalog import CATALOG
+from opforge.engine.events import Events
 from opforge.engine.plan import Filters
 from opforge.engine.tasks import declared
 from opforge.environment import host_environment
@@ -136,9 +137,6 @@ class FuzzReport:
         return RunReport(host_environment(), [op], seconds=self.seconds, notes=notes)
 
 
-Progress = Callable[[FuzzReport, float], None]
-
-
 def _failure_result(report: FuzzReport, failure: Failure) -> CaseResult:
     example = failure.example
     cause = f" ({failure.verdict.cause})" if failure.verdict.cause else ""
@@ -191,15 +189,16 @@ def _failure_type(key: str) -> type[FoundFailure]:
     return _FAILURE_TYPES[key]
 
 
-def fuzz(spec: OpSpec, options: FuzzOptions, progress: Progress | None = None) -> FuzzReport:
+def fuzz(spec: OpSpec, options: FuzzOptions, events: Events | None = None) -> FuzzReport:
     """Search until the budget or --max-examples runs out; the budget starts once the op is loaded (and built).
-    Raises LoadFailed when the op does not load."""
+    `events` hears how the search stands after each example (progress). Raises LoadFailed when the op does not
+    load."""
     worker = FuzzWorker(spec.path, options.cuda_arch, EXAMPLE_TIME_LIMIT)
     start = time.monotonic()
     try:
         oracles = oracles_for(spec, options.device, options.oracles)
         report = FuzzReport(spec.name, spec.path, options.device, oracles, max_examples=options.max_examples)
-        _Search(spec, options, worker, report, progress or (lambda report, left: None), start).run()
+        _Search(spec, options, worker, report, events or Events(), start).run()
     finally:
         worker.close()
     report.seconds = time.monotonic() - start
@@ -286,10 +285,10 @@ class _Search:
         options: FuzzOptions,
         worker: FuzzWorker,
         report: FuzzReport,
-        progress: Progress,
+        events: Events,
         start: float,
     ):
-        self.spec, self.options, self.worker, self.report, self.progress = spec, options, worker, report, progress
+        self.spec, self.options, self.worker, self.report, self.events = spec, options, worker, report, events
         self.start = start
         self.deadline = start + options.budget
         self.first_seen: dict[str, tuple[float, int, Regression]] = {}
@@ -384,7 +383,7 @@ class _Search:
         elif verdict.status == Status.XFAIL:
             report.known += 1
             report.first_known = report.first_known or verdict.message
-        self.progress(report, self.deadline - time.monotonic())
+        self.events.progress(report, self.deadline - time.monotonic())
 
     def _collect(self, test: Callable[[], None]) -> None:
         """Run one pass. The minimal examples hypothesis raises (one failure, or a group of them) replace the pass's

@@ -10,25 +10,34 @@ call (libgomp is not fork-safe: a `samples:` function's torch.log_softmax on a l
 and every example was discarded as too costly to judge); one that has made a CUDA context cannot hand it to them.
 Each child loads the op itself, and makes its own threads and context.
 
-Protocol, one JSON object per line: the parent sends {"spec", "cuda_arch"} first, then one {"example", "oracles"}
-per example; the planning child answers "loaded" (the search space) or "error", each judging child "ready" (its
-pid), then per example "start" (before running it, so a crash is charged to it) and "verdict" (saying whether the
-child now exits for a fresh one); this process "died" when a child died.
+The messages of opforge.engine.protocol, one per line: the parent sends a FuzzJob first, then a FuzzExample per
+example; the planning child answers Space (the search space) or LoadError, each judging child Ready (its pid), then
+per example ExampleStart (before running it, so a crash is charged to it), Timed after the first reference call and
+op call, and Judged (saying whether the child now exits for a fresh one); this process sends Died when a child died.
 """
 
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import signal
 import sys
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from opforge.child import describe_exit
+from opforge.engine.protocol import (
+    Died,
+    ExampleStart,
+    FuzzExample,
+    FuzzJob,
+    Judged,
+    LoadError,
+    Ready,
+    Space,
+    Timed,
+    send,
+)
 from opforge.errors import EXIT_FAILED, EXIT_INTERNAL, OpforgeError
-from opforge.results import strict_json
 
 if TYPE_CHECKING:
     from opforge.loading import LoadedOp
@@ -43,7 +52,7 @@ def main() -> None:
     faulthandler.enable()
     # is_available() without creating a CUDA context, which a forked child could not use.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    job = json.loads(_read_line(0) or "{}")
+    job = FuzzJob.from_line(_read_line(0))
     if not _planned(job, channel):
         return
     while True:
@@ -53,12 +62,12 @@ def main() -> None:
         _, status = os.waitpid(pid, 0)
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) in (0, _NOT_LOADED):
             return  # the parent closed our stdin (the search is over), or the op did not load
-        _send(channel, {"event": "died", "how": describe_exit(os.waitstatus_to_exitcode(status))})
+        send(channel, Died(describe_exit(os.waitstatus_to_exitcode(status))))
 
 
-def _planned(job: dict[str, Any], channel: int) -> bool:
-    """Whether a child loaded the op and reported the search space ("loaded"); else it reported why not
-    ("error"), or died, which is reported here."""
+def _planned(job: FuzzJob, channel: int) -> bool:
+    """Whether a child loaded the op and reported the search space (Space); else it reported why not (LoadError),
+    or died, which is reported here."""
     pid = os.fork()
     if pid == 0:
         _plan(job, channel)
@@ -66,18 +75,18 @@ def _planned(job: dict[str, Any], channel: int) -> bool:
     code = os.waitstatus_to_exitcode(status)
     if code not in (0, _NOT_LOADED):  # as `opforge check` reports a worker that dies loading the op: a crash
         message = f"the op's process died while loading the op: {describe_exit(code)}"
-        _send(channel, {"event": "error", "message": message, "exit_code": EXIT_FAILED, "died": True})
+        send(channel, LoadError(message, EXIT_FAILED, died=True))
     return code == 0
 
 
-def _plan(job: dict[str, Any], channel: int) -> None:
+def _plan(job: FuzzJob, channel: int) -> None:
     """The planning child: the op loaded (and built), the search space sent. Never returns."""
     code = 0
     try:
-        loaded = _load(job["spec"], job.get("cuda_arch"))
-        _send(channel, {"event": "loaded", "space": _space(loaded)})
+        loaded = _load(job.spec, job.cuda_arch)
+        send(channel, Space(_space(loaded)))
     except OpforgeError as exc:
-        _send(channel, {"event": "error", "message": str(exc), "exit_code": exc.exit_code})
+        send(channel, LoadError(str(exc), exc.exit_code))
         code = _NOT_LOADED
     sys.stdout.flush()
     os._exit(code)
@@ -107,7 +116,7 @@ def _space(loaded: LoadedOp) -> dict[str, Any]:
     }
 
 
-def _serve(job: dict[str, Any], channel: int) -> None:
+def _serve(job: FuzzJob, channel: int) -> None:
     """A judging child: the op loaded, then examples until stdin closes, then exit 0. Never returns."""
     from opforge.cases import kept_case
     from opforge.engine.worker import device_error
@@ -116,27 +125,27 @@ def _serve(job: dict[str, Any], channel: int) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
-        loaded = _load(job["spec"], job.get("cuda_arch"))
+        loaded = _load(job.spec, job.cuda_arch)
     except OpforgeError as exc:  # it loaded in the planning child: a load that differs from one fork to the next
-        _send(channel, {"event": "error", "message": str(exc), "exit_code": EXIT_INTERNAL})
+        send(channel, LoadError(str(exc), EXIT_INTERNAL))
         os._exit(_NOT_LOADED)
     judge = Judge(loaded)
-    _send(channel, {"event": "ready", "pid": os.getpid()})
+    send(channel, Ready(os.getpid()))
     while line := _read_line(0):
-        request = json.loads(line)
-        example = request["example"]
+        request = FuzzExample.from_line(line)
+        example = request.example
         shapes = tuple((name, tuple(shape)) for name, shape in example["shapes"])
         kept = Regression(**{**example, "shapes": shapes, "values": tuple(map(tuple, example["values"]))})
-        _send(channel, {"event": "start"})
+        send(channel, ExampleStart())
         verdict = judge(
             kept_case(loaded.spec, kept, "fuzz"),
-            tuple(request["oracles"]),
-            lambda event, seconds: _send(channel, {"event": event, "seconds": seconds}),
+            request.oracles,
+            lambda phase, seconds: send(channel, Timed(phase, seconds)),
         )
         # A sticky CUDA error (an illegal address) leaves this child's context unusable: the next example needs a
         # fresh child, and the parent is told so with the verdict.
         restart = device_error() is not None
-        _send(channel, {"event": "verdict", **asdict(verdict), "restart": restart})
+        send(channel, Judged(verdict, restart))
         if restart:
             os._exit(3)
     sys.stdout.flush()
@@ -153,10 +162,6 @@ def _read_line(fd: int) -> str:
             break
         data += chunk
     return data.decode()
-
-
-def _send(channel: int, event: dict[str, Any]) -> None:
-    os.write(channel, (json.dumps(strict_json(event), allow_nan=False) + "\n").encode())
 
 
 if __name__ == "__main__":

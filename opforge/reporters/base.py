@@ -1,5 +1,5 @@
-"""What a reporter is (Reporter), how a file format is registered (ReportFormat), and the engine's events fanned
-out to several reporters."""
+"""What a reporter is (Reporter: a subscriber to the run's events), how a file format is registered (ReportFormat),
+and the run's events fanned out to several reporters."""
 
 from __future__ import annotations
 
@@ -9,27 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opforge.engine.events import Events
-from opforge.results import CaseResult, RunReport
+from opforge.engine.events import Events, FanOut
+from opforge.results import RunReport
 
 
-class Reporter:
-    """What a format does with a run. Every hook is optional: the base ignores them all."""
-
-    def start(self) -> None:
-        """The run begins."""
-
-    def step(self, message: str) -> None:
-        """A long step's message (a build, a worker restart)."""
-
-    def planned(self, op: str, total: int) -> None:
-        """`op` will report `total` results."""
-
-    def result(self, op: str, result: CaseResult) -> None:
-        """One result, as it arrives."""
-
-    def finish(self, run: Any) -> None:
-        """The finished (or interrupted) run. A file format writes its file here; OSError if it cannot."""
+class Reporter(Events):
+    """What a format does with a run: it subscribes to the run's events (engine.events.Events, declared once), each
+    hook optional; a file format writes its file in finish(run)."""
 
 
 class NotWritten(Exception):
@@ -56,21 +42,8 @@ class ReportFormat:
 
 
 def fan_out(reporters: list[Reporter]) -> Events:
-    """The engine's events, delivered to every reporter."""
-
-    def step(message: str) -> None:
-        for reporter in reporters:
-            reporter.step(message)
-
-    def planned(op: str, total: int) -> None:
-        for reporter in reporters:
-            reporter.planned(op, total)
-
-    def result(op: str, result: CaseResult) -> None:
-        for reporter in reporters:
-            reporter.result(op, result)
-
-    return Events(step=step, planned=planned, result=result)
+    """The run's events, delivered to every reporter."""
+    return FanOut(reporters)
 
 
 def as_results(run: Any) -> RunReport:

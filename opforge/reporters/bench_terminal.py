@@ -4,13 +4,15 @@ op, the regression gate's summary and the totals."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from opforge.engine.events import Events
+from opforge.reporters import console as out
 from opforge.reporters.console import Heartbeat, console, error, warning
 from opforge.results import describe_mismatch
 
@@ -41,6 +43,36 @@ def bench_progress(total: int) -> Iterator[Callable[[BenchResult], None]]:
             bar.update(task, advance=1, last=result.id)
 
         yield advance
+
+
+class BenchProgress(Events):
+    """What `opforge bench` shows while it runs, subscribed to the run's events: a spinner over each long task
+    (loading an op, measuring a peak), the build's messages, then the progress bar (bench_progress) from `planned`
+    to `finish`."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, ExitStack] = {}
+        self._bar = ExitStack()
+        self._advance: Callable[[BenchResult], None] = lambda result: None
+
+    def task_started(self, name: str) -> None:
+        stack = self._tasks[name] = ExitStack()
+        stack.enter_context(out.spinner(name))
+
+    def task_finished(self, name: str) -> None:
+        self._tasks.pop(name).close()
+
+    def step(self, message: str) -> None:
+        out.info(message)
+
+    def planned(self, op: str, total: int) -> None:
+        self._advance = self._bar.enter_context(bench_progress(total))
+
+    def result(self, op: str, result: BenchResult) -> None:
+        self._advance(result)
+
+    def finish(self, run: BenchRun) -> None:
+        self._bar.close()
 
 
 # IQR / median above which a result is flagged noisy: two contenders 10% apart are then not told apart by their

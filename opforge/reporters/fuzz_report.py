@@ -12,6 +12,7 @@ from typing import Any
 from rich.text import Text
 
 from opforge.cases import offset_of
+from opforge.engine.events import Events
 from opforge.files import write_atomically
 from opforge.fuzz.save import repro_command
 from opforge.fuzz.search import MIN_JUDGED, Failure, FuzzReport
@@ -22,15 +23,15 @@ from opforge.results import Status, Verdict, dumps_json
 from opforge.spec.model import Regression
 
 
-class Live:
-    """The search's progress: on a terminal one status line redrawn (examples, failures, rejected, time left);
-    without one a heartbeat line every few seconds."""
+class Live(Events):
+    """The search's progress, subscribed to the run's events: on a terminal one status line redrawn (examples,
+    failures, rejected, time left); without one a heartbeat line every few seconds."""
 
     def __init__(self) -> None:
         self._line = "starting the worker (and building the op)"
         self._status: Any = None
 
-    def update(self, report: FuzzReport, seconds_left: float) -> None:
+    def progress(self, report: FuzzReport, seconds_left: float) -> None:
         self._line = (
             f"{report.examples} examples, {report.judged} judged, {len(report.failures)} failures so far, "
             f"{max(0.0, seconds_left):.0f} s left"
