@@ -188,7 +188,7 @@ def layout_applies(layout: str, shape: tuple[int, ...]) -> bool:
 def input_layout(spec: OpSpec, name: str, layout: str, shape: tuple[int, ...]) -> str:
     """The layout input `name` takes in a case of `layout`: the case's, when the input's layouts (its own, else the
     spec's) include it and its shape admits it; else contiguous."""
-    from opforge.schema import mutated_names
+    from opforge.core.schema import mutated_names
 
     entry = next(t for t in spec.tensor_inputs() if t.name == name)
     families = entry.layouts if entry.layouts is not None else spec.layouts

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from opforge.build import BuildPlan, BuildResult, Toolchain, build, detect_toolchain, plan_build
 from opforge.cases import SAME_VALUES_HINT, SAMPLE_NAME_KEY, call_samples, same_value
-from opforge.errors import BuildError, SpecError
-from opforge.outcomes import short
-from opforge.schema import canonical, is_tensor_type
+from opforge.core.errors import BuildError, SpecError
+from opforge.core.outcomes import short
+from opforge.core.schema import canonical, is_tensor_type
 from opforge.self_reference import SelfReference
 from opforge.spec.model import CASE_DTYPE, KNOWN_DTYPES, OpSpec, ScalarInput, TensorInput
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from opforge.bench.bytes import bytes_moved
 from opforge.bench.plan import BenchFilters, BenchPoint, contenders, plan_points, runnable_devices
 from opforge.bench.runner import argument_restorer, compiled_reference, input_source, mode_callable
-from opforge.errors import UsageError
+from opforge.core.errors import UsageError
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:

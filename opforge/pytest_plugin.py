@@ -20,8 +20,8 @@ import pytest
 
 from opforge.checks.base import CheckContext, OptIns
 from opforge.checks.catalog import CATALOG
-from opforge.errors import OpforgeError
-from opforge.results import CaseResult, Status, failure_text
+from opforge.core.errors import OpforgeError
+from opforge.core.results import CaseResult, Status, failure_text
 from opforge.spec.model import SPEC_SUFFIXES
 
 if TYPE_CHECKING:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from opforge.core.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, OpforgeError
+from opforge.core.results import CaseResult, RunReport
 from opforge.engine.plan import (
     Filters,
     RunSettings,
@@ -23,8 +25,6 @@ from opforge.engine.plan import (
     unasked_checks,
     unlisted_checks,
 )
-from opforge.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, OpforgeError
-from opforge.results import CaseResult, RunReport
 from opforge.spec.load import load_spec
 from opforge.spec.model import OpSpec
 
@@ -89,7 +89,7 @@ def run(paths: list[Path], options: RunOptions, reporters: list[Reporter]) -> tu
     finally:
         report.seconds = time.perf_counter() - start
     if not report.environment:
-        from opforge.environment import host_environment
+        from opforge.core.environment import host_environment
 
         report.environment = host_environment()
     return report, exit_code(report)

@@ -437,7 +437,7 @@ def copy_fixture(tmp_path, name: str, edit=lambda text: text):
 
 
 def test_a_bytes_expression_using_a_gradient_in_fwd_is_refused_at_load(tmp_path):
-    from opforge.errors import SpecError
+    from opforge.core.errors import SpecError
     from opforge.spec.load import load_spec
 
     path = copy_fixture(
@@ -639,7 +639,7 @@ def test_a_contender_raising_while_verified_or_timed_costs_its_row(tmp_path, mon
 
     from opforge.bench import runner as bench_runner
     from opforge.checks.catalog import CATALOG
-    from opforge.outcomes import CheckSkipped
+    from opforge.core.outcomes import CheckSkipped
 
     real_check, real_timer = CATALOG.get("correctness").run, bench_runner.time_callable
 
@@ -761,7 +761,7 @@ def test_a_run_that_times_nothing_fails_and_says_why(tmp_path):
 
 def test_default_modes_are_fwd_only_without_an_input_that_requires_grad(tmp_path):
     from opforge.bench.plan import BenchFilters, selected
-    from opforge.errors import UsageError
+    from opforge.core.errors import UsageError
     from opforge.spec.load import load_spec
 
     path = copy_fixture(

@@ -9,10 +9,10 @@ from helpers import FIXTURES, REPO, describe, failures_by_check, requires_cuda, 
 
 from opforge.checks.base import OptIns
 from opforge.checks.dtypes import TRIED_DTYPES
+from opforge.core.results import Status
 from opforge.engine.plan import Filters, RunSettings, check_context, plan_op
 from opforge.engine.tasks import run_task
 from opforge.loading import load_op
-from opforge.results import Status
 from opforge.spec.load import load_spec
 
 
@@ -163,7 +163,7 @@ def test_an_op_returning_fewer_values_than_expected_fails_instead_of_comparing_f
     import torch
 
     from opforge.checks.op_and_reference import paired
-    from opforge.outcomes import CheckFailure
+    from opforge.core.outcomes import CheckFailure
 
     loaded = load_op(load_spec(FIXTURES / "good.yaml"))
     with pytest.raises(CheckFailure, match=r"outputs: expected 2 value\(s\) \(the schema's returns\), got 1\."):
@@ -333,8 +333,8 @@ def test_unclaimed_integer_dtype_keeps_a_pinned_index_input_for_the_reference():
 
 
 def test_vmap_claim_on_an_op_that_mutates_an_argument_is_a_spec_error(tmp_path):
+    from opforge.core.errors import SpecError
     from opforge.engine.plan import load_checked
-    from opforge.errors import SpecError
 
     path = spec_variant(tmp_path, "scale_", "vmap: true\n")
     with pytest.raises(SpecError, match="vmap: true on an op that mutates x"):
@@ -408,7 +408,7 @@ def test_multi_gpu_is_skipped_with_a_reason_without_cuda(fixture):
 
 def test_multi_gpu_with_one_gpu_skips_and_says_why():
     from opforge.checks.multi_gpu import far_device
-    from opforge.outcomes import CheckSkipped
+    from opforge.core.outcomes import CheckSkipped
 
     for visible in (0, 1):
         with pytest.raises(CheckSkipped, match=f"needs 2 GPUs .*, {visible} visible"):
@@ -420,7 +420,7 @@ def test_multi_gpu_flags_a_result_on_another_device_than_the_inputs():
     import torch
 
     from opforge.checks.multi_gpu import require_device
-    from opforge.outcomes import CheckFailure
+    from opforge.core.outcomes import CheckFailure
 
     require_device("result", torch.ones(3), torch.device("cpu"))
     wrong_device = r"expected the result on the input's device cpu, got one on meta.*CUDAGuard"
@@ -565,7 +565,7 @@ def _small_index_job(implementation, shape=(10_000,)):
 def test_large_index_child_compares_the_elements_past_the_boundary(tmp_path, monkeypatch):
     from opforge.checks.large_index import run_in_child
 
-    # The child starts as the engine's workers do (opforge.child): an `opforge/` in the cwd does not shadow opforge
+    # The child starts as the engine's workers do (opforge.core.child): an `opforge/` in the cwd does not shadow opforge
     # (`python -m` put the cwd first, and this child then died before it ran the op).
     (tmp_path / "opforge").mkdir()
     (tmp_path / "opforge" / "__init__.py").write_text("raise SystemExit('the cwd shadowed opforge')\n")
@@ -596,7 +596,7 @@ def test_large_index_child_fails_an_output_shorter_than_the_inputs():
 @pytest.mark.slow
 def test_large_index_child_that_runs_out_of_memory_in_the_op_is_skipped():
     from opforge.checks.large_index import run_in_child
-    from opforge.outcomes import CheckSkipped
+    from opforge.core.outcomes import CheckSkipped
 
     with pytest.raises(CheckSkipped, match="out of memory on cpu while the op ran"):
         run_in_child(_small_index_job("oom"))
@@ -607,7 +607,7 @@ def test_large_index_child_that_breaks_outside_the_op_is_an_error_with_where():
     from dataclasses import replace
 
     from opforge.checks.large_index import run_in_child
-    from opforge.outcomes import ReferenceFailure
+    from opforge.core.outcomes import ReferenceFailure
 
     with pytest.raises(ReferenceFailure, match=r"child process failed: StopIteration.*\(at large_index_child.py:\d+"):
         run_in_child(replace(_small_index_job("good"), implementation="no_such_implementation"))
@@ -625,7 +625,7 @@ def test_large_index_child_time_limit_fits_in_the_rows():
 @pytest.mark.slow
 def test_large_index_child_skips_when_memory_is_short():
     from opforge.checks.large_index import run_in_child
-    from opforge.outcomes import CheckSkipped
+    from opforge.core.outcomes import CheckSkipped
 
     with pytest.raises(CheckSkipped, match="not enough memory on cpu"):
         run_in_child(_small_index_job("good", shape=(2**45,)))
@@ -633,7 +633,7 @@ def test_large_index_child_skips_when_memory_is_short():
 
 def test_large_index_child_that_hangs_or_dies_early_is_reported():
     from opforge.checks.large_index import verdict
-    from opforge.outcomes import ReferenceFailure
+    from opforge.core.outcomes import ReferenceFailure
 
     hung = verdict([{"stage": "running"}], None, "", 600)
     assert "did not finish within 600 s" in hung.message

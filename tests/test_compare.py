@@ -9,7 +9,7 @@ import pytest
 
 from opforge import compare
 from opforge.compare import Baseline, Rule, check_result
-from opforge.outcomes import CheckFailure
+from opforge.core.outcomes import CheckFailure
 from opforge.spec.model import Tolerance
 
 torch = pytest.importorskip("torch")

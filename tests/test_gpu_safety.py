@@ -11,7 +11,7 @@ from helpers import FIXTURES, describe, failures_by_check, in_process, requires_
 from typer.testing import CliRunner
 
 from opforge.cli import app
-from opforge.results import Status
+from opforge.core.results import Status
 
 CUDA_OPS = FIXTURES / "cuda_ops"
 runner = CliRunner()
@@ -135,7 +135,7 @@ def test_an_unknown_sanitizer_tool_is_a_usage_error():
 
 def test_the_sanitizer_child_runs_with_the_caching_allocator_off_and_line_info():
     from opforge.checks.sanitize import child_command, child_env
-    from opforge.child import entry_point
+    from opforge.core.child import entry_point
 
     env = child_env()
     assert env["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1" and "-lineinfo" in env["OPFORGE_EXTRA_CUDA_CFLAGS"]
@@ -189,7 +189,7 @@ def test_grid_size_skips_saying_what_to_write_when_no_shape_is_shared():
 
 
 def test_a_grid_size_shape_must_be_past_2_24_elements(tmp_path):
-    from opforge.errors import SpecError
+    from opforge.core.errors import SpecError
     from opforge.spec.load import load_spec
 
     (tmp_path / "broken_ops.py").write_text((FIXTURES / "broken_ops.py").read_text())

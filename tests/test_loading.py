@@ -15,7 +15,7 @@ from helpers import FIXTURES, describe, in_process, run_spec
 from typer.testing import CliRunner
 
 from opforge.cli import app
-from opforge.errors import EXIT_NOTHING_RAN
+from opforge.core.errors import EXIT_NOTHING_RAN
 
 runner = CliRunner()
 

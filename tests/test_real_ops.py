@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from helpers import FIXTURES, describe, failures_by_check, requires_cuda, run_spec, run_spec_isolated
 
-from opforge.results import Status
+from opforge.core.results import Status
 
 # The quick tier (`pytest -m "not slow"`) leaves these out. Whole specs of ops written elsewhere, C++ built.
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from helpers import FIXTURES
 from typer.testing import CliRunner
 
 from opforge.cli import app
-from opforge.errors import SpecError
+from opforge.core.errors import SpecError
 from opforge.fuzz.options import FuzzOptions
 from opforge.fuzz.search import fuzz
 from opforge.spec.load import load_spec
@@ -154,8 +154,8 @@ def test_a_declared_crash_that_does_not_happen_is_xpass(tmp_path):
 
 
 def test_a_crash_entry_declares_only_crashes_and_other_entries_only_failures(tmp_path):
+    from opforge.core.results import Status
     from opforge.engine.tasks import Verdict, declared
-    from opforge.results import Status
 
     spec = load_spec(ROUND3 / "double_contiguous_only.yaml")
     where = ("native", "correctness", "float32", "cpu", "strided", "float32-cpu-strided-x=7")

@@ -16,9 +16,9 @@ from helpers import FIXTURES, REPO
 from typer.testing import CliRunner
 
 from opforge.cli import app
-from opforge.errors import UsageError
+from opforge.core.errors import UsageError
+from opforge.core.results import CaseResult, OpReport, RunReport, Status
 from opforge.reporters.lastfailed import STORE, last_runs, record
-from opforge.results import CaseResult, OpReport, RunReport, Status
 from opforge.scan import CEA, CIA, FlagKind, LastRun, ScannedOp, scan
 
 LIBRARY = FIXTURES / "scan_ops"

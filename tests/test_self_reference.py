@@ -8,7 +8,7 @@ from pathlib import Path
 
 from helpers import FIXTURES, run_spec
 
-from opforge.results import Status
+from opforge.core.results import Status
 
 RECORD = FIXTURES / "record"
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from helpers import FIXTURES, SPECS
 
-from opforge.errors import SpecError
+from opforge.core.errors import SpecError
 from opforge.loading import load_op
 from opforge.spec.load import load_spec
 

@@ -15,7 +15,7 @@ from helpers import FIXTURES, REPO, SPECS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opforge.errors import OpforgeError, SpecError
+from opforge.core.errors import OpforgeError, SpecError
 from opforge.spec.load import load_spec
 
 # Bounded so CI stays fast. Derandomized: the same examples every run, so CI cannot fail on one it never saw

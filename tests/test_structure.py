@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from opforge.checks.base import Check, all_cases
 from opforge.checks.catalog import CATALOG
-from opforge.outcomes import CheckFailure, PassNote
-from opforge.results import Status
+from opforge.core.outcomes import CheckFailure, PassNote
+from opforge.core.results import Status
 
 PACKAGE = REPO / "opforge"
 
@@ -29,15 +29,7 @@ LAYERS = [
     (
         "vocabulary",
         [
-            "errors",
-            "results",
-            "outcomes",
-            "schema",
-            "environment",
-            "files",
-            "cuda_spin",
-            "shard",
-            "child",
+            "core",
             "__init__",
             "record.hook",
             "recorded",
@@ -238,7 +230,7 @@ _TOY_OPTION_MODULE = """
 from dataclasses import dataclass
 
 from opforge.checks.base import Check, CheckOption, OptIn, SpecSection, all_cases
-from opforge.outcomes import CheckFailure
+from opforge.core.outcomes import CheckFailure
 from opforge.spec.reader import Reader, read_number
 
 LOUD = CheckOption("toy-loud", "Also run toy_loud, which fails loudly.")
@@ -400,7 +392,7 @@ def test_fuzz_still_reads_check_fake_and_says_what_to_write_instead():
 # fuzz worker, the fork server) by a sitecustomize that stands for its catalog line.
 _TOY_ORACLE_MODULE = """
 from opforge.checks.base import Check, OneExample, all_cases
-from opforge.outcomes import CheckFailure
+from opforge.core.outcomes import CheckFailure
 
 
 def _run(context, implementation, case):

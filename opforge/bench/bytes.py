@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from opforge.cases import CaseInputs
 from opforge.checks.op_and_reference import argument, op_outputs, output_names
-from opforge.errors import SpecError
+from opforge.core.errors import SpecError
 from opforge.loading import LoadedOp
 from opforge.spec import bytes_expr as expr
 from opforge.spec.model import BenchSpec, OpSpec

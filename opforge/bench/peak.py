@@ -67,7 +67,7 @@ def peak_bandwidth(
     gbps, method, nbytes = (measure or measure_copy)(device)
     peak = Peak(device, key, gbps, method, nbytes, datetime.datetime.now(datetime.timezone.utc).isoformat())
     cache[key] = {k: v for k, v in asdict(peak).items() if k != "cached"}
-    from opforge.files import write_atomically
+    from opforge.core.files import write_atomically
 
     write_atomically(path, json.dumps(cache, indent=1) + "\n")
     return peak

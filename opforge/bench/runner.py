@@ -45,12 +45,12 @@ from opforge.checks.base import CheckContext
 from opforge.checks.catalog import CATALOG
 from opforge.checks.op_and_reference import argument, differentiated
 from opforge.compare import leaves
+from opforge.core.errors import SpecError
+from opforge.core.outcomes import short
+from opforge.core.results import Status
+from opforge.core.shard import shard_text
 from opforge.engine.tasks import apply_xfail, check_verdicts
-from opforge.errors import SpecError
 from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import short
-from opforge.results import Status
-from opforge.shard import shard_text
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ from opforge.checks.op_and_reference import (
     output_baseline,
     outputs_of,
 )
+from opforge.core.outcomes import CheckFailure, PassDetail, missing_fake_hint, short, unbacked_size_hint
 from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, PassDetail, missing_fake_hint, short, unbacked_size_hint
 
 # Dynamo keeps at most `recompile_limit` graphs (8) per function, a limit meant for one call site of a model. Here
 # one function serves every task (shape and layout) of an implementation, dtype and device: leaky_swish's float32 tasks

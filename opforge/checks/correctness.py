@@ -18,8 +18,8 @@ from opforge.checks.op_and_reference import (
     output_baseline,
     outputs_of,
 )
+from opforge.core.outcomes import CheckFailure, CheckSkipped
 from opforge.loading import Implementation
-from opforge.outcomes import CheckFailure, CheckSkipped
 
 
 def correctness(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:

@@ -17,8 +17,8 @@ from opforge.checks.op_and_reference import (
     seeded_grad_outputs,
 )
 from opforge.compare import EXACT, check_result
+from opforge.core.outcomes import CheckFailure
 from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ from opforge.checks.op_and_reference import (
     outputs_of,
 )
 from opforge.compare import Rule, check_result, rule_for, tolerance_for
+from opforge.core.outcomes import CheckFailure, PassNote, ReferenceFailure
 from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, PassNote, ReferenceFailure
 from opforge.spec.model import CASE_DTYPE, OpSpec, ScalarInput, Tolerance
 
 if TYPE_CHECKING:

@@ -7,9 +7,9 @@ from typing import Any
 
 from opforge.cases import Case, argument_value, sample
 from opforge.checks.base import Check, CheckContext, Outcomes
-from opforge.environment import device_unavailable
+from opforge.core.environment import device_unavailable
+from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, short
 from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, short
 from opforge.spec.model import ErrorInput, OpSpec, ScalarInput
 
 

@@ -14,8 +14,8 @@ from opforge.checks.op_and_reference import (
     vector_jacobian_products,
 )
 from opforge.compare import check_result, rule_for
+from opforge.core.outcomes import CheckFailure, CheckSkipped
 from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, CheckSkipped
 
 
 def grad_lowp(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:

@@ -28,9 +28,9 @@ from opforge.checks.op_and_reference import (
     with_arguments,
 )
 from opforge.compare import as_tuple, tolerance_for, worst_mismatch
+from opforge.core.outcomes import CheckFailure, short
+from opforge.core.results import Mismatch
 from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, short
-from opforge.results import Mismatch
 from opforge.spec.model import Tolerance
 
 if TYPE_CHECKING:

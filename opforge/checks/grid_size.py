@@ -34,8 +34,8 @@ from opforge.checks.op_and_reference import (
     output_baseline,
     outputs_of,
 )
+from opforge.core.outcomes import CheckFailure, CheckSkipped
 from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, CheckSkipped
 from opforge.spec.model import OpSpec, TensorInput
 from opforge.spec.reader import Reader, read_shape
 

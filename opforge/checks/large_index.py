@@ -23,10 +23,10 @@ from typing import Any
 
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, Outcomes, SpecBeforeSections, SpecSection
-from opforge.child import describe_exit, entry_point, with_this_opforge
+from opforge.core.child import describe_exit, entry_point, with_this_opforge
+from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
+from opforge.core.results import Status, mismatch_from_json
 from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
-from opforge.results import Status, mismatch_from_json
 from opforge.spec.model import KNOWN_DTYPES, TensorInput
 from opforge.spec.reader import Reader, one_of, read_bool, read_shape
 

@@ -15,8 +15,8 @@ import itertools
 from opforge.cases import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, representative_cases
 from opforge.checks.op_and_reference import inputs_for, outputs_of
+from opforge.core.outcomes import CheckFailure
 from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure
 
 # Calls before measuring, so lazily created state (a kernel cache, an allocator's first block) is not counted.
 WARMUP_CALLS = 2

@@ -23,8 +23,8 @@ from opforge.checks.op_and_reference import (
     outputs_of,
     short,
 )
+from opforge.core.outcomes import CheckFailure, CheckSkipped
 from opforge.loading import Implementation
-from opforge.outcomes import CheckFailure, CheckSkipped
 
 if TYPE_CHECKING:
     import torch

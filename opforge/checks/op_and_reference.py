@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from opforge.cases import Case, CaseInputs, make_inputs
 from opforge.compare import Baseline, as_tuple, check_result, leaves, paired_leaves, returned_values, rule_for
+from opforge.core.outcomes import CheckFailure, PassDetail, ReferenceFailure, short
+from opforge.core.schema import return_names
 from opforge.loading import NATIVE, Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, PassDetail, ReferenceFailure, short
-from opforge.schema import return_names
 from opforge.spec.model import FLOATING_DTYPES, OpSpec
 
 if TYPE_CHECKING:

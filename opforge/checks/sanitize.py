@@ -29,10 +29,10 @@ from pathlib import Path
 
 from opforge.cases import Case, layout_kind
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, OptIns, Outcomes, Runner
-from opforge.child import entry_point, with_this_opforge
-from opforge.errors import UsageError
+from opforge.core.child import entry_point, with_this_opforge
+from opforge.core.errors import UsageError
+from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
 from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
 from opforge.spec.model import FLOATING_DTYPES
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")

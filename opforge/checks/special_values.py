@@ -21,8 +21,8 @@ from opforge.checks.op_and_reference import (
     output_baseline,
     outputs_of,
 )
+from opforge.core.outcomes import PassNote
 from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import PassNote
 from opforge.spec.model import FLOATING_DTYPES
 
 if TYPE_CHECKING:

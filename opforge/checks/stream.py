@@ -47,9 +47,9 @@ from opforge.checks.op_and_reference import (
     with_arguments,
 )
 from opforge.compare import Baseline, check_result, map_tensors, tolerance_for
-from opforge.cuda_spin import spin
+from opforge.core.cuda_spin import spin
+from opforge.core.outcomes import CheckFailure, PassNote
 from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, PassNote
 
 if TYPE_CHECKING:
     import torch

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from opforge.commands.app import CudaArch, app, guarded, spec_paths
-from opforge.errors import EXIT_OK, BuildError
+from opforge.core.errors import EXIT_OK, BuildError
 from opforge.reporters import console as out
 from opforge.spec.load import load_spec
 

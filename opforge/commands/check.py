@@ -34,11 +34,11 @@ from opforge.commands.app import (
     with_check_options,
     with_report_options,
 )
-from opforge.errors import EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from opforge.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from opforge.core.shard import parse_shard
 from opforge.reporters import CHECK_FORMATS
 from opforge.reporters import console as out
 from opforge.reporters.base import Reporter, ReportFormat
-from opforge.shard import parse_shard
 from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from opforge.commands.app import app, guarded
-from opforge.errors import EXIT_OK
+from opforge.core.errors import EXIT_OK
 from opforge.spec.load import list_specs, load_spec
 
 

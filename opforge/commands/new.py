@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from opforge.commands.app import app, guarded
-from opforge.errors import EXIT_OK
+from opforge.core.errors import EXIT_OK
 from opforge.reporters import console as out
 
 

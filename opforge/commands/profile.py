@@ -18,7 +18,7 @@ from opforge.commands.app import (
     spec_paths,
 )
 from opforge.commands.bench import bench_filters
-from opforge.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK
+from opforge.core.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK
 from opforge.reporters import console as out
 from opforge.spec.load import load_spec
 
@@ -51,7 +51,7 @@ def profile(
     def body() -> int:
         import json
 
-        from opforge.files import write_atomically
+        from opforge.core.files import write_atomically
         from opforge.profile import profile_op
         from opforge.reporters.profile_terminal import render_profile
 

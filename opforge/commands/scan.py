@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from opforge.commands.app import app, guarded
-from opforge.errors import EXIT_FAILED, EXIT_OK
+from opforge.core.errors import EXIT_FAILED, EXIT_OK
 from opforge.reporters import console as out
 
 
@@ -49,7 +49,7 @@ def scan(
     def body() -> int:
         import json
 
-        from opforge.files import write_atomically
+        from opforge.core.files import write_atomically
         from opforge.reporters.lastfailed import last_runs
         from opforge.reporters.scan_terminal import render_scan
         from opforge.scan import scan as scan_namespace

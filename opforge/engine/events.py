@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from opforge.results import CaseResult
+from opforge.core.results import CaseResult
 from opforge.spec.model import OpSpec
 
 

@@ -37,8 +37,8 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
-from opforge.child import end_session, file_excerpt, start_in_session
-from opforge.errors import WorkerInternalError
+from opforge.core.child import end_session, file_excerpt, start_in_session
+from opforge.core.errors import WorkerInternalError
 
 # Bytes of one request: the module, the environment and the working directory, far under this.
 MAX_PACKET = 1 << 20
@@ -285,7 +285,7 @@ _PRELOADED = (
     "opforge.engine.plan",
     "opforge.engine.tasks",
     "opforge.engine.worker",
-    "opforge.environment",
+    "opforge.core.environment",
     "opforge.loading",
     "opforge.fuzz.worker",
     "opforge.fuzz.oracles",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from opforge.core.errors import OpforgeError
+from opforge.core.results import CaseResult, OpReport, RunReport, Status
 from opforge.engine.events import Events, progress_names
 from opforge.engine.plan import (
     Filters,
@@ -18,9 +20,7 @@ from opforge.engine.plan import (
     reported_results,
 )
 from opforge.engine.tasks import run_tasks, stops_run
-from opforge.errors import OpforgeError
 from opforge.loading import LoadedOp
-from opforge.results import CaseResult, OpReport, RunReport, Status
 from opforge.spec.model import OpSpec
 
 
@@ -34,7 +34,7 @@ def run_in_process(
 ) -> None:
     """Every spec's checks in this process, appending each op's report to `run` as soon as it starts (so that an
     interrupted run keeps what finished). An op that fails to load is an ERROR load result and the next op goes on."""
-    from opforge.environment import environment
+    from opforge.core.environment import environment
 
     events = events or Events()
     names = progress_names(specs)

@@ -29,7 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from opforge.checks.catalog import CATALOG
-from opforge.child import ChildProcess, describe_exit, with_this_opforge
+from opforge.core.child import ChildProcess, describe_exit, with_this_opforge
+from opforge.core.errors import WorkerInternalError
+from opforge.core.results import CaseResult, OpReport, RunReport, Status, Verdict, case_result
 from opforge.engine.events import Events, progress_names
 from opforge.engine.forkserver import ForkServer, shared_server
 from opforge.engine.plan import Filters, RunSettings, load_result, part_of
@@ -51,8 +53,6 @@ from opforge.engine.protocol import (
     decode,
 )
 from opforge.engine.tasks import declared, repro_command, stops_run
-from opforge.errors import WorkerInternalError
-from opforge.results import CaseResult, OpReport, RunReport, Status, Verdict, case_result
 from opforge.spec.model import OpSpec
 
 # Per-check time limit when neither the spec (`timeout:`) nor --timeout sets one. Generous: the slowest task measured

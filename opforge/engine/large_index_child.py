@@ -16,9 +16,9 @@ from typing import Any
 
 from opforge.cases import argument_value
 from opforge.checks.large_index import Job, required_bytes
+from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, short
+from opforge.core.results import Status
 from opforge.loading import LoadedOp
-from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, short
-from opforge.results import Status
 from opforge.spec.model import ScalarInput, Tolerance
 
 

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 from opforge.cases import Case, build_matrix
 from opforge.checks.base import Check, CheckContext, OptIns
 from opforge.checks.catalog import CATALOG
-from opforge.errors import OpforgeError
-from opforge.results import CaseResult, OpReport, Status, Verdict, case_result, result_id
-from opforge.shard import Shard, owns
+from opforge.core.errors import OpforgeError
+from opforge.core.results import CaseResult, OpReport, Status, Verdict, case_result, result_id
+from opforge.core.shard import Shard, owns
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class Filters:
     # Only these full result ids (--last-failed). An op whose loading failed is listed by its load result's id and
     # then runs whole.
     ids: tuple[str, ...] = ()
-    # --shard K/N: only the tasks whose key hashes to this shard (opforge.shard).
+    # --shard K/N: only the tasks whose key hashes to this shard (opforge.core.shard).
     shard: Shard | None = None
 
     def wants_check(self, name: str) -> bool:
@@ -165,7 +165,7 @@ def load_checked(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[
 
 
 def plan_op(loaded: LoadedOp, filters: Filters, settings: RunSettings) -> Plan:
-    from opforge.environment import device_unavailable
+    from opforge.core.environment import device_unavailable
 
     spec = loaded.spec
     dtypes = tuple(d for d in spec.dtypes if not filters.dtypes or d in filters.dtypes)

@@ -7,8 +7,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
+from opforge.core.results import CaseResult, result_from_json, result_json
 from opforge.engine.plan import Filters, RunSettings
-from opforge.results import CaseResult, result_from_json, result_json
 
 
 @dataclass(frozen=True)

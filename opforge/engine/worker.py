@@ -15,6 +15,8 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from opforge.core.errors import OpforgeError
+from opforge.core.results import CaseResult
 from opforge.engine.protocol import (
     Done,
     End,
@@ -32,8 +34,6 @@ from opforge.engine.protocol import (
     TaskHeader,
     encode,
 )
-from opforge.errors import OpforgeError
-from opforge.results import CaseResult
 
 if TYPE_CHECKING:
     from opforge.engine.plan import Plan
@@ -62,9 +62,9 @@ def main() -> None:
 
 
 def run(job: Job, send: Send) -> None:
+    from opforge.core.environment import environment
     from opforge.engine.plan import build_info, check_context, load_checked, plan_op, reported_results
     from opforge.engine.tasks import run_tasks
-    from opforge.environment import environment
     from opforge.spec.load import load_spec
 
     send(EnvironmentEvent(environment()))

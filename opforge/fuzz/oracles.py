@@ -30,11 +30,11 @@ from opforge.checks.op_and_reference import (
     split_reference,
 )
 from opforge.compare import map_tensors
+from opforge.core.outcomes import CheckFailure, ReferenceFailure, short
+from opforge.core.results import Mismatch, Status, Verdict
 from opforge.engine.tasks import apply_xfail, check_verdicts
 from opforge.fuzz.verdict import CRASHED, OUTSIDE_DOMAIN, UNDECIDABLE
 from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, ReferenceFailure, short
-from opforge.results import Mismatch, Status, Verdict
 
 
 class Judge:

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from opforge.checks.catalog import CATALOG
-from opforge.child import ChildProcess, describe_exit, with_this_opforge
+from opforge.core.child import ChildProcess, describe_exit, with_this_opforge
+from opforge.core.errors import OpforgeError, WorkerInternalError
+from opforge.core.results import Status, Verdict, mismatch_from_json
 from opforge.engine.forkserver import shared_server
-from opforge.errors import OpforgeError, WorkerInternalError
 from opforge.fuzz.verdict import CRASHED, HUNG, TOO_COSTLY
-from opforge.results import Status, Verdict, mismatch_from_json
 from opforge.spec.model import Regression
 
 # Loading an op may build it: the first build of a C++ extension takes ~40 s on this 2-core VM, a CUDA one minutes.

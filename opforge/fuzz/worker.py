@@ -26,9 +26,9 @@ import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from opforge.child import describe_exit
-from opforge.errors import EXIT_FAILED, EXIT_INTERNAL, OpforgeError
-from opforge.results import strict_json
+from opforge.core.child import describe_exit
+from opforge.core.errors import EXIT_FAILED, EXIT_INTERNAL, OpforgeError
+from opforge.core.results import strict_json
 
 if TYPE_CHECKING:
     from opforge.loading import LoadedOp

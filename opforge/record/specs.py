@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opforge.files import write_atomically
+from opforge.core.files import write_atomically
 from opforge.record.hook import FORMAT
 from opforge.recorded import CALLS_FORMAT, INDEX
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opforge.core.results import CaseResult, RunReport
 from opforge.engine.events import Events
-from opforge.results import CaseResult, RunReport
 
 
 class Reporter:

@@ -11,8 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from opforge.core.results import describe_mismatch
 from opforge.reporters.console import Heartbeat, console, error, warning
-from opforge.results import describe_mismatch
 
 if TYPE_CHECKING:
     from opforge.bench.baseline import Comparison

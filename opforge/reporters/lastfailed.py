@@ -12,10 +12,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opforge.core.files import write_atomically
+from opforge.core.results import OpReport, RunReport
 from opforge.engine.plan import LOAD_CHECK, Filters, load_result_id
-from opforge.files import write_atomically
 from opforge.reporters.base import Reporter
-from opforge.results import OpReport, RunReport
 from opforge.scan import LastRun
 
 STORE = Path(".opforge") / "lastfailed.json"

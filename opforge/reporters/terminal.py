@@ -16,11 +16,11 @@ from rich.table import Table
 from rich.text import Text
 
 from opforge.checks.catalog import CATALOG
+from opforge.core.results import CaseResult, OpReport, RunReport, Status, failure_details
+from opforge.core.shard import shard_text
 from opforge.engine.plan import LOAD_CHECK
 from opforge.reporters.base import Reporter
 from opforge.reporters.console import HEARTBEAT_S, Heartbeat, console, error
-from opforge.results import CaseResult, OpReport, RunReport, Status, failure_details
-from opforge.shard import shard_text
 from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES
 
 # The column header under which the dtypes check's unclaimed dtypes are folded.

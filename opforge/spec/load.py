@@ -10,7 +10,7 @@ from pathlib import Path
 
 from opforge.checks.base import SpecBeforeSections
 from opforge.checks.catalog import CATALOG
-from opforge.errors import SpecError, UsageError
+from opforge.core.errors import SpecError, UsageError
 from opforge.spec.bench import read_bench_section
 from opforge.spec.claims import read_error_inputs
 from opforge.spec.inputs import read_inputs

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opforge.errors import SpecError
+from opforge.core.errors import SpecError
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 
