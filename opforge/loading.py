@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opforge.build import BuildPlan, BuildResult, Toolchain, build, detect_toolchain, plan_build
-from opforge.cases import SAME_VALUES_HINT, SAMPLE_NAME_KEY, call_samples, same_value
+from opforge.cases.arguments import SAME_VALUES_HINT, call_samples, same_value
+from opforge.cases.matrix import SAMPLE_NAME_KEY
 from opforge.core.errors import BuildError, SpecError
 from opforge.core.outcomes import short
 from opforge.core.schema import canonical, is_tensor_type
@@ -404,7 +405,7 @@ def resolve_samples(spec: OpSpec, arguments: list[Any], make: Callable[..., Any]
     sample's non-tensor values and name. The samples are made here in float64 on the CPU to plan the matrix, and
     again in another dtype from another seed: what a sample's id and its non-tensor values say must hold for every
     case, which makes them again in its own dtype, on its own device, from its own seed
-    (opforge.cases.sampled_tensors)."""
+    (opforge.cases.arguments.sampled_tensors)."""
     import torch
 
     assert spec.samples is not None

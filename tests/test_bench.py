@@ -409,7 +409,7 @@ def test_cpu_copy_peak_is_a_real_measurement():
 def test_bytes_of_a_broadcasting_two_input_op():
     from opforge.bench.bytes import bytes_moved
     from opforge.bench.plan import BenchFilters, plan_points
-    from opforge.cases import make_inputs
+    from opforge.cases.arguments import make_inputs
     from opforge.loading import load_op
     from opforge.spec.load import load_spec
 

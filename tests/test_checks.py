@@ -357,7 +357,7 @@ no_cuda = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="th
 
 def _planned(path, check, devices=("cpu", "cuda")):
     """The cases `check` would run for the spec's op if these devices were all available."""
-    from opforge.cases import build_matrix
+    from opforge.cases.matrix import build_matrix
     from opforge.checks.catalog import CATALOG
 
     loaded = load_op(load_spec(path))
@@ -433,7 +433,7 @@ def test_multi_gpu_moves_inputs_with_their_exact_strides(layout):
     # expanded (stride 0): found by `opforge fuzz --device cuda`, whose devices oracle could not copy one.
     import torch
 
-    from opforge.cases import CaseInputs, in_layout
+    from opforge.cases.arguments import CaseInputs, in_layout
     from opforge.checks.op_and_reference import on_device
 
     x = in_layout(torch.arange(35.0, dtype=torch.float64).reshape(5, 7), layout, torch.float32, "cpu")

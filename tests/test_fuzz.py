@@ -165,7 +165,7 @@ CUDA_OOM = "CUDA out of memory. Tried to allocate 78.58 GiB. GPU 0 has a total c
     ],
 )
 def test_opcheck_blames_clone_input_only_for_its_own_allocation_failure(shape, error, expected):
-    from opforge.cases import CaseInputs
+    from opforge.cases.arguments import CaseInputs
     from opforge.checks.opcheck import CLONE_BUG_NOTE, outcome
     from opforge.core.outcomes import CheckFailure, PassNote
 
@@ -423,7 +423,7 @@ def json_repro(command: str) -> list[str]:
 
 def test_an_oracle_that_raises_is_that_oracles_failure_not_a_dead_worker(monkeypatch):
     # Found on the GPU: the devices oracle could not copy an expanded input, and the child died as if the op crashed.
-    from opforge.cases import kept_case
+    from opforge.cases.matrix import kept_case
     from opforge.fuzz import oracles
     from opforge.loading import load_op
 
@@ -450,7 +450,7 @@ def test_a_package_in_the_working_directory_does_not_shadow_opforge_in_the_fuzz_
 def judged_examples(fixture: str, fill: str, seeds: range, op: str = "") -> list:
     """The correctness oracle's verdicts on float32 [8, 4] examples of the fixture's spec with `fill`, one per seed
     (on the fixture's op, or on `op` in its place)."""
-    from opforge.cases import kept_case
+    from opforge.cases.matrix import kept_case
     from opforge.fuzz.oracles import Judge
     from opforge.loading import load_op
 

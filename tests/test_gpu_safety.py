@@ -35,7 +35,7 @@ def test_a_kernel_that_reads_from_the_storage_start_fails_only_the_offset_cases(
 def test_offset_cases_are_a_contiguous_view_one_element_into_its_storage():
     import torch
 
-    from opforge.cases import in_layout
+    from opforge.cases.arguments import in_layout
 
     view = in_layout(torch.arange(6.0).reshape(2, 3), "offset", torch.float32, "cpu")
     assert view.is_contiguous() and view.storage_offset() == 1 and view.data_ptr() % 16 != 0

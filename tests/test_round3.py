@@ -108,7 +108,7 @@ def test_gradients_of_a_list_output_reach_the_same_leaves_of_the_reference(tmp_p
 def test_the_scan_allowance_comes_from_the_references_own_terms():
     import torch
 
-    from opforge.compare import sum_terms
+    from opforge.cases.compare import sum_terms
 
     values = torch.full((1000,), 50.0, dtype=torch.float64, requires_grad=True)
     offsets = torch.cat([values.new_zeros(1), values.cumsum(0)])

@@ -333,7 +333,7 @@ def test_a_named_samples_case_reaches_the_sanitizer_child_unchanged():
     """compute-sanitizer's child gets each case as JSON (opforge.checks.sanitize)."""
     import json
 
-    from opforge.cases import build_matrix
+    from opforge.cases.matrix import build_matrix
     from opforge.checks.sanitize import _case_json
     from opforge.engine.sanitize_child import _case
 

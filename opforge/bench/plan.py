@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opforge.bench.model import BASELINE, IMPLEMENTATION, point_key
-from opforge.cases import Case, case_applies
+from opforge.cases.matrix import Case, case_applies
 from opforge.core.environment import device_unavailable
 from opforge.core.errors import UsageError
 from opforge.core.shard import Shard, owns

@@ -40,11 +40,11 @@ from opforge.bench.plan import (
     selected,
 )
 from opforge.bench.timing import Timing, TimingOptions, graph_input_copies, l2_bytes, time_callable
-from opforge.cases import CaseInputs, make_inputs
+from opforge.cases.arguments import CaseInputs, make_inputs
+from opforge.cases.compare import leaves
 from opforge.checks.base import CheckContext
 from opforge.checks.catalog import CATALOG
 from opforge.checks.op_and_reference import argument, differentiated
-from opforge.compare import leaves
 from opforge.core.errors import SpecError
 from opforge.core.outcomes import short
 from opforge.core.results import Status

@@ -11,13 +11,12 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from opforge.cases import layout_kind
 from opforge.core.outcomes import Outcome
-from opforge.spec.model import Input, OpSpec
+from opforge.spec.model import Input, OpSpec, layout_kind
 from opforge.spec.reader import Reader
 
 if TYPE_CHECKING:
-    from opforge.cases import Case
+    from opforge.cases.matrix import Case
     from opforge.loading import Implementation, LoadedOp
 
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from opforge.cases import Case
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, OneExample, Outcomes, aligned, first_values
 from opforge.checks.op_and_reference import (
     RunOutputs,

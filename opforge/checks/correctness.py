@@ -3,7 +3,7 @@ their dtype, shape and device too; inputs the schema does not declare mutable mu
 
 from __future__ import annotations
 
-from opforge.cases import Case
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, OneExample, Outcomes, all_cases
 from opforge.checks.op_and_reference import (
     against_reference,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opforge.cases import Case
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, OneExample, Outcomes, all_cases
 from opforge.checks.op_and_reference import (
     RunOutputs,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from opforge.cases import Case
+from opforge.cases.compare import check_result, rule_for
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes
 from opforge.checks.op_and_reference import (
     argument,
@@ -13,7 +14,6 @@ from opforge.checks.op_and_reference import (
     nothing_judged,
     vector_jacobian_products,
 )
-from opforge.compare import check_result, rule_for
 from opforge.core.outcomes import CheckFailure, CheckSkipped
 from opforge.loading import Implementation, LoadedOp
 

@@ -14,7 +14,9 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from opforge.cases import Case, CaseInputs
+from opforge.cases.arguments import CaseInputs
+from opforge.cases.compare import as_tuple, tolerance_for, worst_mismatch
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, aligned
 from opforge.checks.op_and_reference import (
     argument,
@@ -27,7 +29,6 @@ from opforge.checks.op_and_reference import (
     vector_jacobian_products,
     with_arguments,
 )
-from opforge.compare import as_tuple, tolerance_for, worst_mismatch
 from opforge.core.outcomes import CheckFailure, short
 from opforge.core.results import Mismatch
 from opforge.loading import Implementation, LoadedOp

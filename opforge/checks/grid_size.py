@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from opforge.cases import Case
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, SpecBeforeSections, SpecSection
 from opforge.checks.op_and_reference import (
     against_reference,

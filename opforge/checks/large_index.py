@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from opforge.cases import Case
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, Outcomes, SpecBeforeSections, SpecSection
 from opforge.core.child import describe_exit, entry_point, with_this_opforge
 from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure

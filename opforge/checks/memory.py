@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import itertools
 
-from opforge.cases import Case
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, representative_cases
 from opforge.checks.op_and_reference import inputs_for, outputs_of
 from opforge.core.outcomes import CheckFailure

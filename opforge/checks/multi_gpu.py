@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from opforge.cases import Case
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, all_cases
 from opforge.checks.op_and_reference import (
     against_reference,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from opforge.cases import Case, CaseInputs
+from opforge.cases.arguments import CaseInputs
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, OneExample, Outcomes, aligned, first_values
 from opforge.checks.op_and_reference import inputs_for
 from opforge.core.outcomes import CheckFailure, Outcome, PassNote, missing_fake_hint, short

@@ -27,13 +27,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from opforge.cases import Case, layout_kind
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, OptIns, Outcomes, Runner
 from opforge.core.child import entry_point, with_this_opforge
 from opforge.core.errors import UsageError
 from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
 from opforge.loading import Implementation, LoadedOp
-from opforge.spec.model import FLOATING_DTYPES
+from opforge.spec.model import FLOATING_DTYPES, layout_kind
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 # Each tool's own flags. memcheck: an error destroys only the faulting kernel, not the context, so later cases still
@@ -108,7 +108,7 @@ def sanitized_cases(loaded: LoadedOp, implementation: Implementation, cases: lis
 def sanitize_case_set(loaded: LoadedOp) -> list[Case]:
     """The cases the child runs: every claimed floating dtype and shape, contiguous and at an offset (an aligned
     and a misaligned pointer), first argument values, on CUDA."""
-    from opforge.cases import build_matrix
+    from opforge.cases.matrix import build_matrix
 
     claimed = loaded.spec.dtypes_on("cuda")
     dtypes = tuple(d for d in claimed if d in FLOATING_DTYPES) or claimed

@@ -14,7 +14,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from opforge.cases import argument_value
+from opforge.cases.arguments import argument_value
 from opforge.checks.large_index import Job, required_bytes
 from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, short
 from opforge.core.results import Status
@@ -170,8 +170,8 @@ def _compare_windows(
 ) -> None:
     import torch
 
+    from opforge.cases.compare import tolerance_for
     from opforge.checks.op_and_reference import against_reference, compared_dtype, op_outputs, reference_values
-    from opforge.compare import tolerance_for
 
     got = op_outputs(loaded, returned)
     mutated = {name: kwargs[name] for name in loaded.mutated_arguments}
@@ -211,7 +211,7 @@ def _compare_window(
 ) -> None:
     import torch
 
-    from opforge.compare import worst_mismatch
+    from opforge.cases.compare import worst_mismatch
 
     mismatch = worst_mismatch(name, part, expected, tol)
     if mismatch is None:

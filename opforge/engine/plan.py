@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opforge.cases import Case, build_matrix
+from opforge.cases.matrix import Case, build_matrix
 from opforge.checks.base import Check, CheckContext, OptIns
 from opforge.checks.catalog import CATALOG
 from opforge.core.errors import OpforgeError

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from opforge.cases import Case
+from opforge.cases.matrix import Case
 from opforge.checks.sanitize import CASE_MARKER, Job
 
 

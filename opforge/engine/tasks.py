@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import replace
 
-from opforge.cases import Case
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes
 from opforge.checks.catalog import CATALOG
 from opforge.core.outcomes import CheckFailure, CheckSkipped, PassDetail, PassNote, ReferenceFailure, short

@@ -17,7 +17,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from opforge.cases import Case, CaseInputs, writes_special
+from opforge.cases.arguments import CaseInputs
+from opforge.cases.compare import map_tensors
+from opforge.cases.matrix import Case, writes_special
 from opforge.checks.base import Check, CheckContext
 from opforge.checks.catalog import CATALOG
 from opforge.checks.op_and_reference import (
@@ -29,7 +31,6 @@ from opforge.checks.op_and_reference import (
     reference_in_op_dtypes,
     split_reference,
 )
-from opforge.compare import map_tensors
 from opforge.core.outcomes import CheckFailure, ReferenceFailure, short
 from opforge.core.results import Mismatch, Status, Verdict
 from opforge.engine.tasks import apply_xfail, check_verdicts

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from opforge.cases import kept_case
+from opforge.cases.matrix import kept_case
 from opforge.checks.base import Check
 from opforge.checks.catalog import CATALOG
 from opforge.core.environment import host_environment

@@ -109,7 +109,7 @@ def _space(loaded: LoadedOp) -> dict[str, Any]:
 
 def _serve(job: dict[str, Any], channel: int) -> None:
     """A judging child: the op loaded, then examples until stdin closes, then exit 0. Never returns."""
-    from opforge.cases import kept_case
+    from opforge.cases.matrix import kept_case
     from opforge.engine.worker import device_error
     from opforge.fuzz.oracles import Judge
     from opforge.spec.model import Regression

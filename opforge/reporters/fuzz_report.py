@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.text import Text
 
-from opforge.cases import offset_of
+from opforge.cases.matrix import offset_of
 from opforge.core.files import write_atomically
 from opforge.core.results import Status, Verdict, dumps_json
 from opforge.fuzz.save import repro_command

@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import DTYPE_IDS, DTYPES, SPECS, describe, requires_cuda, run_spec
 
-from opforge.compare import worst_mismatch
+from opforge.cases.compare import worst_mismatch
 from opforge.core.results import describe_mismatch
 from opforge.ops.custom_loss import _backward, _grads, _grads_repeated, custom_loss, reference
 from opforge.spec.model import Tolerance

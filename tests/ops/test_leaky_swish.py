@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import DTYPE_IDS, DTYPES, SPECS, describe, requires_cuda, run_spec
 
-from opforge.compare import worst_mismatch
+from opforge.cases.compare import worst_mismatch
 from opforge.core.results import describe_mismatch
 from opforge.ops.leaky_swish import (
     LeakySwish,
