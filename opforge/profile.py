@@ -24,8 +24,8 @@ from opforge.spec.model import OpSpec
 if TYPE_CHECKING:
     from torch.autograd.profiler_util import FunctionEventAvg
 
+    from opforge.building.op import LoadedOp
     from opforge.cases.arguments import CaseInputs
-    from opforge.loading import LoadedOp
 
 # Calls profiled per contender: enough that per-call figures are averages, few enough for a large point.
 CALLS = 10

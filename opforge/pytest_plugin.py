@@ -27,8 +27,8 @@ from opforge.spec.model import SPEC_SUFFIXES
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr, TracebackStyle
 
+    from opforge.building.op import LoadedOp
     from opforge.engine.plan import Filters, Task
-    from opforge.loading import LoadedOp
     from opforge.session import RunOptions
 
 # The loaded ops and the results of the tasks run so far, for this process.

@@ -29,9 +29,9 @@ from opforge.spec.load import load_spec
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:
+    from opforge.building.op import LoadedOp
     from opforge.checks.base import CheckContext
     from opforge.engine.plan import Plan
-    from opforge.loading import LoadedOp
     from opforge.reporters.base import Reporter
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from opforge.building.op import load_op
 from opforge.core.results import OpReport, Status
 from opforge.engine.inprocess import run_op
 from opforge.engine.plan import Filters, RunSettings
-from opforge.loading import load_op
 from opforge.spec.load import load_spec
 
 # Absolute: every test runs in its own temporary directory (below).

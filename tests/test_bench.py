@@ -409,8 +409,8 @@ def test_cpu_copy_peak_is_a_real_measurement():
 def test_bytes_of_a_broadcasting_two_input_op():
     from opforge.bench.bytes import bytes_moved
     from opforge.bench.plan import BenchFilters, plan_points
+    from opforge.building.op import load_op
     from opforge.cases.arguments import make_inputs
-    from opforge.loading import load_op
     from opforge.spec.load import load_spec
 
     loaded = load_op(load_spec(SPECS / "custom_loss.yaml"))
@@ -500,7 +500,7 @@ def test_a_bytes_expression_failing_on_a_point_is_an_error_row(tmp_path, bytes_l
 
 def loaded_point(spec_path, mode: str = "fwd", sizes=(1024,)):
     from opforge.bench.plan import BenchFilters, plan_points
-    from opforge.loading import load_op
+    from opforge.building.op import load_op
     from opforge.spec.load import load_spec
 
     loaded = load_op(load_spec(spec_path))

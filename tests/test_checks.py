@@ -7,12 +7,12 @@ import math
 import pytest
 from helpers import FIXTURES, REPO, describe, failures_by_check, requires_cuda, run_spec, spec_variant
 
+from opforge.building.op import load_op
 from opforge.checks.base import OptIns
 from opforge.checks.dtypes import TRIED_DTYPES
 from opforge.core.results import Status
 from opforge.engine.plan import Filters, RunSettings, check_context, plan_op
 from opforge.engine.tasks import run_task
-from opforge.loading import load_op
 from opforge.spec.load import load_spec
 
 

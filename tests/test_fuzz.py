@@ -423,9 +423,9 @@ def json_repro(command: str) -> list[str]:
 
 def test_an_oracle_that_raises_is_that_oracles_failure_not_a_dead_worker(monkeypatch):
     # Found on the GPU: the devices oracle could not copy an expanded input, and the child died as if the op crashed.
+    from opforge.building.op import load_op
     from opforge.cases.matrix import kept_case
     from opforge.fuzz import oracles
-    from opforge.loading import load_op
 
     def raising(*_):
         raise RuntimeError("boom")
@@ -450,9 +450,9 @@ def test_a_package_in_the_working_directory_does_not_shadow_opforge_in_the_fuzz_
 def judged_examples(fixture: str, fill: str, seeds: range, op: str = "") -> list:
     """The correctness oracle's verdicts on float32 [8, 4] examples of the fixture's spec with `fill`, one per seed
     (on the fixture's op, or on `op` in its place)."""
+    from opforge.building.op import load_op
     from opforge.cases.matrix import kept_case
     from opforge.fuzz.oracles import Judge
-    from opforge.loading import load_op
 
     spec = load_spec(FUZZ_OPS / f"{fixture}.yaml")
     if op:

@@ -17,6 +17,7 @@ import pytest
 from helpers import FIXTURES, REPO, requires_cuda
 from typer.testing import CliRunner
 
+from opforge.building.op import load_op
 from opforge.cli import app
 from opforge.core.child import describe_exit, stderr_excerpt
 from opforge.core.errors import SpecError, WorkerInternalError
@@ -36,7 +37,6 @@ from opforge.engine.isolated import (
 )
 from opforge.engine.plan import Filters, RunSettings
 from opforge.engine.protocol import Job, Loaded, TaskHeader
-from opforge.loading import load_op
 from opforge.spec.load import load_spec
 from opforge.spec.model import Regression
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES, describe, failures_by_check, run_spec
 
+from opforge.building.op import load_op
 from opforge.core.errors import SpecError
 from opforge.core.results import Status
-from opforge.loading import load_op
 from opforge.spec.load import load_spec
 
 ROUND3 = FIXTURES / "round3"

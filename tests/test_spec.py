@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 from helpers import FIXTURES, SPECS
 
+from opforge.building.op import load_op
 from opforge.core.errors import SpecError
-from opforge.loading import load_op
 from opforge.spec.load import load_spec
 
 VALID = """\

@@ -196,7 +196,7 @@ def test_mutated_specs_load_or_give_a_spec_error(workdir, mutation):
     spec = _assert_clean(workdir / name, text)
     if spec is None or name not in PYTHON_ONLY or not _same_code(spec, name):
         return
-    from opforge.loading import load_op
+    from opforge.building.op import load_op
 
     try:
         load_op(spec)

@@ -39,7 +39,7 @@ LAYERS = [
         "spec model",
         ["spec.model", "spec.reader", "spec.inputs", "spec.claims", "spec.bench", "spec.bytes_expr", "spec"],
     ),
-    ("inputs and building", ["cases", "build", "self_reference", "loading", "ops"]),
+    ("inputs and building", ["cases", "building", "ops"]),
     ("checks", ["checks"]),
     ("spec loading", ["spec.load", "spec.xfail", "spec.regressions"]),
     # The child processes of large_index and the sanitizer checks are entry points of their own: they load the spec
@@ -328,10 +328,10 @@ def toy_oracle(toy_check, monkeypatch):
 def test_a_check_that_judges_one_example_is_an_oracle_of_fuzz_through_the_catalog_alone(toy_oracle, tmp_path):
     """Its applicability comes from where `opforge check` takes it (the spec's checks), `--check` selects it by its
     name or a result's, its failure is its oracle's, and the spec's xfail entries declare it as they do for check."""
+    from opforge.building.op import load_op
     from opforge.cases.matrix import kept_case
     from opforge.fuzz.oracles import Judge
     from opforge.fuzz.search import oracles_for
-    from opforge.loading import load_op
     from opforge.spec.load import load_spec
     from opforge.spec.model import Regression
 

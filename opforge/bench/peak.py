@@ -45,7 +45,7 @@ def device_key(device: str, env: dict) -> str:
 
 
 def cache_file() -> Path:
-    from opforge.build import cache_root
+    from opforge.building.extension import cache_root
 
     return cache_root() / "bench" / "peak.json"
 

@@ -40,6 +40,7 @@ from opforge.bench.plan import (
     selected,
 )
 from opforge.bench.timing import Timing, TimingOptions, graph_input_copies, l2_bytes, time_callable
+from opforge.building.op import Implementation, LoadedOp
 from opforge.cases.arguments import CaseInputs, make_inputs
 from opforge.cases.compare import leaves
 from opforge.checks.base import CheckContext
@@ -50,7 +51,6 @@ from opforge.core.outcomes import short
 from opforge.core.results import Status
 from opforge.core.shard import shard_text
 from opforge.engine.tasks import apply_xfail, check_verdicts
-from opforge.loading import Implementation, LoadedOp
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def run_bench(
     `timer` replaces the timers (benchmarks/bench_fidelity.py times with do_bench)."""
     from opforge.bench.environment import fingerprint
     from opforge.bench.peak import peak_bandwidth
-    from opforge.loading import load_op
+    from opforge.building.op import load_op
 
     start = time.perf_counter()
     for spec in specs:

@@ -16,8 +16,8 @@ from opforge.spec.model import Input, OpSpec, layout_kind
 from opforge.spec.reader import Reader
 
 if TYPE_CHECKING:
+    from opforge.building.op import Implementation, LoadedOp
     from opforge.cases.matrix import Case
-    from opforge.loading import Implementation, LoadedOp
 
 
 @dataclass(frozen=True)

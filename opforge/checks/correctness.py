@@ -3,6 +3,7 @@ their dtype, shape and device too; inputs the schema does not declare mutable mu
 
 from __future__ import annotations
 
+from opforge.building.op import Implementation
 from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, OneExample, Outcomes, all_cases
 from opforge.checks.op_and_reference import (
@@ -19,7 +20,6 @@ from opforge.checks.op_and_reference import (
     outputs_of,
 )
 from opforge.core.outcomes import CheckFailure, CheckSkipped
-from opforge.loading import Implementation
 
 
 def correctness(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from opforge.building.op import Implementation, LoadedOp
 from opforge.cases.arguments import CaseInputs
 from opforge.cases.compare import EXACT, check_result
 from opforge.cases.matrix import Case
@@ -19,7 +20,6 @@ from opforge.checks.op_and_reference import (
     seeded_grad_outputs,
 )
 from opforge.core.outcomes import CheckFailure
-from opforge.loading import Implementation, LoadedOp
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from opforge.building.op import Implementation, LoadedOp
 from opforge.cases.arguments import CaseInputs
 from opforge.cases.compare import Rule, check_result, rule_for, tolerance_for
 from opforge.cases.matrix import Case, build_matrix
@@ -24,7 +25,6 @@ from opforge.checks.op_and_reference import (
     outputs_of,
 )
 from opforge.core.outcomes import CheckFailure, PassNote, ReferenceFailure
-from opforge.loading import Implementation, LoadedOp
 from opforge.spec.model import CASE_DTYPE, OpSpec, ScalarInput, Tolerance
 
 if TYPE_CHECKING:

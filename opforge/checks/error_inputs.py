@@ -5,12 +5,12 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
+from opforge.building.op import Implementation, LoadedOp
 from opforge.cases.arguments import argument_value, sample
 from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes
 from opforge.core.environment import device_unavailable
 from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, short
-from opforge.loading import Implementation, LoadedOp
 from opforge.spec.model import ErrorInput, OpSpec, ScalarInput
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from opforge.building.op import Implementation, LoadedOp
 from opforge.cases.compare import check_result, rule_for
 from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes
@@ -15,7 +16,6 @@ from opforge.checks.op_and_reference import (
     vector_jacobian_products,
 )
 from opforge.core.outcomes import CheckFailure, CheckSkipped
-from opforge.loading import Implementation, LoadedOp
 
 
 def grad_lowp(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:

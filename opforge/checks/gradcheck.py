@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from opforge.building.op import Implementation, LoadedOp
 from opforge.cases.arguments import CaseInputs
 from opforge.cases.compare import as_tuple, tolerance_for, worst_mismatch
 from opforge.cases.matrix import Case
@@ -31,7 +32,6 @@ from opforge.checks.op_and_reference import (
 )
 from opforge.core.outcomes import CheckFailure, short
 from opforge.core.results import Mismatch
-from opforge.loading import Implementation, LoadedOp
 from opforge.spec.model import Tolerance
 
 if TYPE_CHECKING:

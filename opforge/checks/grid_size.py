@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from opforge.building.op import Implementation, LoadedOp
 from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, SpecBeforeSections, SpecSection
 from opforge.checks.op_and_reference import (
@@ -35,7 +36,6 @@ from opforge.checks.op_and_reference import (
     outputs_of,
 )
 from opforge.core.outcomes import CheckFailure, CheckSkipped
-from opforge.loading import Implementation, LoadedOp
 from opforge.spec.model import OpSpec, TensorInput
 from opforge.spec.reader import Reader, read_shape
 

@@ -21,12 +21,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from opforge.building.op import Implementation, LoadedOp
 from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, Outcomes, SpecBeforeSections, SpecSection
 from opforge.core.child import describe_exit, entry_point, with_this_opforge
 from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
 from opforge.core.results import Status, mismatch_from_json
-from opforge.loading import Implementation, LoadedOp
 from opforge.spec.model import KNOWN_DTYPES, TensorInput
 from opforge.spec.reader import Reader, one_of, read_bool, read_shape
 

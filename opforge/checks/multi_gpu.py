@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from opforge.building.op import Implementation
 from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, all_cases
 from opforge.checks.op_and_reference import (
@@ -24,7 +25,6 @@ from opforge.checks.op_and_reference import (
     short,
 )
 from opforge.core.outcomes import CheckFailure, CheckSkipped
-from opforge.loading import Implementation
 
 if TYPE_CHECKING:
     import torch

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from opforge.building.op import NATIVE, Implementation, LoadedOp
 from opforge.cases.arguments import CaseInputs, make_inputs
 from opforge.cases.compare import Baseline, as_tuple, check_result, leaves, paired_leaves, returned_values, rule_for
 from opforge.cases.matrix import Case
 from opforge.core.outcomes import CheckFailure, PassDetail, ReferenceFailure, short
 from opforge.core.schema import return_names
-from opforge.loading import NATIVE, Implementation, LoadedOp
 from opforge.spec.model import FLOATING_DTYPES, OpSpec
 
 if TYPE_CHECKING:

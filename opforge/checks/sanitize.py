@@ -27,12 +27,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from opforge.building.op import Implementation, LoadedOp
 from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, OptIns, Outcomes, Runner
 from opforge.core.child import entry_point, with_this_opforge
 from opforge.core.errors import UsageError
 from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
-from opforge.loading import Implementation, LoadedOp
 from opforge.spec.model import FLOATING_DTYPES, layout_kind
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
@@ -90,7 +90,7 @@ def sanitizer_path() -> str | None:
     found = shutil.which("compute-sanitizer")
     if found:
         return found
-    from opforge.build import find_cuda_home
+    from opforge.building.extension import find_cuda_home
 
     home = find_cuda_home()
     candidate = home / "bin" / "compute-sanitizer" if home else None
@@ -231,7 +231,7 @@ def parse_reports(output: str) -> list[Report]:
 def _keep_log(op: str, implementation: str, tool: str, output: str) -> Path:
     """The tool's whole output, kept where a user can read every report (the last run of each op, implementation
     and tool)."""
-    from opforge.build import cache_root
+    from opforge.building.extension import cache_root
 
     path = cache_root() / "sanitize" / f"{op}-{implementation}-{tool}.log"
     path.parent.mkdir(parents=True, exist_ok=True)

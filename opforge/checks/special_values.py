@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from opforge.building.op import Implementation, LoadedOp
 from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, first_values
 from opforge.checks.op_and_reference import (
@@ -22,7 +23,6 @@ from opforge.checks.op_and_reference import (
     outputs_of,
 )
 from opforge.core.outcomes import PassNote
-from opforge.loading import Implementation, LoadedOp
 from opforge.spec.model import FLOATING_DTYPES
 
 if TYPE_CHECKING:

@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from opforge.building.op import Implementation, LoadedOp
 from opforge.cases.arguments import CaseInputs
 from opforge.cases.compare import Baseline, check_result, map_tensors, tolerance_for
 from opforge.cases.matrix import Case
@@ -50,7 +51,6 @@ from opforge.checks.op_and_reference import (
 )
 from opforge.core.cuda_spin import spin
 from opforge.core.outcomes import CheckFailure, PassNote
-from opforge.loading import Implementation, LoadedOp
 
 if TYPE_CHECKING:
     import torch

@@ -27,8 +27,8 @@ def build(
     """Compile (or find in the cache) the C++/CUDA sources of op specs."""
 
     def body() -> int:
-        from opforge.build import build, detect_toolchain
-        from opforge.loading import spec_build_plan
+        from opforge.building.extension import build, detect_toolchain
+        from opforge.building.op import spec_build_plan
         from opforge.reporters.terminal import render_builds
 
         rows = []

@@ -286,7 +286,7 @@ _PRELOADED = (
     "opforge.engine.tasks",
     "opforge.engine.worker",
     "opforge.core.environment",
-    "opforge.loading",
+    "opforge.building.op",
     "opforge.fuzz.worker",
     "opforge.fuzz.oracles",
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from opforge.building.op import LoadedOp
 from opforge.core.errors import OpforgeError
 from opforge.core.results import CaseResult, OpReport, RunReport, Status
 from opforge.engine.events import Events, progress_names
@@ -20,7 +21,6 @@ from opforge.engine.plan import (
     reported_results,
 )
 from opforge.engine.tasks import run_tasks, stops_run
-from opforge.loading import LoadedOp
 from opforge.spec.model import OpSpec
 
 

@@ -14,11 +14,11 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from opforge.building.op import LoadedOp
 from opforge.cases.arguments import argument_value
 from opforge.checks.large_index import Job, required_bytes
 from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, short
 from opforge.core.results import Status
-from opforge.loading import LoadedOp
 from opforge.spec.model import ScalarInput, Tolerance
 
 
@@ -71,7 +71,7 @@ def _summary(exc: Exception) -> str:
 def _child_run(job: Job, write: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     import torch
 
-    from opforge.loading import load_op
+    from opforge.building.op import load_op
     from opforge.spec.load import load_spec
 
     try:

@@ -18,10 +18,10 @@ from opforge.core.shard import Shard, owns
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:
-    from opforge.loading import Implementation, LoadedOp
+    from opforge.building.op import Implementation, LoadedOp
 
 DEFAULT_SEED = 0
-# The implementation name of the spec's op itself (opforge.loading.NATIVE, spelled here so planning stays
+# The implementation name of the spec's op itself (opforge.building.op.NATIVE, spelled here so planning stays
 # torch-free in a parent process).
 NATIVE = "native"
 # The result that stands for an op's loading (import, build, schema check) when it failed, crashed or hung.
@@ -155,7 +155,7 @@ class Plan:
 def load_checked(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[str], None] | None = None) -> LoadedOp:
     """The loaded op, after every check has refused a claim of the spec the op cannot honour (a SpecError): a
     claim is refused whether or not the check runs."""
-    from opforge.loading import load_op
+    from opforge.building.op import load_op
 
     loaded = load_op(spec, cuda_arch, on_step)
     for check in CATALOG:

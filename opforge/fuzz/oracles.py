@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from opforge.building.op import Implementation, LoadedOp
 from opforge.cases.arguments import CaseInputs
 from opforge.cases.compare import map_tensors
 from opforge.cases.matrix import Case, writes_special
@@ -35,7 +36,6 @@ from opforge.core.outcomes import CheckFailure, ReferenceFailure, short
 from opforge.core.results import Mismatch, Status, Verdict
 from opforge.engine.tasks import apply_xfail, check_verdicts
 from opforge.fuzz.verdict import CRASHED, OUTSIDE_DOMAIN, UNDECIDABLE
-from opforge.loading import Implementation, LoadedOp
 
 
 class Judge:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from opforge.building.op import NATIVE
 from opforge.cases.matrix import kept_case
 from opforge.checks.base import Check
 from opforge.checks.catalog import CATALOG
@@ -28,7 +29,6 @@ from opforge.fuzz.process import FuzzWorker
 from opforge.fuzz.save import repro_command
 from opforge.fuzz.space import Space, examples
 from opforge.fuzz.verdict import CRASHED, HUNG
-from opforge.loading import NATIVE
 from opforge.spec.model import OpSpec, Regression
 
 # Examples per hypothesis pass: small, so a pass ends soon after the budget does (~0.1 s an example here), large

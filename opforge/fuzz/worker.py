@@ -31,7 +31,7 @@ from opforge.core.errors import EXIT_FAILED, EXIT_INTERNAL, OpforgeError
 from opforge.core.results import strict_json
 
 if TYPE_CHECKING:
-    from opforge.loading import LoadedOp
+    from opforge.building.op import LoadedOp
 
 # A child's exit code after it reported a load error (an "error" event): nothing to judge, no child to fork again.
 _NOT_LOADED = 7
@@ -84,7 +84,7 @@ def _plan(job: dict[str, Any], channel: int) -> None:
 
 
 def _load(spec_path: str, cuda_arch: str | None) -> LoadedOp:
-    from opforge.loading import load_op
+    from opforge.building.op import load_op
     from opforge.spec.load import load_spec
 
     return load_op(load_spec(spec_path), cuda_arch)

@@ -3,7 +3,8 @@
 The calls of every process are merged in the order they were made, the first `max_calls` distinct ones of each op
 (overload) kept. Each spec is one `opforge check` and `opforge fuzz` run as written (docs/record.md): its schema from
 the registration, its samples the recorded calls (opforge.recorded), the dtypes and devices seen as claimed, no
-reference (the op itself on contiguous float64: opforge.self_reference), and a comment per key saying what to refine.
+reference (the op itself on contiguous float64: opforge.building.self_reference), and a comment per key saying what to
+refine.
 """
 
 from __future__ import annotations

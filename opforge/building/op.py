@@ -19,13 +19,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opforge.build import BuildPlan, BuildResult, Toolchain, build, detect_toolchain, plan_build
+from opforge.building.extension import BuildPlan, BuildResult, Toolchain, build, detect_toolchain, plan_build
+from opforge.building.self_reference import SelfReference
 from opforge.cases.arguments import SAME_VALUES_HINT, call_samples, same_value
 from opforge.cases.matrix import SAMPLE_NAME_KEY
 from opforge.core.errors import BuildError, SpecError
 from opforge.core.outcomes import short
 from opforge.core.schema import canonical, is_tensor_type
-from opforge.self_reference import SelfReference
 from opforge.spec.model import CASE_DTYPE, KNOWN_DTYPES, OpSpec, ScalarInput, TensorInput
 
 if TYPE_CHECKING:
@@ -66,7 +66,8 @@ class LoadedOp:
 
     @property
     def self_reference(self) -> SelfReference | None:
-        """The op itself as its reference, for a spec without `reference:` (opforge.self_reference); else None."""
+        """The op itself as its reference, for a spec without `reference:` (opforge.building.self_reference); else
+        None."""
         return self.reference if isinstance(self.reference, SelfReference) else None
 
     @property
