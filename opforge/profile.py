@@ -89,7 +89,7 @@ def profile_op(
     calls: int = CALLS,
     on_step: Callable[[str], None] | None = None,
 ) -> ProfileRun:
-    from opforge.engine.plan import load_checked
+    from opforge.loading.checked import load_checked
 
     if calls < 1:
         raise UsageError("--calls", "a number of calls >= 1", repr(calls), "Write e.g. --calls 10.")

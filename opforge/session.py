@@ -15,17 +15,9 @@ from typing import TYPE_CHECKING
 
 from opforge.core.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, OpforgeError
 from opforge.core.results import CaseResult, RunReport
-from opforge.engine.plan import (
-    Filters,
-    RunSettings,
-    Task,
-    check_context,
-    load_checked,
-    plan_op,
-    unasked_checks,
-    unlisted_checks,
-)
-from opforge.spec.load import load_spec
+from opforge.engine.plan import Filters, RunSettings, Task, check_context, plan_op, unasked_checks, unlisted_checks
+from opforge.loading.checked import load_checked
+from opforge.loading.spec import load_spec
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:

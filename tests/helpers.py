@@ -14,7 +14,7 @@ from opforge.building.op import load_op
 from opforge.core.results import OpReport, Status
 from opforge.engine.inprocess import run_op
 from opforge.engine.plan import Filters, RunSettings
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 
 # Absolute: every test runs in its own temporary directory (below).
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -411,7 +411,7 @@ def test_bytes_of_a_broadcasting_two_input_op():
     from opforge.bench.plan import BenchFilters, plan_points
     from opforge.building.op import load_op
     from opforge.cases.arguments import make_inputs
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     loaded = load_op(load_spec(SPECS / "custom_loss.yaml"))
     point = next(p for p in plan_points(loaded.spec, BenchFilters(), ("cpu",)) if "target=4096" in p.label)
@@ -438,7 +438,7 @@ def copy_fixture(tmp_path, name: str, edit=lambda text: text):
 
 def test_a_bytes_expression_using_a_gradient_in_fwd_is_refused_at_load(tmp_path):
     from opforge.core.errors import SpecError
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     path = copy_fixture(
         tmp_path,
@@ -501,7 +501,7 @@ def test_a_bytes_expression_failing_on_a_point_is_an_error_row(tmp_path, bytes_l
 def loaded_point(spec_path, mode: str = "fwd", sizes=(1024,)):
     from opforge.bench.plan import BenchFilters, plan_points
     from opforge.building.op import load_op
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     loaded = load_op(load_spec(spec_path))
     point = plan_points(loaded.spec, BenchFilters(sizes=sizes, modes=(mode,)), ("cpu",))[0]
@@ -762,7 +762,7 @@ def test_a_run_that_times_nothing_fails_and_says_why(tmp_path):
 def test_default_modes_are_fwd_only_without_an_input_that_requires_grad(tmp_path):
     from opforge.bench.plan import BenchFilters, selected
     from opforge.core.errors import UsageError
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     path = copy_fixture(
         tmp_path,

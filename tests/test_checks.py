@@ -13,7 +13,7 @@ from opforge.checks.dtypes import TRIED_DTYPES
 from opforge.core.results import Status
 from opforge.engine.plan import Filters, RunSettings, check_context, plan_op
 from opforge.engine.tasks import run_task
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 
 
 def test_declared_nondeterministic_op_skips_determinism(tmp_path):
@@ -334,7 +334,7 @@ def test_unclaimed_integer_dtype_keeps_a_pinned_index_input_for_the_reference():
 
 def test_vmap_claim_on_an_op_that_mutates_an_argument_is_a_spec_error(tmp_path):
     from opforge.core.errors import SpecError
-    from opforge.engine.plan import load_checked
+    from opforge.loading.checked import load_checked
 
     path = spec_variant(tmp_path, "scale_", "vmap: true\n")
     with pytest.raises(SpecError, match="vmap: true on an op that mutates x"):

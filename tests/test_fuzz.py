@@ -27,7 +27,7 @@ from opforge.fuzz.process import FuzzWorker
 from opforge.fuzz.save import save_regressions
 from opforge.fuzz.search import fuzz
 from opforge.fuzz.space import Space, examples
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 from opforge.spec.model import Regression
 
 FUZZ_OPS = FIXTURES / "fuzz_ops"

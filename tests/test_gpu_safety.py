@@ -150,7 +150,7 @@ def test_the_sanitizer_child_runs_with_the_caching_allocator_off_and_line_info()
 
 def test_an_elementwise_op_gets_a_grid_size_case_past_2_24_elements_and_others_need_shapes():
     from opforge.checks.grid_size import ELEMENTS, grid_shapes
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     assert ELEMENTS > 65_535 * 512 and ELEMENTS % 8
     assert grid_shapes(load_spec(FIXTURES / "good.yaml")) == (("x", (ELEMENTS,)),)
@@ -159,7 +159,7 @@ def test_an_elementwise_op_gets_a_grid_size_case_past_2_24_elements_and_others_n
 
 def test_grid_size_gives_a_2d_only_row_op_a_2d_case():
     from opforge.checks.grid_size import ELEMENTS, grid_shapes
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     # A row op listing 2-D shapes alone (its kernels refuse x.dim() != 2) got a 1-D case, which the op refuses (on an
     # H100 its worker died with SIGSEGV). Now its narrowest rows, [0, 16], grown past ELEMENTS and 65,535 rows.
@@ -178,7 +178,7 @@ def test_grid_size_grows_a_listed_shape_of_the_spec_s_own_rank():
 
 def test_grid_size_skips_saying_what_to_write_when_no_shape_is_shared():
     from opforge.checks.grid_size import grid_shapes, missing_shapes_message
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     spec = load_spec(FIXTURES / "real_ops" / "roi_pool_avg.yaml")
     assert grid_shapes(spec) is None
@@ -190,7 +190,7 @@ def test_grid_size_skips_saying_what_to_write_when_no_shape_is_shared():
 
 def test_a_grid_size_shape_must_be_past_2_24_elements(tmp_path):
     from opforge.core.errors import SpecError
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     (tmp_path / "broken_ops.py").write_text((FIXTURES / "broken_ops.py").read_text())
     path = tmp_path / "good.yaml"

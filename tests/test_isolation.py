@@ -37,7 +37,7 @@ from opforge.engine.isolated import (
 )
 from opforge.engine.plan import Filters, RunSettings
 from opforge.engine.protocol import Job, Loaded, TaskHeader
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 from opforge.spec.model import Regression
 
 # The quick tier (`pytest -m "not slow"`) leaves these out. Worker processes, each importing torch and loading an
@@ -672,7 +672,7 @@ def test_a_run_in_this_process_plans_as_many_results_as_it_reports():
     # opcheck (four results a task) read "28/7 results done".
     from opforge.core.results import RunReport
     from opforge.engine.inprocess import run_in_process
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     planned: dict[str, int] = {}
     reported: dict[str, int] = {}
@@ -695,7 +695,7 @@ def test_two_specs_of_one_op_keep_their_progress_apart(tmp_path, isolated):
     from opforge.core.results import RunReport
     from opforge.engine.inprocess import run_in_process
     from opforge.engine.isolated import run_isolated
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     narrow = tmp_path / "good_float32_only.yaml"
     narrow.write_text(

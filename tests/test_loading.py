@@ -207,7 +207,7 @@ def test_loading_imports_what_an_ops_first_call_would_so_the_first_case_is_timed
         import sys
         sys.path.insert(0, {str(FIXTURES)!r})
         from opforge.building.op import load_op
-        from opforge.spec.load import load_spec
+        from opforge.loading.spec import load_spec
         load_op(load_spec({str(FIXTURES / "good.yaml")!r}))
         print("torch._dynamo" in sys.modules)
         """

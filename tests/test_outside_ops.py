@@ -14,7 +14,7 @@ from helpers import FIXTURES, describe, failures_by_check, run_spec, variant_of
 from opforge.building.op import load_op
 from opforge.core.errors import SpecError
 from opforge.core.results import Status
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 
 OUTSIDE = FIXTURES / "outside_ops"
 

@@ -103,8 +103,8 @@ def test_an_input_with_its_own_layouts_stays_contiguous_in_the_others_cases():
 def test_a_generator_makes_valid_inputs_reproducible_from_the_case_seed():
     from opforge.cases.matrix import build_matrix
     from opforge.checks.op_and_reference import argument, inputs_for
-    from opforge.engine.plan import load_checked
-    from opforge.spec.load import load_spec
+    from opforge.loading.checked import load_checked
+    from opforge.loading.spec import load_spec
 
     loaded = load_checked(load_spec(REAL / "roi_pool_avg.yaml"))
     case = next(c for c in build_matrix(loaded.spec, ("float32",), ("cpu",)) if dict(c.shapes)["rois"] == (9, 5))

@@ -16,7 +16,7 @@ from opforge.cli import app
 from opforge.core.errors import SpecError
 from opforge.fuzz.options import FuzzOptions
 from opforge.fuzz.search import fuzz
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 
 ROUND3 = FIXTURES / "round3"
 runner = CliRunner()

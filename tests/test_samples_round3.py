@@ -15,7 +15,7 @@ from helpers import FIXTURES, describe, failures_by_check, run_spec
 from opforge.building.op import load_op
 from opforge.core.errors import SpecError
 from opforge.core.results import Status
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 
 ROUND3 = FIXTURES / "round3"
 _modules = itertools.count()

@@ -80,7 +80,7 @@ def test_a_float64_result_that_is_not_the_claimed_dtypes_result_is_not_the_refer
     """An op that reads float64 bytes as float32 (fbgemm's quantize does) runs in float64 but returns garbage there:
     the reference falls back to its claimed float32, and the dtypes check reports float64 as wrong values."""
     from opforge.building.op import load_op
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     loaded = load_op(load_spec(RECORD / "float32_only.yaml"))
     own = loaded.self_reference
@@ -98,7 +98,7 @@ def test_the_self_equal_predicate_needs_the_same_dtype_layout_and_offset():
     import torch
 
     from opforge.building.op import load_op
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     loaded = load_op(load_spec(RECORD / "reads_contiguous.yaml"))
     own = loaded.self_reference

@@ -14,7 +14,7 @@ from opforge.cli import app
 from opforge.core.shard import owns, parse_shard
 from opforge.engine.inprocess import run_op
 from opforge.engine.plan import Filters
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 
 # The quick tier (`pytest -m "not slow"`) leaves these out. Whole runs, sharded and merged.
 pytestmark = pytest.mark.slow

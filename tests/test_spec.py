@@ -9,7 +9,7 @@ from helpers import FIXTURES, SPECS
 
 from opforge.building.op import load_op
 from opforge.core.errors import SpecError
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 
 VALID = """\
 op: opforge_test::good

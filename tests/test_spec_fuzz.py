@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opforge.core.errors import OpforgeError, SpecError
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 
 # Bounded so CI stays fast. Derandomized: the same examples every run, so CI cannot fail on one it never saw
 # before (explore new ones locally with --hypothesis-seed=N; a seed also reproduces a failure).

@@ -7,7 +7,7 @@ import pytest
 from helpers import FIXTURES
 
 from opforge.core.errors import SpecError
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 
 VARIABLE = "OPFORGE_TEST_OPS_ROOT"
 

@@ -37,11 +37,11 @@ LAYERS = [
     ),
     (
         "spec model",
-        ["spec.model", "spec.reader", "spec.inputs", "spec.claims", "spec.bench", "spec.bytes_expr", "spec"],
+        ["spec"],
     ),
     ("inputs and building", ["cases", "building", "ops"]),
     ("checks", ["checks"]),
-    ("spec loading", ["spec.load", "spec.xfail", "spec.regressions"]),
+    ("spec loading", ["loading"]),
     # The child processes of large_index and the sanitizer checks are entry points of their own: they load the spec
     # like a worker does.
     ("engine", ["engine"]),
@@ -190,7 +190,7 @@ def test_a_check_added_to_the_catalog_alone_is_planned_run_reported_and_selectab
 
 
 def test_a_spec_may_list_a_check_the_catalog_knows(toy_check, tmp_path):
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     assert load_spec(_spec_listing(tmp_path, "correctness, toy")).checks == ("correctness", "toy")
 
@@ -211,8 +211,8 @@ def test_a_spec_may_list_a_check_the_catalog_knows(toy_check, tmp_path):
 def test_a_missing_or_unknown_outcome_is_an_error_row_never_a_pass(toy_check, outcomes, expected, tmp_path):
     from opforge.engine.inprocess import run_op
     from opforge.engine.plan import Filters
-    from opforge.engine.plan import load_checked as load
-    from opforge.spec.load import load_spec
+    from opforge.loading.checked import load_checked as load
+    from opforge.loading.spec import load_spec
 
     broken = replace(toy_check, run=lambda context, implementation, case: outcomes)
     CATALOG._checks["toy"] = broken
@@ -276,7 +276,7 @@ def test_a_check_brings_its_own_option_and_spec_section_to_the_cli_the_plugin_an
     bad.write_text(spec.read_text().replace("toy_loud: {level: 11}", "toy_loud:\n  level: -1"))
     bootstrap = _TOY_BOOTSTRAP.format(where=str(tmp_path))
     load_bad = (
-        "from opforge.spec.load import load_spec\n"
+        "from opforge.loading.spec import load_spec\n"
         f"try:\n    load_spec({str(bad)!r})\nexcept Exception as e:\n    print(e)\n"
     )
     done = subprocess.run(
@@ -332,7 +332,7 @@ def test_a_check_that_judges_one_example_is_an_oracle_of_fuzz_through_the_catalo
     from opforge.cases.matrix import kept_case
     from opforge.fuzz.oracles import Judge
     from opforge.fuzz.search import oracles_for
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
     from opforge.spec.model import Regression
 
     spec = load_spec(_spec_listing(tmp_path, "correctness, toy"))

@@ -15,9 +15,9 @@ import typer
 
 from opforge.checks.base import CheckOption, OptIns
 from opforge.core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, OpforgeError, UsageError
+from opforge.loading.spec import find_spec, list_specs
 from opforge.reporters import console as out
 from opforge.reporters.base import NotWritten, Reporter, ReportFormat
-from opforge.spec.load import find_spec, list_specs
 from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES
 
 # What a value looks like, for the help's type column. typer 0.29 (pyproject pins it) shows Python types there

@@ -28,10 +28,10 @@ from opforge.commands.app import (
 )
 from opforge.core.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, UsageError
 from opforge.core.shard import parse_shard
+from opforge.loading.spec import load_spec
 from opforge.reporters import BENCH_FORMATS
 from opforge.reporters import console as out
 from opforge.reporters.base import ReportFormat
-from opforge.spec.load import load_spec
 from opforge.spec.model import BENCH_LAYOUTS, BENCH_MODES, KNOWN_DEVICES, KNOWN_DTYPES
 
 

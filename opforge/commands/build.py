@@ -8,8 +8,8 @@ import typer
 
 from opforge.commands.app import CudaArch, app, guarded, spec_paths
 from opforge.core.errors import EXIT_OK, BuildError
+from opforge.loading.spec import load_spec
 from opforge.reporters import console as out
-from opforge.spec.load import load_spec
 
 
 @app.command()

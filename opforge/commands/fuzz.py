@@ -116,9 +116,9 @@ def fuzz(
     def body() -> int:
         from opforge.fuzz.search import fuzz as search
         from opforge.fuzz.search import oracles_for, replay
+        from opforge.loading.regressions import read_example
+        from opforge.loading.spec import load_spec
         from opforge.reporters.fuzz_report import Live, render_fuzz, render_replay
-        from opforge.spec.load import load_spec
-        from opforge.spec.regressions import read_example
 
         [spec_path] = spec_paths([op], False)
         spec = load_spec(spec_path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from opforge.commands.app import app, guarded
 from opforge.core.errors import EXIT_OK
-from opforge.spec.load import list_specs, load_spec
+from opforge.loading.spec import list_specs, load_spec
 
 
 @app.command("list")

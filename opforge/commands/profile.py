@@ -19,8 +19,8 @@ from opforge.commands.app import (
 )
 from opforge.commands.bench import bench_filters
 from opforge.core.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK
+from opforge.loading.spec import load_spec
 from opforge.reporters import console as out
-from opforge.spec.load import load_spec
 
 
 @app.command()

@@ -15,12 +15,12 @@ from opforge.engine.plan import (
     RunSettings,
     build_info,
     check_context,
-    load_checked,
     load_result,
     plan_op,
     reported_results,
 )
 from opforge.engine.tasks import run_tasks, stops_run
+from opforge.loading.checked import load_checked
 from opforge.spec.model import OpSpec
 
 

@@ -72,7 +72,7 @@ def _child_run(job: Job, write: Callable[[dict[str, Any]], None]) -> dict[str, A
     import torch
 
     from opforge.building.op import load_op
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     try:
         loaded = load_op(load_spec(job.spec), job.cuda_arch)

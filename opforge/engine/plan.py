@@ -152,18 +152,6 @@ class Plan:
     skipped: list[CaseResult] = field(default_factory=list)
 
 
-def load_checked(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[str], None] | None = None) -> LoadedOp:
-    """The loaded op, after every check has refused a claim of the spec the op cannot honour (a SpecError): a
-    claim is refused whether or not the check runs."""
-    from opforge.building.op import load_op
-
-    loaded = load_op(spec, cuda_arch, on_step)
-    for check in CATALOG:
-        if check.validate is not None:
-            check.validate(loaded)
-    return loaded
-
-
 def plan_op(loaded: LoadedOp, filters: Filters, settings: RunSettings) -> Plan:
     from opforge.core.environment import device_unavailable
 

@@ -19,8 +19,8 @@ def child_main(job_path: str) -> int:
     import torch
 
     from opforge.checks.op_and_reference import argument, inputs_for
-    from opforge.engine.plan import load_checked
-    from opforge.spec.load import load_spec
+    from opforge.loading.checked import load_checked
+    from opforge.loading.spec import load_spec
 
     job = Job(**json.loads(Path(job_path).read_text()))
     loaded = load_checked(load_spec(job.spec), job.cuda_arch)

@@ -63,9 +63,10 @@ def main() -> None:
 
 def run(job: Job, send: Send) -> None:
     from opforge.core.environment import environment
-    from opforge.engine.plan import build_info, check_context, load_checked, plan_op, reported_results
+    from opforge.engine.plan import build_info, check_context, plan_op, reported_results
     from opforge.engine.tasks import run_tasks
-    from opforge.spec.load import load_spec
+    from opforge.loading.checked import load_checked
+    from opforge.loading.spec import load_spec
 
     send(EnvironmentEvent(environment()))
     spec = load_spec(job.spec)

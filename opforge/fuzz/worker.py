@@ -85,7 +85,7 @@ def _plan(job: dict[str, Any], channel: int) -> None:
 
 def _load(spec_path: str, cuda_arch: str | None) -> LoadedOp:
     from opforge.building.op import load_op
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     return load_op(load_spec(spec_path), cuda_arch)
 

@@ -1,6 +1,6 @@
 """The spec model: what a YAML spec says, as frozen dataclasses, and the vocabulary specs are written in.
 
-Nothing here reads files or imports torch (opforge.spec.load builds these from YAML).
+Nothing here reads files or imports torch (opforge.loading.spec builds these from YAML).
 """
 
 from __future__ import annotations
