@@ -11,9 +11,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from opforge import doctor
 from opforge.cli import app
-from opforge.doctor import Verdict
+from opforge.tools import doctor
+from opforge.tools.doctor import Verdict
 
 runner = CliRunner()
 

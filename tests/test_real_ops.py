@@ -49,7 +49,7 @@ def _unexpected(report) -> list:
 def _crashes_on_number_messages() -> bool:
     """Whether this machine's toolchain kills a process whose TORCH_CHECK message formats a number (`opforge doctor`'s
     probe; seen on the H200 image): a third-party op's error path then crashes, through no fault of opforge's."""
-    from opforge import doctor
+    from opforge.tools import doctor
 
     return doctor._extension_messages().verdict == doctor.Verdict.WARN
 

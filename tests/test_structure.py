@@ -31,7 +31,6 @@ LAYERS = [
         [
             "core",
             "__init__",
-            "record.hook",
             "recorded",
         ],
     ),
@@ -47,7 +46,7 @@ LAYERS = [
     ("engine", ["engine"]),
     ("bench", ["bench"]),
     ("fuzz", ["fuzz"]),
-    ("tools", ["doctor", "scaffold", "profile", "merge", "scan", "record"]),
+    ("tools", ["tools"]),
     ("reporters", ["reporters"]),
     # One run session for every front end: the CLI runs whole selections through it, the pytest plugin a task at a time.
     ("session", ["session"]),

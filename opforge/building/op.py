@@ -109,7 +109,7 @@ def load_op(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[str],
 
 def _pause_recording() -> None:
     """A process that checks an op is opforge's, not a recorded program's: under `opforge record` (its hook
-    module loaded at startup), its calls are not recorded (opforge.record.hook)."""
+    module loaded at startup), its calls are not recorded (opforge.tools.record.hook)."""
     recording = sys.modules.get("_opforge_record_hook")
     if recording is not None:
         recording.pause()

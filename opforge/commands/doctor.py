@@ -31,8 +31,8 @@ def doctor(
     """
 
     def body() -> int:
-        from opforge.doctor import diagnose
         from opforge.reporters.doctor_terminal import render_diagnosis
+        from opforge.tools.doctor import diagnose
 
         diagnosis = diagnose(build_probes)
         render_diagnosis(diagnosis)

@@ -39,8 +39,14 @@ def merge_reports(
     def body() -> int:
         from opforge.core.files import write_atomically
         from opforge.core.results import dumps_json
-        from opforge.merge import BENCH, check_kinds_and_shards, merge_bench_reports, merge_check_reports, read_report
         from opforge.reporters.terminal import TerminalReport
+        from opforge.tools.merge import (
+            BENCH,
+            check_kinds_and_shards,
+            merge_bench_reports,
+            merge_check_reports,
+            read_report,
+        )
 
         read = [read_report(path) for path in paths]
         if check_kinds_and_shards(read) == BENCH:

@@ -34,7 +34,7 @@ def new(
     """
 
     def body() -> int:
-        from opforge.scaffold import scaffold
+        from opforge.tools.scaffold import scaffold
 
         result = scaffold(name, directory or Path(name), stage, namespace)
         for path in result.written:

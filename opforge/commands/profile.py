@@ -52,8 +52,8 @@ def profile(
         import json
 
         from opforge.core.files import write_atomically
-        from opforge.profile import profile_op
         from opforge.reporters.profile_terminal import render_profile
+        from opforge.tools.profile import profile_op
 
         filters = bench_filters(device, dtype, mode, contender, sizes, seed)
         [spec_path] = spec_paths([op], False)

@@ -52,7 +52,7 @@ def scan(
         from opforge.core.files import write_atomically
         from opforge.reporters.lastfailed import last_runs
         from opforge.reporters.scan_terminal import render_scan
-        from opforge.scan import scan as scan_namespace
+        from opforge.tools.scan import scan as scan_namespace
 
         result = scan_namespace(namespace, imports, specs_dir, last_runs(Path.cwd()) if specs_dir else None)
         render_scan(result)

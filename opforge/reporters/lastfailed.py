@@ -16,7 +16,7 @@ from opforge.core.files import write_atomically
 from opforge.core.results import OpReport, RunReport
 from opforge.engine.plan import LOAD_CHECK, Filters, load_result_id
 from opforge.reporters.base import Reporter
-from opforge.scan import LastRun
+from opforge.tools.scan import LastRun
 
 STORE = Path(".opforge") / "lastfailed.json"
 
