@@ -29,7 +29,7 @@ def build(
     def body() -> int:
         from opforge.building.extension import build, detect_toolchain
         from opforge.building.op import spec_build_plan
-        from opforge.reporters.terminal import render_builds
+        from opforge.reporters.build_terminal import render_builds
 
         rows = []
         for path in spec_paths(ops or [], all_specs=not ops):

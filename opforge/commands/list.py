@@ -12,7 +12,7 @@ def list_() -> None:
     """List the bundled op specs."""
 
     def body() -> int:
-        from opforge.reporters.terminal import render_spec_list
+        from opforge.reporters.list_terminal import render_spec_list
 
         rows = []
         for path in list_specs():

@@ -5,6 +5,8 @@ Formats of `opforge check`: `terminal` (always), `json_report`, `junit`, `markdo
 `--last-failed` reruns). Of `opforge bench`: `bench_terminal` (always), `json_report`, `junit`, `csv_report`, `plot`.
 Of `opforge fuzz`: `fuzz_report` (the terminal and its own JSON), `junit`, `markdown`. JUnit and Markdown render a
 results.RunReport; bench and fuzz give theirs (BenchRun.run_report, FuzzReport.run_report).
+The other commands' terminal output, one module per thing rendered: `list_terminal`, `build_terminal`,
+`doctor_terminal`, `profile_terminal`, `scan_terminal`.
 `console` owns the rich Console; `base` says what a reporter and a file format are.
 """
 
