@@ -49,7 +49,7 @@ LAYERS = [
     ("tools", ["tools"]),
     ("reporters", ["reporters"]),
     # One run session for every front end: the CLI runs whole selections through it, the pytest plugin a task at a time.
-    ("session", ["session"]),
+    ("session", ["run"]),
     ("commands", ["cli", "commands", "pytest_plugin", "__main__"]),
 ]
 

@@ -12,7 +12,7 @@ from opforge.core.errors import EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, UsageErro
 from opforge.reporters import CHECK_FORMATS
 from opforge.reporters import console as out
 from opforge.reporters.base import ReportFormat
-from opforge.session import exit_code
+from opforge.run.session import exit_code
 
 
 @app.command("merge-reports")
