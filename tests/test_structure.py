@@ -1,6 +1,7 @@
-"""The structure opforge keeps: no import cycles, lower layers never import higher ones, a check is one object that the
-catalog alone makes known to the spec loader, the engine, every report format and `--check`, and a check's outcomes
-are checked against the result names it declares."""
+"""The structure opforge keeps: a folder per layer (every module in one, but the named entry points), no import
+cycles, lower layers never import higher ones, a check is one object that the catalog alone makes known to the spec
+loader, the engine, every report format and `--check`, and a check's outcomes are checked against the result names it
+declares."""
 
 from __future__ import annotations
 
@@ -23,35 +24,34 @@ from opforge.core.results import Status
 
 PACKAGE = REPO / "opforge"
 
-# Each module's layer: a module may import its own layer and those below, never above. Top-level modules and
-# packages are named; a package's modules share its layer unless named on their own.
+# The layers, bottom first, one package (a folder of opforge/) each: a module's layer is its folder's, and it may
+# import its own layer and those below, never above (docs/architecture.md says what lives in each).
 LAYERS = [
-    (
-        "vocabulary",
-        [
-            "core",
-            "__init__",
-            "recorded",
-        ],
-    ),
-    (
-        "spec model",
-        ["spec"],
-    ),
-    ("inputs and building", ["cases", "building", "ops"]),
-    ("checks", ["checks"]),
-    ("spec loading", ["loading"]),
-    # The child processes of large_index and the sanitizer checks are entry points of their own: they load the spec
-    # like a worker does.
-    ("engine", ["engine"]),
-    ("bench", ["bench"]),
-    ("fuzz", ["fuzz"]),
-    ("tools", ["tools"]),
-    ("reporters", ["reporters"]),
-    # One run session for every front end: the CLI runs whole selections through it, the pytest plugin a task at a time.
-    ("session", ["run"]),
-    ("commands", ["cli", "commands", "pytest_plugin", "__main__"]),
+    "core",
+    "spec",
+    "cases",
+    "building",
+    "ops",
+    "checks",
+    "loading",
+    "engine",
+    "bench",
+    "fuzz",
+    "tools",
+    "reporters",
+    "run",
+    "commands",
 ]
+# The only modules at the top of opforge/, outside every layer's folder: the package itself and the entry points that
+# something outside opforge names by path (pyproject.toml's console script and pytest11 plugin, `python -m opforge`,
+# the `opforge.recorded:samples` that `opforge record` writes into users' specs), each with the layer it belongs to.
+ENTRY_POINTS = {
+    "__init__": "core",
+    "recorded": "core",
+    "cli": "commands",
+    "__main__": "commands",
+    "pytest_plugin": "commands",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -80,13 +80,20 @@ def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
 
 
 def _layer(module: str) -> int:
-    best = None
-    for index, (_, names) in enumerate(LAYERS):
-        for prefix in names:
-            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
-                best = (index, len(prefix))
-    assert best is not None, f"{module} is in no layer: add it to LAYERS"
-    return best[0]
+    """The index in LAYERS of a module's layer: its top folder's, or the one its entry point is named with."""
+    layer = ENTRY_POINTS.get(module, module.split(".")[0])
+    assert layer in LAYERS, f"{module} is in no layer's folder"
+    return LAYERS.index(layer)
+
+
+def test_every_module_is_in_a_layer_folder_or_a_named_entry_point():
+    modules = _modules()
+    loose = sorted(m for m in modules if "." not in m and m not in LAYERS and m not in ENTRY_POINTS)
+    assert not loose, f"modules at the top of opforge/, in no layer: {loose} (move each into its layer's folder)"
+    folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and any(p.rglob("*.py")))
+    assert folders == sorted(LAYERS), "every folder of Python modules under opforge/ is one layer of LAYERS"
+    assert all((PACKAGE / layer / "__init__.py").is_file() for layer in LAYERS)
+    assert all((PACKAGE / f"{name}.py").is_file() for name in ENTRY_POINTS)
 
 
 def test_no_module_imports_one_that_imports_it_back():
@@ -109,7 +116,7 @@ def test_no_module_imports_one_that_imports_it_back():
 def test_no_lower_layer_imports_a_higher_one():
     edges = _imports(_modules())
     upward = [
-        f"{a} ({LAYERS[_layer(a)][0]}) imports {b} ({LAYERS[_layer(b)][0]})"
+        f"{a} ({LAYERS[_layer(a)]}) imports {b} ({LAYERS[_layer(b)]})"
         for a, targets in edges.items()
         for b in targets
         if _layer(b) > _layer(a)
