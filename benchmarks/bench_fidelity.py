@@ -194,7 +194,7 @@ def do_bench_medians(
     from opforge.bench.plan import BenchFilters, parse_sizes
     from opforge.bench.runner import run_bench
     from opforge.bench.timing import Timing, TimingOptions, host_launch_seconds
-    from opforge.spec.load import find_spec, load_spec
+    from opforge.loading.spec import find_spec, load_spec
 
     def timer(call, device, options, reset) -> Timing:
         if reset is not None:  # do_bench has no hook between reps to restore the arguments

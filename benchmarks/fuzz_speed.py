@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO))
 
 from opforge.fuzz.options import FuzzOptions  # noqa: E402
 from opforge.fuzz.search import fuzz  # noqa: E402
-from opforge.spec.load import load_spec  # noqa: E402
+from opforge.loading.spec import load_spec  # noqa: E402
 
 FIXTURES = ("doubles_short_tail", "logsumexp_naive", "row_sum_scratch", "row_max_buffered")
 

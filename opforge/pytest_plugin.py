@@ -20,16 +20,16 @@ import pytest
 
 from opforge.checks.base import CheckContext, OptIns
 from opforge.checks.catalog import CATALOG
-from opforge.errors import OpforgeError
-from opforge.results import CaseResult, Status, failure_text
+from opforge.core.errors import OpforgeError
+from opforge.core.results import CaseResult, Status, failure_text
 from opforge.spec.model import SPEC_SUFFIXES
 
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr, TracebackStyle
 
+    from opforge.building.op import LoadedOp
     from opforge.engine.plan import Filters, Task
-    from opforge.loading import LoadedOp
-    from opforge.session import RunOptions
+    from opforge.run.session import RunOptions
 
 # The loaded ops and the results of the tasks run so far, for this process.
 _SESSION = pytest.StashKey["_Session"]()
@@ -56,7 +56,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "opforge: a test item collected from an opforge spec")
     from opforge.engine.plan import RunSettings
-    from opforge.session import RunOptions
+    from opforge.run.session import RunOptions
 
     # In this process: pytest is the runner (pytest-xdist its workers, pytest-timeout its time limit).
     settings = RunSettings(seed=config.getoption("opforge_seed"), opt_ins=_opt_ins(config))
@@ -83,7 +83,7 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
 
 @dataclass
 class _Session:
-    """The run session's task-at-a-time side (opforge.session), with what this process loaded and ran so far."""
+    """The run session's task-at-a-time side (opforge.run.session), with what this process loaded and ran so far."""
 
     options: RunOptions
     # Each loaded op with what its items run with (context.loaded is the op).
@@ -95,7 +95,7 @@ class _Session:
         return self.options.filters
 
     def load(self, path: Path) -> LoadedOp:
-        from opforge import session
+        from opforge.run import session
 
         if path not in self.contexts:
             self.contexts[path] = session.context(session.load(path, self.options), self.options)
@@ -103,7 +103,7 @@ class _Session:
 
     def result(self, path: Path, index: int, task: Task, name: str) -> CaseResult:
         """Runs a task once per process; its other results (opcheck's sub-tests) come from the cache."""
-        from opforge import session
+        from opforge.run import session
 
         key = (path, index)
         if key not in self.results:
@@ -113,8 +113,8 @@ class _Session:
 
 class SpecFile(pytest.File):
     def collect(self) -> Iterator[pytest.Collector]:
-        from opforge import session as run_session
         from opforge.engine.plan import reported_results
+        from opforge.run import session as run_session
 
         session = self.config.stash[_SESSION]
         try:

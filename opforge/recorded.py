@@ -20,7 +20,7 @@ from typing import Any
 
 # A calls file is a zip archive (stored, not compressed): INDEX, a JSON object {"format": CALLS_FORMAT, "op",
 # "overload", "schema", "calls": N}, and call0.pt ... call{N-1}.pt, each a torch.save of one call's dict
-# {"arguments": {name: encoded value}, ...} (opforge.record.hook.encode; docs/record.md, "The calls file").
+# {"arguments": {name: encoded value}, ...} (opforge.tools.record.hook.encode; docs/record.md, "The calls file").
 CALLS_FORMAT = "opforge-recorded-calls/1"
 INDEX = "index.json"
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from opforge.building.op import load_op
+from opforge.core.results import OpReport, Status
 from opforge.engine.inprocess import run_op
 from opforge.engine.plan import Filters, RunSettings
-from opforge.loading import load_op
-from opforge.results import OpReport, Status
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 
 # Absolute: every test runs in its own temporary directory (below).
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -61,8 +61,8 @@ def run_spec_isolated(path: Path, **selection) -> OpReport:
     """run_spec in worker processes, for ops that break the process they run in: a CUDA fault such as a misaligned
     address is sticky (every later CUDA call of the process fails), and two copies of one TORCH_LIBRARY namespace
     cannot be loaded into one process. The workers start afresh after a fault, as `opforge check` does."""
+    from opforge.core.results import RunReport
     from opforge.engine.isolated import Isolation, run_isolated
-    from opforge.results import RunReport
 
     run = RunReport(environment={})
     run_isolated([load_spec(path)], *_split(selection), Isolation(), run)
@@ -81,7 +81,7 @@ def failures_by_check(report: OpReport, implementation: str = "native") -> dict[
 
 def describe(results) -> str:
     """Failure text for assertion messages: every failing result with its worst mismatch."""
-    from opforge.results import failure_text
+    from opforge.core.results import failure_text
 
     return "\n\n".join(f"{r.full_id}: {r.status.value}\n{failure_text(r)}" for r in results)
 

@@ -414,9 +414,9 @@ def test_cpu_copy_peak_is_a_real_measurement():
 def test_bytes_of_a_broadcasting_two_input_op():
     from opforge.bench.bytes import bytes_moved
     from opforge.bench.plan import BenchFilters, plan_points
-    from opforge.cases import make_inputs
-    from opforge.loading import load_op
-    from opforge.spec.load import load_spec
+    from opforge.building.op import load_op
+    from opforge.cases.arguments import make_inputs
+    from opforge.loading.spec import load_spec
 
     loaded = load_op(load_spec(SPECS / "custom_loss.yaml"))
     point = next(p for p in plan_points(loaded.spec, BenchFilters(), ("cpu",)) if "target=4096" in p.label)
@@ -442,8 +442,8 @@ def copy_fixture(tmp_path, name: str, edit=lambda text: text):
 
 
 def test_a_bytes_expression_using_a_gradient_in_fwd_is_refused_at_load(tmp_path):
-    from opforge.errors import SpecError
-    from opforge.spec.load import load_spec
+    from opforge.core.errors import SpecError
+    from opforge.loading.spec import load_spec
 
     path = copy_fixture(
         tmp_path,
@@ -505,8 +505,8 @@ def test_a_bytes_expression_failing_on_a_point_is_an_error_result(tmp_path, byte
 
 def loaded_point(spec_path, mode: str = "fwd", sizes=(1024,)):
     from opforge.bench.plan import BenchFilters, plan_points
-    from opforge.loading import load_op
-    from opforge.spec.load import load_spec
+    from opforge.building.op import load_op
+    from opforge.loading.spec import load_spec
 
     loaded = load_op(load_spec(spec_path))
     point = plan_points(loaded.spec, BenchFilters(sizes=sizes, modes=(mode,)), ("cpu",))[0]
@@ -644,7 +644,7 @@ def test_a_contender_raising_while_verified_or_timed_costs_its_result(tmp_path, 
 
     from opforge.bench import runner as bench_runner
     from opforge.checks.catalog import CATALOG
-    from opforge.outcomes import CheckSkipped
+    from opforge.core.outcomes import CheckSkipped
 
     real_check, real_timer = CATALOG.get("correctness").run, bench_runner.time_callable
 
@@ -766,8 +766,8 @@ def test_a_run_that_times_nothing_fails_and_says_why(tmp_path):
 
 def test_default_modes_are_fwd_only_without_an_input_that_requires_grad(tmp_path):
     from opforge.bench.plan import BenchFilters, selected
-    from opforge.errors import UsageError
-    from opforge.spec.load import load_spec
+    from opforge.core.errors import UsageError
+    from opforge.loading.spec import load_spec
 
     path = copy_fixture(
         tmp_path,
@@ -1110,7 +1110,7 @@ class _Recorded(Events):
 def test_a_bench_run_reports_through_the_one_declaration_of_events():
     from opforge.bench.plan import BenchFilters
     from opforge.bench.runner import run_bench
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     recorded = _Recorded()
     filters = BenchFilters(dtypes=("float32",), modes=("fwd",), sizes=(64,), contenders=("scaled",))
@@ -1130,8 +1130,8 @@ def test_a_bench_run_reports_through_the_one_declaration_of_events():
 def test_a_bench_task_that_fails_still_ends_for_its_subscribers(tmp_path):
     from opforge.bench.plan import BenchFilters
     from opforge.bench.runner import run_bench
-    from opforge.errors import OpforgeError
-    from opforge.spec.load import load_spec
+    from opforge.core.errors import OpforgeError
+    from opforge.loading.spec import load_spec
 
     # The spinner of a load that raises must stop: task_finished follows task_started whatever happens in it.
     path = copy_fixture(tmp_path, "bench_good.yaml", lambda text: text.replace("bench_ops:scaled", "bench_ops:gone"))

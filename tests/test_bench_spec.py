@@ -7,10 +7,10 @@ import shutil
 import pytest
 from helpers import FIXTURES, SPECS
 
-from opforge.errors import SpecError
-from opforge.schema import return_names
+from opforge.core.errors import SpecError
+from opforge.core.schema import return_names
+from opforge.loading.spec import load_spec
 from opforge.spec.bytes_expr import ExpressionError, TensorSize, evaluate, parse
-from opforge.spec.load import load_spec
 
 BASE = """\
 op: opforge_test::good

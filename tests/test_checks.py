@@ -7,13 +7,13 @@ import math
 import pytest
 from helpers import FIXTURES, REPO, describe, failures_by_check, requires_cuda, run_spec, spec_variant
 
+from opforge.building.op import load_op
 from opforge.checks.base import OptIns
 from opforge.checks.dtypes import TRIED_DTYPES
+from opforge.core.results import Status
 from opforge.engine.plan import Filters, RunSettings, check_context, plan_op
 from opforge.engine.tasks import run_task
-from opforge.loading import load_op
-from opforge.results import Status
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 
 
 def test_declared_nondeterministic_op_skips_determinism(tmp_path):
@@ -163,7 +163,7 @@ def test_an_op_returning_fewer_values_than_expected_fails_instead_of_comparing_f
     import torch
 
     from opforge.checks.op_and_reference import paired
-    from opforge.outcomes import CheckFailure
+    from opforge.core.outcomes import CheckFailure
 
     loaded = load_op(load_spec(FIXTURES / "good.yaml"))
     with pytest.raises(CheckFailure, match=r"outputs: expected 2 value\(s\) \(the schema's returns\), got 1\."):
@@ -333,8 +333,8 @@ def test_unclaimed_integer_dtype_keeps_a_pinned_index_input_for_the_reference():
 
 
 def test_vmap_claim_on_an_op_that_mutates_an_argument_is_a_spec_error(tmp_path):
-    from opforge.engine.plan import load_checked
-    from opforge.errors import SpecError
+    from opforge.core.errors import SpecError
+    from opforge.loading.checked import load_checked
 
     path = spec_variant(tmp_path, "scale_", "vmap: true\n")
     with pytest.raises(SpecError, match="vmap: true on an op that mutates x"):
@@ -357,7 +357,7 @@ no_cuda = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="th
 
 def _planned(path, check, devices=("cpu", "cuda")):
     """The cases `check` would run for the spec's op if these devices were all available."""
-    from opforge.cases import build_matrix
+    from opforge.cases.matrix import build_matrix
     from opforge.checks.catalog import CATALOG
 
     loaded = load_op(load_spec(path))
@@ -408,7 +408,7 @@ def test_multi_gpu_is_skipped_with_a_reason_without_cuda(fixture):
 
 def test_multi_gpu_with_one_gpu_skips_and_says_why():
     from opforge.checks.multi_gpu import far_device
-    from opforge.outcomes import CheckSkipped
+    from opforge.core.outcomes import CheckSkipped
 
     for visible in (0, 1):
         with pytest.raises(CheckSkipped, match=f"needs 2 GPUs .*, {visible} visible"):
@@ -420,7 +420,7 @@ def test_multi_gpu_flags_a_result_on_another_device_than_the_inputs():
     import torch
 
     from opforge.checks.multi_gpu import require_device
-    from opforge.outcomes import CheckFailure
+    from opforge.core.outcomes import CheckFailure
 
     require_device("result", torch.ones(3), torch.device("cpu"))
     wrong_device = r"expected the result on the input's device cpu, got one on meta.*CUDAGuard"
@@ -433,7 +433,7 @@ def test_multi_gpu_moves_inputs_with_their_exact_strides(layout):
     # expanded (stride 0): found by `opforge fuzz --device cuda`, whose devices oracle could not copy one.
     import torch
 
-    from opforge.cases import CaseInputs, in_layout
+    from opforge.cases.arguments import CaseInputs, in_layout
     from opforge.checks.op_and_reference import on_device
 
     x = in_layout(torch.arange(35.0, dtype=torch.float64).reshape(5, 7), layout, torch.float32, "cpu")
@@ -546,7 +546,7 @@ def _small_index_limit() -> int:
 
 
 def _small_index_job(implementation, shape=(10_000,)):
-    from opforge.engine.protocol import LargeIndexJob
+    from opforge.core.protocol import LargeIndexJob
 
     return LargeIndexJob(
         spec=str(FIXTURES / "wrong_past_limit.yaml"),
@@ -565,7 +565,7 @@ def _small_index_job(implementation, shape=(10_000,)):
 def test_large_index_child_compares_the_elements_past_the_boundary(tmp_path, monkeypatch):
     from opforge.checks.large_index import run_in_child
 
-    # The child starts as the engine's workers do (opforge.child): an `opforge/` in the cwd does not shadow opforge
+    # The child starts as the engine's workers do (opforge.core.child): an `opforge/` in the cwd does not shadow opforge
     # (`python -m` put the cwd first, and this child then died before it ran the op).
     (tmp_path / "opforge").mkdir()
     (tmp_path / "opforge" / "__init__.py").write_text("raise SystemExit('the cwd shadowed opforge')\n")
@@ -596,7 +596,7 @@ def test_large_index_child_fails_an_output_shorter_than_the_inputs():
 @pytest.mark.slow
 def test_large_index_child_that_runs_out_of_memory_in_the_op_is_skipped():
     from opforge.checks.large_index import run_in_child
-    from opforge.outcomes import CheckSkipped
+    from opforge.core.outcomes import CheckSkipped
 
     with pytest.raises(CheckSkipped, match="out of memory on cpu while the op ran"):
         run_in_child(_small_index_job("oom"))
@@ -607,7 +607,7 @@ def test_large_index_child_that_breaks_outside_the_op_is_an_error_with_where():
     from dataclasses import replace
 
     from opforge.checks.large_index import run_in_child
-    from opforge.outcomes import ReferenceFailure
+    from opforge.core.outcomes import ReferenceFailure
 
     with pytest.raises(ReferenceFailure, match=r"child process failed: StopIteration.*\(at large_index_child.py:\d+"):
         run_in_child(replace(_small_index_job("good"), implementation="no_such_implementation"))
@@ -625,7 +625,7 @@ def test_large_index_child_time_limit_fits_in_the_task_s_limit():
 @pytest.mark.slow
 def test_large_index_child_skips_when_memory_is_short():
     from opforge.checks.large_index import run_in_child
-    from opforge.outcomes import CheckSkipped
+    from opforge.core.outcomes import CheckSkipped
 
     with pytest.raises(CheckSkipped, match="not enough memory on cpu"):
         run_in_child(_small_index_job("good", shape=(2**45,)))
@@ -633,8 +633,8 @@ def test_large_index_child_skips_when_memory_is_short():
 
 def test_large_index_child_that_hangs_or_dies_early_is_reported():
     from opforge.checks.large_index import verdict
-    from opforge.engine.protocol import Running
-    from opforge.outcomes import ReferenceFailure
+    from opforge.core.outcomes import ReferenceFailure
+    from opforge.core.protocol import Running
 
     hung = verdict([Running()], None, "", 600)
     assert "did not finish within 600 s" in hung.message
@@ -644,8 +644,8 @@ def test_large_index_child_that_hangs_or_dies_early_is_reported():
 
 def test_a_large_index_child_that_dies_in_the_middle_of_a_message_is_judged_by_what_it_said_last():
     from opforge.checks.large_index import verdict
-    from opforge.engine.protocol import Outcome, Running, decode_stream, encode
-    from opforge.results import Status, Verdict
+    from opforge.core.protocol import Outcome, Running, decode_stream, encode
+    from opforge.core.results import Status, Verdict
 
     said = (encode(Running()) + encode(Outcome(Verdict(Status.PASS)))[:12]).encode()
     messages, cut = decode_stream(said)

@@ -12,11 +12,8 @@ from helpers import FIXTURES, in_process
 from typer.testing import CliRunner
 
 from opforge.cli import app
-from opforge.engine.plan import Filters
-from opforge.files import write_atomically
-from opforge.reporters.lastfailed import STORE, record, recorded
-from opforge.reporters.markdown import MAX_FAILURES, render_markdown
-from opforge.results import (
+from opforge.core.files import write_atomically
+from opforge.core.results import (
     CaseResult,
     Mismatch,
     OpReport,
@@ -26,6 +23,9 @@ from opforge.results import (
     result_from_json,
     result_json,
 )
+from opforge.engine.plan import Filters
+from opforge.reporters.lastfailed import STORE, record, recorded
+from opforge.reporters.markdown import MAX_FAILURES, render_markdown
 
 runner = CliRunner()
 

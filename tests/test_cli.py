@@ -14,7 +14,7 @@ from helpers import FIXTURES, REPO, in_process
 from typer.testing import CliRunner
 
 from opforge.cli import app
-from opforge.results import JSON_SCHEMA_VERSION
+from opforge.core.results import JSON_SCHEMA_VERSION
 
 runner = CliRunner()
 
@@ -223,8 +223,8 @@ def test_a_check_run_that_ends_in_an_error_leaves_no_heartbeat_printing(monkeypa
     """The run's heartbeat (a thread, without a terminal) stops however the run ends, not only when it completes."""
     import threading
 
+    from opforge.core.errors import OpforgeError
     from opforge.engine import inprocess
-    from opforge.errors import OpforgeError
 
     def fail(*args, **kwargs):
         raise OpforgeError("the run failed: expected it to. Nothing to do.")

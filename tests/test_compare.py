@@ -1,5 +1,5 @@
-"""The comparison rules themselves (opforge/compare.py): the fixed tolerance, and the low-precision rule that lets a
-composite round as often as eager PyTorch does, but no worse."""
+"""The comparison rules themselves (opforge/cases/compare.py): the fixed tolerance, and the low-precision rule that lets
+a composite round as often as eager PyTorch does, but no worse."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from opforge import compare
-from opforge.compare import Baseline, Rule, check_result
-from opforge.outcomes import CheckFailure
+from opforge.cases import compare
+from opforge.cases.compare import Baseline, Rule, check_result
+from opforge.core.outcomes import CheckFailure
 from opforge.spec.model import Tolerance
 
 torch = pytest.importorskip("torch")

@@ -6,7 +6,7 @@ import shutil
 
 from helpers import FIXTURES, describe, run_spec
 
-from opforge.results import Status
+from opforge.core.results import Status
 
 MIN_TWO = FIXTURES / "unbacked_min_two.yaml"
 
@@ -29,7 +29,7 @@ def test_the_same_op_with_a_minimum_of_zero_passes_compile(tmp_path):
 
 
 def test_other_compile_errors_get_no_size_hint():
-    from opforge.outcomes import unbacked_size_hint
+    from opforge.core.outcomes import unbacked_size_hint
 
     # A guard in the compiled code itself (a branch on a data-dependent value) is another failure with another fix.
     message = "Could not guard on data-dependent expression u0 >= 2 (unhinted: u0 >= 2)"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from opforge.scaffold import scaffold
+from opforge.tools.scaffold import scaffold
 
 SOURCE_SUFFIXES = {".cpp", ".h", ".cu", ".cuh"}
 

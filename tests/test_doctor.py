@@ -11,9 +11,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from opforge import doctor
 from opforge.cli import app
-from opforge.doctor import Verdict
+from opforge.tools import doctor
+from opforge.tools.doctor import Verdict
 
 runner = CliRunner()
 
@@ -133,7 +133,7 @@ def test_the_gpu_line_knows_which_builds_run_on_which_gpu(monkeypatch, arch_list
     """On the H200 image TORCH_CUDA_ARCH_LIST is 9.0a: that build runs on sm 9.0 and must not be flagged."""
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr("opforge.build.find_cuda_home", lambda: Path("/usr/local/cuda"))
+    monkeypatch.setattr("opforge.building.extension.find_cuda_home", lambda: Path("/usr/local/cuda"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (9, 0))

@@ -20,14 +20,14 @@ from typer.testing import CliRunner
 
 from opforge.checks.catalog import CATALOG
 from opforge.cli import app
-from opforge.errors import SpecError
+from opforge.core.errors import SpecError
+from opforge.core.results import Status, Verdict
 from opforge.fuzz.options import FuzzOptions
 from opforge.fuzz.process import FuzzWorker
 from opforge.fuzz.save import save_regressions
 from opforge.fuzz.search import fuzz
 from opforge.fuzz.space import Space, examples
-from opforge.results import Status, Verdict
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 from opforge.spec.model import Regression
 
 FUZZ_OPS = FIXTURES / "fuzz_ops"
@@ -165,9 +165,9 @@ CUDA_OOM = "CUDA out of memory. Tried to allocate 78.58 GiB. GPU 0 has a total c
     ],
 )
 def test_opcheck_blames_clone_input_only_for_its_own_allocation_failure(shape, error, expected):
-    from opforge.cases import CaseInputs
+    from opforge.cases.arguments import CaseInputs
     from opforge.checks.opcheck import CLONE_BUG_NOTE, outcome
-    from opforge.outcomes import CheckFailure, PassNote
+    from opforge.core.outcomes import CheckFailure, PassNote
 
     x = torch.empty(shape, dtype=torch.float64)
     verdict = outcome(error, CaseInputs((x, 0.1), {}, (x, 0.1), {}, ("x",)))
@@ -423,9 +423,9 @@ def json_repro(command: str) -> list[str]:
 
 def test_an_oracle_that_raises_is_that_oracles_failure_not_a_dead_worker(monkeypatch):
     # Found on the GPU: the devices oracle could not copy an expanded input, and the child died as if the op crashed.
-    from opforge.cases import kept_case
+    from opforge.building.op import load_op
+    from opforge.cases.matrix import kept_case
     from opforge.fuzz import oracles
-    from opforge.loading import load_op
 
     def raising(*_):
         raise RuntimeError("boom")
@@ -440,7 +440,7 @@ def test_an_oracle_that_raises_is_that_oracles_failure_not_a_dead_worker(monkeyp
 
 
 def test_a_package_in_the_working_directory_does_not_shadow_opforge_in_the_fuzz_worker(tmp_path):
-    # The fuzz worker starts as the check engine's workers do (opforge.child): `python -m` put the cwd first.
+    # The fuzz worker starts as the check engine's workers do (opforge.core.child): `python -m` put the cwd first.
     (tmp_path / "opforge").mkdir()
     (tmp_path / "opforge" / "__init__.py").write_text("raise SystemExit('the cwd shadowed opforge')\n")
     result = invoke("fuzz", str(FUZZ_OPS / "doubles.yaml"), "--max-examples", "3", "--seed", "0")
@@ -450,9 +450,9 @@ def test_a_package_in_the_working_directory_does_not_shadow_opforge_in_the_fuzz_
 def judged_examples(fixture: str, fill: str, seeds: range, op: str = "") -> list:
     """The correctness oracle's verdicts on float32 [8, 4] examples of the fixture's spec with `fill`, one per seed
     (on the fixture's op, or on `op` in its place)."""
-    from opforge.cases import kept_case
+    from opforge.building.op import load_op
+    from opforge.cases.matrix import kept_case
     from opforge.fuzz.oracles import Judge
-    from opforge.loading import load_op
 
     spec = load_spec(FUZZ_OPS / f"{fixture}.yaml")
     if op:

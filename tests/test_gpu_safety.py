@@ -11,7 +11,7 @@ from helpers import FIXTURES, describe, failures_by_check, in_process, requires_
 from typer.testing import CliRunner
 
 from opforge.cli import app
-from opforge.results import Status
+from opforge.core.results import Status
 
 CUDA_OPS = FIXTURES / "cuda_ops"
 runner = CliRunner()
@@ -35,7 +35,7 @@ def test_a_kernel_that_reads_from_the_storage_start_fails_only_the_offset_cases(
 def test_offset_cases_are_a_contiguous_view_one_element_into_its_storage():
     import torch
 
-    from opforge.cases import in_layout
+    from opforge.cases.arguments import in_layout
 
     view = in_layout(torch.arange(6.0).reshape(2, 3), "offset", torch.float32, "cpu")
     assert view.is_contiguous() and view.storage_offset() == 1 and view.data_ptr() % 16 != 0
@@ -135,7 +135,7 @@ def test_an_unknown_sanitizer_tool_is_a_usage_error():
 
 def test_the_sanitizer_child_runs_with_the_caching_allocator_off_and_line_info():
     from opforge.checks.sanitize import child_command, child_env
-    from opforge.child import entry_point
+    from opforge.core.child import entry_point
 
     env = child_env()
     assert env["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1" and "-lineinfo" in env["OPFORGE_EXTRA_CUDA_CFLAGS"]
@@ -147,7 +147,7 @@ def test_the_sanitizer_child_runs_with_the_caching_allocator_off_and_line_info()
 
 def test_the_sanitizer_child_s_cases_are_marked_where_its_output_stood_when_each_started():
     from opforge.checks.sanitize import marked_output, parse_reports
-    from opforge.engine.protocol import CaseRaised, CaseStarted
+    from opforge.core.protocol import CaseRaised, CaseStarted
 
     output = b"========= COMPUTE-SANITIZER\n========= Invalid __global__ read of size 4 bytes\npartial"
     messages = [CaseStarted("a", 28), CaseRaised("a", "RuntimeError: no", 28), CaseStarted("b", 200)]
@@ -180,10 +180,10 @@ sys.exit(code)
 def test_the_sanitizer_child_speaks_the_protocol_through_the_tool_that_wraps_it(tmp_path):
     import sys
 
-    from opforge.cases import build_matrix
+    from opforge.cases.matrix import build_matrix
     from opforge.checks.sanitize import _case_json, parse_reports, run_child
-    from opforge.engine.protocol import CaseRaised, CaseStarted, Done, SanitizeJob
-    from opforge.spec.load import load_spec
+    from opforge.core.protocol import CaseRaised, CaseStarted, Done, SanitizeJob
+    from opforge.loading.spec import load_spec
 
     # A stand-in for compute-sanitizer that writes to the child's stdout before and after it, as the tool does: the
     # job reaches the child through it, its events come back on their own channel, its output is the log.
@@ -211,7 +211,7 @@ def test_the_sanitizer_child_speaks_the_protocol_through_the_tool_that_wraps_it(
 
 def test_an_elementwise_op_gets_a_grid_size_case_past_2_24_elements_and_others_need_shapes():
     from opforge.checks.grid_size import ELEMENTS, grid_shapes
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     assert ELEMENTS > 65_535 * 512 and ELEMENTS % 8
     assert grid_shapes(load_spec(FIXTURES / "good.yaml")) == (("x", (ELEMENTS,)),)
@@ -220,7 +220,7 @@ def test_an_elementwise_op_gets_a_grid_size_case_past_2_24_elements_and_others_n
 
 def test_grid_size_gives_a_2d_only_row_op_a_2d_case():
     from opforge.checks.grid_size import ELEMENTS, grid_shapes
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     # A row op listing 2-D shapes alone (its kernels refuse x.dim() != 2) got a 1-D case, which the op refuses (on an
     # H100 its worker died with SIGSEGV). Now its narrowest rows, [0, 16], grown past ELEMENTS and 65,535 rows.
@@ -239,7 +239,7 @@ def test_grid_size_grows_a_listed_shape_of_the_spec_s_own_rank():
 
 def test_grid_size_skips_saying_what_to_write_when_no_shape_is_shared():
     from opforge.checks.grid_size import grid_shapes, missing_shapes_message
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     spec = load_spec(FIXTURES / "real_ops" / "roi_pool_avg.yaml")
     assert grid_shapes(spec) is None
@@ -250,8 +250,8 @@ def test_grid_size_skips_saying_what_to_write_when_no_shape_is_shared():
 
 
 def test_a_grid_size_shape_must_be_past_2_24_elements(tmp_path):
-    from opforge.errors import SpecError
-    from opforge.spec.load import load_spec
+    from opforge.core.errors import SpecError
+    from opforge.loading.spec import load_spec
 
     (tmp_path / "broken_ops.py").write_text((FIXTURES / "broken_ops.py").read_text())
     path = tmp_path / "good.yaml"

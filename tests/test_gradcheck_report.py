@@ -9,7 +9,7 @@ import shutil
 import pytest
 from helpers import FIXTURES, describe, failures_by_check, run_spec
 
-from opforge.results import Status
+from opforge.core.results import Status
 
 WRONG_ENTRY = FIXTURES / "wrong_gradient_entry.yaml"
 

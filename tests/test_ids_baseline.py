@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from helpers import FIXTURES, describe, failures_by_check, run_spec, variant_of
 
-from opforge import compare
-from opforge.cases import value_label
-from opforge.results import Status
+from opforge.cases import compare
+from opforge.cases.matrix import value_label
+from opforge.core.results import Status
 
 IDS = FIXTURES / "ids"
 

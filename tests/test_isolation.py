@@ -17,8 +17,12 @@ import pytest
 from helpers import FIXTURES, REPO, requires_cuda
 from typer.testing import CliRunner
 
-from opforge.child import describe_exit, stderr_excerpt
+from opforge.building.op import load_op
 from opforge.cli import app
+from opforge.core.child import describe_exit, stderr_excerpt
+from opforge.core.errors import SpecError, WorkerInternalError
+from opforge.core.protocol import Loaded, TaskHeader
+from opforge.core.results import OpReport, RunReport, Status
 from opforge.engine.events import Events
 from opforge.engine.inprocess import run_op
 from opforge.engine.isolated import (
@@ -33,11 +37,7 @@ from opforge.engine.isolated import (
     visible_gpus,
 )
 from opforge.engine.plan import CheckJob, Filters, RunSettings
-from opforge.engine.protocol import Loaded, TaskHeader
-from opforge.errors import SpecError, WorkerInternalError
-from opforge.loading import load_op
-from opforge.results import OpReport, RunReport, Status
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 from opforge.spec.model import Regression
 
 # The quick tier (`pytest -m "not slow"`) leaves these out. Worker processes, each importing torch and loading an
@@ -136,7 +136,7 @@ def own_servers(monkeypatch):
 
 def started_children(monkeypatch) -> list[str]:
     """The modules of the children started as processes of their own (not forked) from here on, in order."""
-    from opforge import child
+    from opforge.core import child
     from opforge.engine import forkserver
 
     started: list[str] = []
@@ -268,7 +268,7 @@ def _dead(pid: int) -> bool:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="forks workers on Linux only")
 def test_a_forked_worker_whose_server_died_is_killed_and_its_lost_end_is_an_internal_error():
-    from opforge.child import with_this_opforge
+    from opforge.core.child import with_this_opforge
     from opforge.engine.forkserver import ForkedProcess, ForkServer
     from opforge.engine.isolated import Worker
 
@@ -634,7 +634,7 @@ def test_the_last_op_shares_its_tasks_between_the_free_workers_and_reports_as_on
 
 @pytest.mark.skipif(sys.platform != "linux", reason="forks workers on Linux only")
 def test_a_process_forked_from_one_that_holds_a_server_leaves_it_running(own_servers):
-    from opforge.child import with_this_opforge
+    from opforge.core.child import with_this_opforge
     from opforge.engine import forkserver
 
     server = forkserver.shared_server(with_this_opforge(os.environ))
@@ -652,7 +652,7 @@ def test_a_child_finds_this_opforge_where_it_is_not_installed(tmp_path):
     """A GPU machine runs the tests from a checkout that pip never installed: a worker finds opforge only by the
     PYTHONPATH with_this_opforge gives it (site-packages off here, so that an editable install cannot hide a wrong
     path: it pointed one folder above the checkout, and every worker died importing opforge)."""
-    from opforge.child import with_this_opforge
+    from opforge.core.child import with_this_opforge
 
     env = with_this_opforge({k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     found = subprocess.run(
@@ -670,9 +670,9 @@ def test_a_child_finds_this_opforge_where_it_is_not_installed(tmp_path):
 def test_a_run_in_this_process_plans_as_many_results_as_it_reports():
     # Found renaming rows: --no-isolation planned one per task while its progress counted results, so good.yaml's
     # opcheck (four results a task) read "28/7 results done".
+    from opforge.core.results import RunReport
     from opforge.engine.inprocess import run_in_process
-    from opforge.results import RunReport
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     planned: dict[str, int] = {}
     reported: dict[str, int] = {}
@@ -692,10 +692,10 @@ def test_a_run_in_this_process_plans_as_many_results_as_it_reports():
 def test_two_specs_of_one_op_keep_their_progress_apart(tmp_path, isolated):
     # Found on the fbgemm bed: pack_segments and pack_segments_strided_lengths were one op to the progress line,
     # which then read "248/12 results done".
+    from opforge.core.results import RunReport
     from opforge.engine.inprocess import run_in_process
     from opforge.engine.isolated import run_isolated
-    from opforge.results import RunReport
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     narrow = tmp_path / "good_float32_only.yaml"
     narrow.write_text(

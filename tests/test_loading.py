@@ -15,7 +15,7 @@ from helpers import FIXTURES, describe, in_process, run_spec
 from typer.testing import CliRunner
 
 from opforge.cli import app
-from opforge.errors import EXIT_NOTHING_RAN
+from opforge.core.errors import EXIT_NOTHING_RAN
 
 runner = CliRunner()
 
@@ -206,8 +206,8 @@ def test_loading_imports_what_an_ops_first_call_would_so_the_first_case_is_timed
         f"""
         import sys
         sys.path.insert(0, {str(FIXTURES)!r})
-        from opforge.loading import load_op
-        from opforge.spec.load import load_spec
+        from opforge.building.op import load_op
+        from opforge.loading.spec import load_spec
         load_op(load_spec({str(FIXTURES / "good.yaml")!r}))
         print("torch._dynamo" in sys.modules)
         """

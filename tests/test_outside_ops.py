@@ -11,10 +11,10 @@ import pytest
 import torch
 from helpers import FIXTURES, describe, failures_by_check, run_spec, variant_of
 
-from opforge.errors import SpecError
-from opforge.loading import load_op
-from opforge.results import Status
-from opforge.spec.load import load_spec
+from opforge.building.op import load_op
+from opforge.core.errors import SpecError
+from opforge.core.results import Status
+from opforge.loading.spec import load_spec
 
 OUTSIDE = FIXTURES / "outside_ops"
 

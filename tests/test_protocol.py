@@ -1,4 +1,4 @@
-"""The one protocol of every child process (opforge.engine.protocol): each child's job and events round-trip through
+"""The one protocol of every child process (opforge.core.protocol): each child's job and events round-trip through
 the one encoding, and what is not a message is said to be one, quoting it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import ClassVar
 
 import pytest
 
-from opforge.engine.plan import CheckJob, Filters, RunSettings
-from opforge.engine.protocol import (
+from opforge.core.errors import WorkerInternalError
+from opforge.core.protocol import (
     CaseRaised,
     CaseStarted,
     Died,
@@ -34,8 +34,8 @@ from opforge.engine.protocol import (
     decode_stream,
     encode,
 )
-from opforge.errors import WorkerInternalError
-from opforge.results import Mismatch, Status, Verdict
+from opforge.core.results import Mismatch, Status, Verdict
+from opforge.engine.plan import CheckJob, Filters, RunSettings
 
 NAN_MISMATCH = Mismatch("out", (1, 2), math.nan, 1.0, math.inf, math.nan, math.inf, 0.5, 3, 10)
 

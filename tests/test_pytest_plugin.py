@@ -125,11 +125,11 @@ def test_one_item_is_selected_by_its_node_id(specs):
 def test_an_ops_items_run_in_one_context_so_compile_tasks_share_their_function():
     """As in the engine's workers, the compile tasks of one (implementation, dtype, device) find the function an
     earlier item compiled: one torch.compile per dtype, not one per item (and no dynamo reset in between)."""
-    from opforge import session as run_session
+    from opforge.core.results import Status
     from opforge.engine.plan import Filters
     from opforge.pytest_plugin import _Session
-    from opforge.results import Status
-    from opforge.session import RunOptions
+    from opforge.run import session as run_session
+    from opforge.run.session import RunOptions
 
     path = REPO / "specs" / "leaky_swish.yaml"
     filters = Filters(dtypes=("float32",), devices=("cpu",), checks=("compile",), keyword="native")

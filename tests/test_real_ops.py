@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from helpers import FIXTURES, describe, failures_by_check, requires_cuda, run_spec, run_spec_isolated
 
-from opforge.results import Status
+from opforge.core.results import Status
 
 # The quick tier (`pytest -m "not slow"`) leaves these out. Whole specs of ops written elsewhere, C++ built.
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def _unexpected(report) -> list:
 def _crashes_on_number_messages() -> bool:
     """Whether this machine's toolchain kills a process whose TORCH_CHECK message formats a number (`opforge doctor`'s
     probe; seen on the H200 image): a third-party op's error path then crashes, through no fault of opforge's."""
-    from opforge import doctor
+    from opforge.tools import doctor
 
     return doctor._extension_messages().verdict == doctor.Verdict.WARN
 
@@ -101,10 +101,10 @@ def test_an_input_with_its_own_layouts_stays_contiguous_in_the_others_cases():
 
 
 def test_a_generator_makes_valid_inputs_reproducible_from_the_case_seed():
-    from opforge.cases import build_matrix
+    from opforge.cases.matrix import build_matrix
     from opforge.checks.op_and_reference import argument, inputs_for
-    from opforge.engine.plan import load_checked
-    from opforge.spec.load import load_spec
+    from opforge.loading.checked import load_checked
+    from opforge.loading.spec import load_spec
 
     loaded = load_checked(load_spec(REAL / "roi_pool_avg.yaml"))
     case = next(c for c in build_matrix(loaded.spec, ("float32",), ("cpu",)) if dict(c.shapes)["rois"] == (9, 5))

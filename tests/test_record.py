@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES
 
+from opforge.core.results import Status
 from opforge.recorded import read_calls
-from opforge.results import Status
 
 RECORD = FIXTURES / "record"
 OPFORGE = [sys.executable, "-m", "opforge"]

@@ -13,11 +13,11 @@ from typer.testing import CliRunner
 
 import opforge
 from opforge.cli import app
+from opforge.core.results import JSON_SCHEMA_VERSION, Mismatch, Status, Verdict
 from opforge.fuzz.search import Failure, FuzzReport
 from opforge.reporters.fuzz_report import FuzzJsonReport
 from opforge.reporters.junit import JunitReport
 from opforge.reporters.markdown import render_markdown
-from opforge.results import JSON_SCHEMA_VERSION, Mismatch, Status, Verdict
 from opforge.spec.model import Regression
 
 runner = CliRunner()
@@ -65,7 +65,7 @@ def test_only_results_builds_a_case_result():
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if re.search(r"\bCaseResult\(", line)
     ]
-    assert [b.split(":")[0] for b in builders] == ["results.py"], builders
+    assert [b.split(":")[0] for b in builders] == ["core/results.py"], builders
 
 
 def test_a_fuzz_failure_is_a_failed_testcase_named_by_its_oracle_and_minimal_example(tmp_path):

@@ -13,10 +13,10 @@ from helpers import FIXTURES
 from typer.testing import CliRunner
 
 from opforge.cli import app
-from opforge.errors import SpecError
+from opforge.core.errors import SpecError
 from opforge.fuzz.options import FuzzOptions
 from opforge.fuzz.search import fuzz
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 
 ROUND3 = FIXTURES / "round3"
 runner = CliRunner()
@@ -108,7 +108,7 @@ def test_gradients_of_a_list_output_reach_the_same_leaves_of_the_reference(tmp_p
 def test_the_scan_allowance_comes_from_the_references_own_terms():
     import torch
 
-    from opforge.compare import sum_terms
+    from opforge.cases.compare import sum_terms
 
     values = torch.full((1000,), 50.0, dtype=torch.float64, requires_grad=True)
     offsets = torch.cat([values.new_zeros(1), values.cumsum(0)])
@@ -154,8 +154,8 @@ def test_a_declared_crash_that_does_not_happen_is_xpass(tmp_path):
 
 
 def test_a_crash_entry_declares_only_crashes_and_other_entries_only_failures(tmp_path):
+    from opforge.core.results import Status
     from opforge.engine.tasks import Verdict, declared
-    from opforge.results import Status
 
     spec = load_spec(ROUND3 / "double_contiguous_only.yaml")
     where = ("native", "correctness", "float32", "cpu", "strided", "float32-cpu-strided-x=7")

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES, describe, failures_by_check, run_spec
 
-from opforge.errors import SpecError
-from opforge.loading import load_op
-from opforge.results import Status
-from opforge.spec.load import load_spec
+from opforge.building.op import load_op
+from opforge.core.errors import SpecError
+from opforge.core.results import Status
+from opforge.loading.spec import load_spec
 
 ROUND3 = FIXTURES / "round3"
 _modules = itertools.count()
@@ -333,7 +333,7 @@ def test_a_named_samples_case_reaches_the_sanitizer_child_unchanged():
     """compute-sanitizer's child gets each case as JSON (opforge.checks.sanitize)."""
     import json
 
-    from opforge.cases import build_matrix
+    from opforge.cases.matrix import build_matrix
     from opforge.checks.sanitize import _case_json
     from opforge.engine.sanitize_child import _case
 

@@ -16,10 +16,10 @@ from helpers import FIXTURES, REPO
 from typer.testing import CliRunner
 
 from opforge.cli import app
-from opforge.errors import UsageError
+from opforge.core.errors import UsageError
+from opforge.core.results import CaseResult, OpReport, RunReport, Status
 from opforge.reporters.lastfailed import STORE, last_runs, record
-from opforge.results import CaseResult, OpReport, RunReport, Status
-from opforge.scan import CEA, CIA, FlagKind, LastRun, ScannedOp, scan
+from opforge.tools.scan import CEA, CIA, FlagKind, LastRun, ScannedOp, scan
 
 LIBRARY = FIXTURES / "scan_ops"
 NO_FAKE, CUDA_ONLY, MUTATION = FlagKind.NO_FAKE, FlagKind.CUDA_WITHOUT_CPU, FlagKind.UNDECLARED_MUTATION
@@ -126,7 +126,7 @@ def test_what_each_schema_writes_and_why_a_mutation_is_flagged(library):
 def test_what_looks_like_a_mutation_from_the_name_and_schema_alone(schema, why):
     import torch
 
-    from opforge.scan import _looks_mutating
+    from opforge.tools.scan import _looks_mutating
 
     parsed = torch._C.parse_schema(f"scanlib::{schema}")
     assert _looks_mutating(parsed.name, parsed.overload_name, parsed) == why
@@ -137,7 +137,7 @@ def test_ops_that_return_nothing_and_torch_compile_keeps_are_not_flagged():
     side-effectful), so it writes nothing unmarked that compile would lose."""
     import torch
 
-    from opforge.scan import _looks_mutating
+    from opforge.tools.scan import _looks_mutating
 
     schema = torch.ops.aten._linalg_check_errors.default._schema
     assert _looks_mutating("aten::_linalg_check_errors", "", schema) is None

@@ -1,6 +1,6 @@
 """A spec without `reference:` is checked against the op itself on contiguous float64 copies of its inputs
-(opforge.self_reference): layouts, offsets, other dtypes, compile and special values are judged against that call;
-the call itself is never a meaningless pass."""
+(opforge.building.self_reference): layouts, offsets, other dtypes, compile and special values are judged against that
+call; the call itself is never a meaningless pass."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from helpers import FIXTURES, run_spec
 
-from opforge.results import Status
+from opforge.core.results import Status
 
 RECORD = FIXTURES / "record"
 
@@ -79,8 +79,8 @@ def test_an_op_that_refuses_float64_is_its_own_reference_in_its_widest_claimed_d
 def test_a_float64_result_that_is_not_the_claimed_dtypes_result_is_not_the_reference():
     """An op that reads float64 bytes as float32 (fbgemm's quantize does) runs in float64 but returns garbage there:
     the reference falls back to its claimed float32, and the dtypes check reports float64 as wrong values."""
-    from opforge.loading import load_op
-    from opforge.spec.load import load_spec
+    from opforge.building.op import load_op
+    from opforge.loading.spec import load_spec
 
     loaded = load_op(load_spec(RECORD / "float32_only.yaml"))
     own = loaded.self_reference
@@ -97,8 +97,8 @@ def test_a_float64_result_that_is_not_the_claimed_dtypes_result_is_not_the_refer
 def test_the_self_equal_predicate_needs_the_same_dtype_layout_and_offset():
     import torch
 
-    from opforge.loading import load_op
-    from opforge.spec.load import load_spec
+    from opforge.building.op import load_op
+    from opforge.loading.spec import load_spec
 
     loaded = load_op(load_spec(RECORD / "reads_contiguous.yaml"))
     own = loaded.self_reference

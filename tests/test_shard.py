@@ -9,12 +9,12 @@ import pytest
 from helpers import FIXTURES, in_process
 from typer.testing import CliRunner
 
+from opforge.building.op import load_op
 from opforge.cli import app
+from opforge.core.shard import owns, parse_shard
 from opforge.engine.inprocess import run_op
 from opforge.engine.plan import Filters
-from opforge.loading import load_op
-from opforge.shard import owns, parse_shard
-from opforge.spec.load import load_spec
+from opforge.loading.spec import load_spec
 
 # The quick tier (`pytest -m "not slow"`) leaves these out. Whole runs, sharded and merged.
 pytestmark = pytest.mark.slow

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from helpers import FIXTURES, SPECS
 
-from opforge.errors import SpecError
-from opforge.loading import load_op
-from opforge.spec.load import load_spec
+from opforge.building.op import load_op
+from opforge.core.errors import SpecError
+from opforge.loading.spec import load_spec
 
 VALID = """\
 op: opforge_test::good

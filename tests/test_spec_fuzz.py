@@ -15,8 +15,8 @@ from helpers import FIXTURES, REPO, SPECS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opforge.errors import OpforgeError, SpecError
-from opforge.spec.load import load_spec
+from opforge.core.errors import OpforgeError, SpecError
+from opforge.loading.spec import load_spec
 
 # Bounded so CI stays fast. Derandomized: the same examples every run, so CI cannot fail on one it never saw
 # before (explore new ones locally with --hypothesis-seed=N; a seed also reproduces a failure).
@@ -196,7 +196,7 @@ def test_mutated_specs_load_or_give_a_spec_error(workdir, mutation):
     spec = _assert_clean(workdir / name, text)
     if spec is None or name not in PYTHON_ONLY or not _same_code(spec, name):
         return
-    from opforge.loading import load_op
+    from opforge.building.op import load_op
 
     try:
         load_op(spec)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from helpers import FIXTURES
 
-from opforge.errors import SpecError
-from opforge.spec.load import load_spec
+from opforge.core.errors import SpecError
+from opforge.loading.spec import load_spec
 
 VARIABLE = "OPFORGE_TEST_OPS_ROOT"
 

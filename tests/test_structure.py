@@ -1,6 +1,7 @@
-"""The structure opforge keeps: no import cycles, lower layers never import higher ones, a check is one object that the
-catalog alone makes known to the spec loader, the engine, every report format and `--check`, and a check's outcomes
-are checked against the result names it declares."""
+"""The structure opforge keeps: a folder per layer (every module in one, but the named entry points), no import
+cycles, lower layers never import higher ones, a check is one object that the catalog alone makes known to the spec
+loader, the engine, every report format and `--check`, and a check's outcomes are checked against the result names it
+declares."""
 
 from __future__ import annotations
 
@@ -18,51 +19,39 @@ from typer.testing import CliRunner
 
 from opforge.checks.base import Check, all_cases
 from opforge.checks.catalog import CATALOG
-from opforge.outcomes import CheckFailure, PassNote
-from opforge.results import Status
+from opforge.core.outcomes import CheckFailure, PassNote
+from opforge.core.results import Status
 
 PACKAGE = REPO / "opforge"
 
-# Each module's layer: a module may import its own layer and those below, never above. Top-level modules and
-# packages are named; a package's modules share its layer unless named on their own.
+# The layers, bottom first, one package (a folder of opforge/) each: a module's layer is its folder's, and it may
+# import its own layer and those below, never above (docs/architecture.md says what lives in each).
 LAYERS = [
-    (
-        "vocabulary",
-        [
-            "errors",
-            "results",
-            "outcomes",
-            "schema",
-            "environment",
-            "files",
-            "cuda_spin",
-            "shard",
-            "child",
-            # The one protocol of every child process: the checks' children (large_index, the sanitizers) speak it.
-            "engine.protocol",
-            "__init__",
-            "record.hook",
-            "recorded",
-        ],
-    ),
-    (
-        "spec model",
-        ["spec.model", "spec.reader", "spec.inputs", "spec.claims", "spec.bench", "spec.bytes_expr", "spec"],
-    ),
-    ("inputs and building", ["cases", "compare", "build", "self_reference", "loading", "ops"]),
-    ("checks", ["checks"]),
-    ("spec loading", ["spec.load", "spec.xfail", "spec.regressions"]),
-    # The child processes of large_index and the sanitizer checks are entry points of their own: they load the spec
-    # like a worker does.
-    ("engine", ["engine"]),
-    ("bench", ["bench"]),
-    ("fuzz", ["fuzz"]),
-    ("tools", ["doctor", "scaffold", "profile", "merge", "scan", "record"]),
-    ("reporters", ["reporters"]),
-    # One run session for every front end: the CLI runs whole selections through it, the pytest plugin a task at a time.
-    ("session", ["session"]),
-    ("commands", ["cli", "commands", "pytest_plugin", "__main__"]),
+    "core",
+    "spec",
+    "cases",
+    "building",
+    "ops",
+    "checks",
+    "loading",
+    "engine",
+    "bench",
+    "fuzz",
+    "tools",
+    "reporters",
+    "run",
+    "commands",
 ]
+# The only modules at the top of opforge/, outside every layer's folder: the package itself and the entry points that
+# something outside opforge names by path (pyproject.toml's console script and pytest11 plugin, `python -m opforge`,
+# the `opforge.recorded:samples` that `opforge record` writes into users' specs), each with the layer it belongs to.
+ENTRY_POINTS = {
+    "__init__": "core",
+    "recorded": "core",
+    "cli": "commands",
+    "__main__": "commands",
+    "pytest_plugin": "commands",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -91,13 +80,20 @@ def _imports(modules: dict[str, Path]) -> dict[str, set[str]]:
 
 
 def _layer(module: str) -> int:
-    best = None
-    for index, (_, names) in enumerate(LAYERS):
-        for prefix in names:
-            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
-                best = (index, len(prefix))
-    assert best is not None, f"{module} is in no layer: add it to LAYERS"
-    return best[0]
+    """The index in LAYERS of a module's layer: its top folder's, or the one its entry point is named with."""
+    layer = ENTRY_POINTS.get(module, module.split(".")[0])
+    assert layer in LAYERS, f"{module} is in no layer's folder"
+    return LAYERS.index(layer)
+
+
+def test_every_module_is_in_a_layer_folder_or_a_named_entry_point():
+    modules = _modules()
+    loose = sorted(m for m in modules if "." not in m and m not in LAYERS and m not in ENTRY_POINTS)
+    assert not loose, f"modules at the top of opforge/, in no layer: {loose} (move each into its layer's folder)"
+    folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and any(p.rglob("*.py")))
+    assert folders == sorted(LAYERS), "every folder of Python modules under opforge/ is one layer of LAYERS"
+    assert all((PACKAGE / layer / "__init__.py").is_file() for layer in LAYERS)
+    assert all((PACKAGE / f"{name}.py").is_file() for name in ENTRY_POINTS)
 
 
 def test_no_module_imports_one_that_imports_it_back():
@@ -120,7 +116,7 @@ def test_no_module_imports_one_that_imports_it_back():
 def test_no_lower_layer_imports_a_higher_one():
     edges = _imports(_modules())
     upward = [
-        f"{a} ({LAYERS[_layer(a)][0]}) imports {b} ({LAYERS[_layer(b)][0]})"
+        f"{a} ({LAYERS[_layer(a)]}) imports {b} ({LAYERS[_layer(b)]})"
         for a, targets in edges.items()
         for b in targets
         if _layer(b) > _layer(a)
@@ -200,7 +196,7 @@ def test_a_check_added_to_the_catalog_alone_is_planned_run_reported_and_selectab
 
 
 def test_a_spec_may_list_a_check_the_catalog_knows(toy_check, tmp_path):
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
 
     assert load_spec(_spec_listing(tmp_path, "correctness, toy")).checks == ("correctness", "toy")
 
@@ -221,8 +217,8 @@ def test_a_spec_may_list_a_check_the_catalog_knows(toy_check, tmp_path):
 def test_a_missing_or_unknown_outcome_is_an_error_result_never_a_pass(toy_check, outcomes, expected, tmp_path):
     from opforge.engine.inprocess import run_op
     from opforge.engine.plan import Filters
-    from opforge.engine.plan import load_checked as load
-    from opforge.spec.load import load_spec
+    from opforge.loading.checked import load_checked as load
+    from opforge.loading.spec import load_spec
 
     broken = replace(toy_check, run=lambda context, implementation, case: outcomes)
     CATALOG._checks["toy"] = broken
@@ -240,7 +236,7 @@ _TOY_OPTION_MODULE = """
 from dataclasses import dataclass
 
 from opforge.checks.base import Check, CheckOption, OptIn, SpecSection, all_cases
-from opforge.outcomes import CheckFailure
+from opforge.core.outcomes import CheckFailure
 from opforge.spec.reader import Reader, read_number
 
 LOUD = CheckOption("toy-loud", "Also run toy_loud, which fails loudly.")
@@ -286,7 +282,7 @@ def test_a_check_brings_its_own_option_and_spec_section_to_the_cli_the_plugin_an
     bad.write_text(spec.read_text().replace("toy_loud: {level: 11}", "toy_loud:\n  level: -1"))
     bootstrap = _TOY_BOOTSTRAP.format(where=str(tmp_path))
     load_bad = (
-        "from opforge.spec.load import load_spec\n"
+        "from opforge.loading.spec import load_spec\n"
         f"try:\n    load_spec({str(bad)!r})\nexcept Exception as e:\n    print(e)\n"
     )
     done = subprocess.run(
@@ -338,11 +334,11 @@ def toy_oracle(toy_check, monkeypatch):
 def test_a_check_that_judges_one_example_is_an_oracle_of_fuzz_through_the_catalog_alone(toy_oracle, tmp_path):
     """Its applicability comes from where `opforge check` takes it (the spec's checks), `--check` selects it by its
     name or a result's, its failure is its oracle's, and the spec's xfail entries declare it as they do for check."""
-    from opforge.cases import kept_case
+    from opforge.building.op import load_op
+    from opforge.cases.matrix import kept_case
     from opforge.fuzz.oracles import Judge
     from opforge.fuzz.search import oracles_for
-    from opforge.loading import load_op
-    from opforge.spec.load import load_spec
+    from opforge.loading.spec import load_spec
     from opforge.spec.model import Regression
 
     spec = load_spec(_spec_listing(tmp_path, "correctness, toy"))
@@ -402,7 +398,7 @@ def test_fuzz_still_reads_check_fake_and_says_what_to_write_instead():
 # fuzz worker, the fork server) by a sitecustomize that stands for its catalog line.
 _TOY_ORACLE_MODULE = """
 from opforge.checks.base import Check, OneExample, all_cases
-from opforge.outcomes import CheckFailure
+from opforge.core.outcomes import CheckFailure
 
 
 def _run(context, implementation, case):

@@ -8,8 +8,8 @@ from helpers import FIXTURES, in_process
 from typer.testing import CliRunner
 
 from opforge.cli import app
+from opforge.core.results import CaseResult, OpReport, RunReport, Status
 from opforge.reporters import console as console_module
-from opforge.results import CaseResult, OpReport, RunReport, Status
 
 runner = CliRunner()
 

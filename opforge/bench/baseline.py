@@ -18,8 +18,8 @@ from opforge.bench import environment
 from opforge.bench.model import BASELINE, BENCH_SCHEMA_VERSION, OK, BenchRun, point_key, status_word
 from opforge.bench.stats import RatioInterval, ratio_of_medians
 from opforge.bench.timing import Timing
-from opforge.errors import UsageError
-from opforge.shard import owns, shard_of_text
+from opforge.core.errors import UsageError
+from opforge.core.shard import owns, shard_of_text
 
 REGRESSION, FASTER, SAME = "regression", "faster", "same"
 # Timing fields whose difference makes two samples of a case incomparable, whatever the environment.

@@ -10,7 +10,7 @@ from typing import Any
 
 from opforge.bench.stats import iqr, median
 from opforge.bench.timing import Timing
-from opforge.results import CaseResult, Mismatch, OpReport, RunReport, Status, Verdict, case_result
+from opforge.core.results import CaseResult, Mismatch, OpReport, RunReport, Status, Verdict, case_result
 
 BENCH_SCHEMA_VERSION = 2
 IMPLEMENTATION, BASELINE = "implementation", "baseline"

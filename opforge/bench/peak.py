@@ -45,7 +45,7 @@ def device_key(device: str, env: dict) -> str:
 
 
 def cache_file() -> Path:
-    from opforge.build import cache_root
+    from opforge.building.extension import cache_root
 
     return cache_root() / "bench" / "peak.json"
 
@@ -67,7 +67,7 @@ def peak_bandwidth(
     gbps, method, nbytes = (measure or measure_copy)(device)
     peak = Peak(device, key, gbps, method, nbytes, datetime.datetime.now(datetime.timezone.utc).isoformat())
     cache[key] = {k: v for k, v in asdict(peak).items() if k != "cached"}
-    from opforge.files import write_atomically
+    from opforge.core.files import write_atomically
 
     write_atomically(path, json.dumps(cache, indent=1) + "\n")
     return peak

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opforge.bench.model import BASELINE, IMPLEMENTATION, point_key
-from opforge.cases import Case, case_applies
-from opforge.environment import device_unavailable
-from opforge.errors import UsageError
-from opforge.loading import Implementation, LoadedOp
-from opforge.shard import Shard, owns
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.matrix import Case, case_applies
+from opforge.core.environment import device_unavailable
+from opforge.core.errors import UsageError
+from opforge.core.shard import Shard, owns
 from opforge.spec.bench import POWER_OF_TWO
 from opforge.spec.model import BENCH_LAYOUTS, FLOATING_DTYPES, BenchSpec, OpSpec, ScalarInput
 

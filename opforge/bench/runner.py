@@ -40,18 +40,18 @@ from opforge.bench.plan import (
     selected,
 )
 from opforge.bench.timing import Timing, TimingOptions, graph_input_copies, l2_bytes, time_callable
-from opforge.cases import CaseInputs, make_inputs
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.arguments import CaseInputs, make_inputs
+from opforge.cases.compare import leaves
 from opforge.checks.base import CheckContext
 from opforge.checks.catalog import CATALOG
 from opforge.checks.op_and_reference import argument, differentiated
-from opforge.compare import leaves
+from opforge.core.errors import SpecError
+from opforge.core.outcomes import short
+from opforge.core.results import Status
+from opforge.core.shard import shard_text
 from opforge.engine.events import Events
 from opforge.engine.tasks import apply_xfail, check_verdicts
-from opforge.errors import SpecError
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import short
-from opforge.results import Status
-from opforge.shard import shard_text
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def run_bench(
     events = events or Events()
     from opforge.bench.environment import fingerprint
     from opforge.bench.peak import peak_bandwidth
-    from opforge.loading import load_op
+    from opforge.building.op import load_op
 
     start = time.perf_counter()
     for spec in specs:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from opforge.bench.stats import relative_iqr
-from opforge.cuda_spin import spin
+from opforge.core.cuda_spin import spin
 
 if TYPE_CHECKING:
     from torch.types import Device

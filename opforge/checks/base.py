@@ -1,7 +1,7 @@
 """What a check is: one object holding everything the rest of opforge needs to know about it (its results, when it
 applies, which cases it runs, how it runs one, how a failure is rerun), and the case selections several checks share.
 
-A check's `run` takes one case and returns one outcome per result it owns (opforge.outcomes): the engine turns
+A check's `run` takes one case and returns one outcome per result it owns (opforge.core.outcomes): the engine turns
 a missing or unknown result name into an ERROR result, so a typo cannot turn a failure into a pass.
 """
 
@@ -11,14 +11,13 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from opforge.cases import layout_kind
-from opforge.outcomes import Outcome
-from opforge.spec.model import Input, OpSpec
+from opforge.core.outcomes import Outcome
+from opforge.spec.model import Input, OpSpec, layout_kind
 from opforge.spec.reader import Reader
 
 if TYPE_CHECKING:
-    from opforge.cases import Case
-    from opforge.loading import Implementation, LoadedOp
+    from opforge.building.op import Implementation, LoadedOp
+    from opforge.cases.matrix import Case
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from opforge.cases import Case
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, OneExample, Outcomes, aligned, first_values
 from opforge.checks.op_and_reference import (
     RunOutputs,
@@ -22,8 +23,7 @@ from opforge.checks.op_and_reference import (
     output_baseline,
     outputs_of,
 )
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, PassDetail, missing_fake_hint, short, unbacked_size_hint
+from opforge.core.outcomes import CheckFailure, PassDetail, missing_fake_hint, short, unbacked_size_hint
 
 # Dynamo keeps at most `recompile_limit` graphs (8) per function, a limit meant for one call site of a model. Here
 # one function serves every task (shape and layout) of an implementation, dtype and device: leaky_swish's float32 tasks

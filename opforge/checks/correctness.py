@@ -3,7 +3,8 @@ their dtype, shape and device too; inputs the schema does not declare mutable mu
 
 from __future__ import annotations
 
-from opforge.cases import Case
+from opforge.building.op import Implementation
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, OneExample, Outcomes, all_cases
 from opforge.checks.op_and_reference import (
     against_reference,
@@ -18,8 +19,7 @@ from opforge.checks.op_and_reference import (
     output_baseline,
     outputs_of,
 )
-from opforge.loading import Implementation
-from opforge.outcomes import CheckFailure, CheckSkipped
+from opforge.core.outcomes import CheckFailure, CheckSkipped
 
 
 def correctness(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from opforge.cases import Case, CaseInputs
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.arguments import CaseInputs
+from opforge.cases.compare import EXACT, check_result
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, OneExample, Outcomes, aligned
 from opforge.checks.op_and_reference import (
     argument,
@@ -16,9 +19,7 @@ from opforge.checks.op_and_reference import (
     outputs_of,
     seeded_grad_outputs,
 )
-from opforge.compare import EXACT, check_result
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure
+from opforge.core.outcomes import CheckFailure
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:

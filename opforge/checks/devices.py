@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from opforge.cases import Case
+from opforge.building.op import Implementation
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, OneExample, Outcomes, all_cases
 from opforge.checks.op_and_reference import (
     RunOutputs,
@@ -14,7 +15,6 @@ from opforge.checks.op_and_reference import (
     output_baseline,
     outputs_of,
 )
-from opforge.loading import Implementation
 from opforge.spec.model import OpSpec
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from opforge.cases import Case, CaseInputs, build_matrix
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.arguments import CaseInputs
+from opforge.cases.compare import Rule, check_result, rule_for, tolerance_for
+from opforge.cases.matrix import Case, build_matrix
 from opforge.checks.base import Check, CheckContext, Outcomes, representative_cases
 from opforge.checks.op_and_reference import (
     against_reference,
@@ -21,9 +24,7 @@ from opforge.checks.op_and_reference import (
     output_baseline,
     outputs_of,
 )
-from opforge.compare import Rule, check_result, rule_for, tolerance_for
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, PassNote, ReferenceFailure
+from opforge.core.outcomes import CheckFailure, PassNote, ReferenceFailure
 from opforge.spec.model import CASE_DTYPE, OpSpec, ScalarInput, Tolerance
 
 if TYPE_CHECKING:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
-from opforge.cases import Case, argument_value, sample
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.arguments import argument_value, sample
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes
-from opforge.environment import device_unavailable
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, short
+from opforge.core.environment import device_unavailable
+from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, short
 from opforge.spec.model import ErrorInput, OpSpec, ScalarInput
 
 

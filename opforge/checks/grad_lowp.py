@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from opforge.cases import Case
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.compare import check_result, rule_for
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes
 from opforge.checks.op_and_reference import (
     argument,
@@ -13,9 +15,7 @@ from opforge.checks.op_and_reference import (
     nothing_judged,
     vector_jacobian_products,
 )
-from opforge.compare import check_result, rule_for
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, CheckSkipped
+from opforge.core.outcomes import CheckFailure, CheckSkipped
 
 
 def grad_lowp(ctx: CheckContext, implementation: Implementation, case: Case) -> Outcomes:

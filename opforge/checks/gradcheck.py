@@ -14,7 +14,10 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from opforge.cases import Case, CaseInputs
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.arguments import CaseInputs
+from opforge.cases.compare import as_tuple, tolerance_for, worst_mismatch
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, aligned
 from opforge.checks.op_and_reference import (
     argument,
@@ -27,10 +30,8 @@ from opforge.checks.op_and_reference import (
     vector_jacobian_products,
     with_arguments,
 )
-from opforge.compare import as_tuple, tolerance_for, worst_mismatch
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, short
-from opforge.results import Mismatch
+from opforge.core.outcomes import CheckFailure, short
+from opforge.core.results import Mismatch
 from opforge.spec.model import Tolerance
 
 if TYPE_CHECKING:

@@ -23,7 +23,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from opforge.cases import Case
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, SpecBeforeSections, SpecSection
 from opforge.checks.op_and_reference import (
     against_reference,
@@ -34,8 +35,7 @@ from opforge.checks.op_and_reference import (
     output_baseline,
     outputs_of,
 )
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, CheckSkipped
+from opforge.core.outcomes import CheckFailure, CheckSkipped
 from opforge.spec.model import OpSpec, TensorInput
 from opforge.spec.reader import Reader, read_shape
 

@@ -4,7 +4,7 @@ the reference. Catches int32 indexing (vLLM #5781 and many more).
 Such a kernel usually faults with an illegal memory access past 2^31 (or loops forever when its int index wraps
 around): a sticky CUDA error that ruins the process. So the case runs in a child process of its own
 (opforge.engine.large_index_child, started as the engine's workers are: opforge.child), which speaks the protocol
-of every child (opforge.engine.protocol: a LargeIndexJob on its stdin, Running and its Outcome back); a child that
+of every child (opforge.core.protocol: a LargeIndexJob on its stdin, Running and its Outcome back); a child that
 dies or hangs after it started the op is the op's failure.
 
 The spec gives the large shape of every tensor input (`large_index: {shapes: {x: [2147487747]}}`); the op is
@@ -20,13 +20,13 @@ import subprocess
 import time
 from dataclasses import dataclass, replace
 
-from opforge.cases import Case
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, Outcomes, SpecBeforeSections, SpecSection
-from opforge.child import ChildProcess, describe_exit, with_this_opforge
-from opforge.engine.protocol import LargeIndexJob, Message, Outcome, Running, decode_stream
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
-from opforge.results import Status
+from opforge.core.child import ChildProcess, describe_exit, with_this_opforge
+from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
+from opforge.core.protocol import LargeIndexJob, Message, Outcome, Running, decode_stream
+from opforge.core.results import Status
 from opforge.spec.model import KNOWN_DTYPES, TensorInput
 from opforge.spec.reader import Reader, one_of, read_bool, read_shape
 

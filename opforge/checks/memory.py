@@ -12,11 +12,11 @@ from __future__ import annotations
 import gc
 import itertools
 
-from opforge.cases import Case
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, representative_cases
 from opforge.checks.op_and_reference import inputs_for, outputs_of
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure
+from opforge.core.outcomes import CheckFailure
 
 # Calls before measuring, so lazily created state (a kernel cache, an allocator's first block) is not counted.
 WARMUP_CALLS = 2

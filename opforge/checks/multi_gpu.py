@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from opforge.cases import Case
+from opforge.building.op import Implementation
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, all_cases
 from opforge.checks.op_and_reference import (
     against_reference,
@@ -23,8 +24,7 @@ from opforge.checks.op_and_reference import (
     outputs_of,
     short,
 )
-from opforge.loading import Implementation
-from opforge.outcomes import CheckFailure, CheckSkipped
+from opforge.core.outcomes import CheckFailure, CheckSkipped
 
 if TYPE_CHECKING:
     import torch

@@ -7,11 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from opforge.cases import Case, CaseInputs, make_inputs
-from opforge.compare import Baseline, as_tuple, check_result, leaves, paired_leaves, returned_values, rule_for
-from opforge.loading import NATIVE, Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, PassDetail, ReferenceFailure, short
-from opforge.schema import return_names
+from opforge.building.op import NATIVE, Implementation, LoadedOp
+from opforge.cases.arguments import CaseInputs, make_inputs
+from opforge.cases.compare import Baseline, as_tuple, check_result, leaves, paired_leaves, returned_values, rule_for
+from opforge.cases.matrix import Case
+from opforge.core.outcomes import CheckFailure, PassDetail, ReferenceFailure, short
+from opforge.core.schema import return_names
 from opforge.spec.model import FLOATING_DTYPES, OpSpec
 
 if TYPE_CHECKING:
@@ -352,7 +353,7 @@ def compare_with_reference(
     label: str = "",
     round_expected: bool = False,
 ) -> None:
-    """Each (name, got, expected) of against_reference by the case dtype's rule (opforge.compare): the fixed
+    """Each (name, got, expected) of against_reference by the case dtype's rule (opforge.cases.compare): the fixed
     tolerance, or no worse than the reference computed in that dtype. `label` is added to the names in messages;
     `round_expected` rounds the float64 expected values to the dtype the op returns (what it can hold: 1.1 * max is
     inf in it). A spec without a reference says nothing of the dtype a floating output should have: it is the one

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from opforge.cases import Case, CaseInputs
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.arguments import CaseInputs
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, OneExample, Outcomes, aligned, first_values
 from opforge.checks.op_and_reference import inputs_for
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, Outcome, PassNote, missing_fake_hint, short
+from opforge.core.outcomes import CheckFailure, Outcome, PassNote, missing_fake_hint, short
 
 SUBTESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 

@@ -10,7 +10,7 @@ barriers in divergent code.
 
 One child per tool runs a representative set of the op's CUDA cases (every claimed floating dtype and shape,
 contiguous and at an offset, first argument values; the gradients too for a differentiable op). It speaks the
-protocol of every child (opforge.engine.protocol): its SanitizeJob on stdin, and a CaseStarted event before each case
+protocol of every child (opforge.core.protocol): its SanitizeJob on stdin, and a CaseStarted event before each case
 saying how much output the tool had written by then, so each report is blamed on its case. Its events go to a
 channel file of their own, which compute-sanitizer's output (on the child's stdout and stderr) cannot reach; the
 tool's output, with a marker line put back before each case's reports, is the log a user reads. The op's sources
@@ -29,14 +29,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from opforge.cases import Case, layout_kind
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, OptIns, Outcomes, Runner
-from opforge.child import entry_point, with_this_opforge
-from opforge.engine.protocol import CaseRaised, CaseStarted, Message, SanitizeJob, decode_stream
-from opforge.errors import UsageError
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
-from opforge.spec.model import FLOATING_DTYPES
+from opforge.core.child import entry_point, with_this_opforge
+from opforge.core.errors import UsageError
+from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
+from opforge.core.protocol import CaseRaised, CaseStarted, Message, SanitizeJob, decode_stream
+from opforge.spec.model import FLOATING_DTYPES, layout_kind
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 # Each tool's own flags. memcheck: an error destroys only the faulting kernel, not the context, so later cases still
@@ -84,7 +84,7 @@ def sanitizer_path() -> str | None:
     found = shutil.which("compute-sanitizer")
     if found:
         return found
-    from opforge.build import find_cuda_home
+    from opforge.building.extension import find_cuda_home
 
     home = find_cuda_home()
     candidate = home / "bin" / "compute-sanitizer" if home else None
@@ -102,7 +102,7 @@ def sanitized_cases(loaded: LoadedOp, implementation: Implementation, cases: lis
 def sanitize_case_set(loaded: LoadedOp) -> list[Case]:
     """The cases the child runs: every claimed floating dtype and shape, contiguous and at an offset (an aligned
     and a misaligned pointer), first argument values, on CUDA."""
-    from opforge.cases import build_matrix
+    from opforge.cases.matrix import build_matrix
 
     claimed = loaded.spec.dtypes_on("cuda")
     dtypes = tuple(d for d in claimed if d in FLOATING_DTYPES) or claimed
@@ -262,7 +262,7 @@ def parse_reports(output: str) -> list[Report]:
 def _keep_log(op: str, implementation: str, tool: str, output: str) -> Path:
     """The tool's whole output, kept where a user can read every report (the last run of each op, implementation
     and tool)."""
-    from opforge.build import cache_root
+    from opforge.building.extension import cache_root
 
     path = cache_root() / "sanitize" / f"{op}-{implementation}-{tool}.log"
     path.parent.mkdir(parents=True, exist_ok=True)

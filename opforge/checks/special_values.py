@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from opforge.cases import Case
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, first_values
 from opforge.checks.op_and_reference import (
     against_reference,
@@ -21,8 +22,7 @@ from opforge.checks.op_and_reference import (
     output_baseline,
     outputs_of,
 )
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import PassNote
+from opforge.core.outcomes import PassNote
 from opforge.spec.model import FLOATING_DTYPES
 
 if TYPE_CHECKING:

@@ -28,7 +28,10 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from opforge.cases import Case, CaseInputs
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.arguments import CaseInputs
+from opforge.cases.compare import Baseline, check_result, map_tensors, tolerance_for
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes, first_values
 from opforge.checks.op_and_reference import (
     against_reference,
@@ -46,10 +49,8 @@ from opforge.checks.op_and_reference import (
     short,
     with_arguments,
 )
-from opforge.compare import Baseline, check_result, map_tensors, tolerance_for
-from opforge.cuda_spin import spin
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, PassNote
+from opforge.core.cuda_spin import spin
+from opforge.core.outcomes import CheckFailure, PassNote
 
 if TYPE_CHECKING:
     import torch

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from opforge.cases import Case, CaseInputs, in_layout, input_layout
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.arguments import CaseInputs, in_layout
+from opforge.cases.compare import check_result, tolerance_for
+from opforge.cases.matrix import Case, input_layout
 from opforge.checks.base import Check, CheckContext, Outcomes, first_values
 from opforge.checks.op_and_reference import argument, inputs_for, named_leaves, op_outputs, outputs_of, with_arguments
-from opforge.compare import check_result, tolerance_for
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, short
+from opforge.core.outcomes import CheckFailure, short
 
 if TYPE_CHECKING:
     import torch

@@ -14,10 +14,10 @@ from typing import Annotated, Any
 import typer
 
 from opforge.checks.base import CheckOption, OptIns
-from opforge.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, OpforgeError, UsageError
+from opforge.core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, OpforgeError, UsageError
+from opforge.loading.spec import find_spec, list_specs
 from opforge.reporters import console as out
 from opforge.reporters.base import NotWritten, Reporter, ReportFormat
-from opforge.spec.load import find_spec, list_specs
 from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES
 
 app = typer.Typer(
@@ -242,7 +242,7 @@ def validated(values: list[str], known: tuple[str, ...], option: str) -> tuple[s
 def file_reporters(reports: dict[ReportFormat, Path | None]) -> dict[tuple[ReportFormat, Path], Reporter]:
     """A reporter per report asked for. A path that cannot be written, or a format that cannot be written here, is
     refused before the run, not after it (and before the other reports)."""
-    from opforge.files import check_writable
+    from opforge.core.files import check_writable
 
     asked = {fmt: path for fmt, path in reports.items() if path is not None}
     for fmt, path in asked.items():

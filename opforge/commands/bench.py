@@ -26,11 +26,11 @@ from opforge.commands.app import (
     validated,
     with_report_options,
 )
-from opforge.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, UsageError
+from opforge.core.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, UsageError
+from opforge.core.shard import parse_shard
+from opforge.loading.spec import load_spec
 from opforge.reporters import BENCH_FORMATS
 from opforge.reporters.base import ReportFormat
-from opforge.shard import parse_shard
-from opforge.spec.load import load_spec
 from opforge.spec.model import BENCH_LAYOUTS, BENCH_MODES, KNOWN_DEVICES, KNOWN_DTYPES
 
 
@@ -161,7 +161,7 @@ def bench(
             summary = markdown(comparison)
             bench_terminal.render_comparison(comparison, summary)
             if markdown_path:
-                from opforge.files import write_atomically
+                from opforge.core.files import write_atomically
 
                 write_atomically(markdown_path, summary)
         written = finish_files(files, run)

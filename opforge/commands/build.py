@@ -7,9 +7,9 @@ from typing import Annotated
 import typer
 
 from opforge.commands.app import CudaArch, app, guarded, spec_paths
-from opforge.errors import EXIT_OK, BuildError
+from opforge.core.errors import EXIT_OK, BuildError
+from opforge.loading.spec import load_spec
 from opforge.reporters import console as out
-from opforge.spec.load import load_spec
 
 
 @app.command()
@@ -27,9 +27,9 @@ def build(
     """Compile (or find in the cache) the C++/CUDA sources of op specs."""
 
     def body() -> int:
-        from opforge.build import build, detect_toolchain
-        from opforge.loading import spec_build_plan
-        from opforge.reporters.terminal import render_builds
+        from opforge.building.extension import build, detect_toolchain
+        from opforge.building.op import spec_build_plan
+        from opforge.reporters.build_terminal import render_builds
 
         rows = []
         for path in spec_paths(ops or [], all_specs=not ops):

@@ -1,4 +1,4 @@
-"""`opforge check`: build an op's kernels and run its checks (the run itself is opforge.session's)."""
+"""`opforge check`: build an op's kernels and run its checks (the run itself is opforge.run.session's)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from opforge import session
 from opforge.checks.catalog import CATALOG
 from opforge.commands.app import (
     EXECUTION,
@@ -34,11 +33,12 @@ from opforge.commands.app import (
     with_check_options,
     with_report_options,
 )
-from opforge.errors import EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from opforge.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, UsageError
+from opforge.core.shard import parse_shard
 from opforge.reporters import CHECK_FORMATS
 from opforge.reporters import console as out
 from opforge.reporters.base import Reporter, ReportFormat
-from opforge.shard import parse_shard
+from opforge.run import session
 from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES
 
 
@@ -213,7 +213,7 @@ def _selection(last_failed: bool, ops: list[str], all_specs: bool) -> tuple[tupl
     """(result ids to keep, spec paths to run)."""
     if not last_failed:
         return (), spec_paths(ops, all_specs)
-    from opforge.reporters.lastfailed import select
+    from opforge.run.last_failed import select
 
     chosen = spec_paths(ops, all_specs) if ops or all_specs else None
     selection = select(Path.cwd(), chosen)

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from opforge.commands.app import app, guarded
-from opforge.errors import EXIT_FAILED, EXIT_OK
+from opforge.core.errors import EXIT_FAILED, EXIT_OK
 
 
 @app.command()
@@ -31,8 +31,8 @@ def doctor(
     """
 
     def body() -> int:
-        from opforge.doctor import diagnose
         from opforge.reporters.doctor_terminal import render_diagnosis
+        from opforge.tools.doctor import diagnose
 
         diagnosis = diagnose(build_probes)
         render_diagnosis(diagnosis)

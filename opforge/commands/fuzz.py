@@ -21,11 +21,11 @@ from opforge.commands.app import (
     spec_paths,
     with_report_options,
 )
-from opforge.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, UsageError
+from opforge.core.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, UsageError
+from opforge.core.results import Status
 from opforge.fuzz.options import DEFAULT_BUDGET, DEFAULT_MAX_NUMEL, FuzzOptions
 from opforge.reporters import FUZZ_FORMATS
 from opforge.reporters.base import ReportFormat
-from opforge.results import Status
 from opforge.spec.model import KNOWN_DEVICES, OpSpec
 
 if TYPE_CHECKING:
@@ -121,9 +121,9 @@ def fuzz(
     def body() -> int:
         from opforge.fuzz.search import fuzz as search
         from opforge.fuzz.search import oracles_for, replay
+        from opforge.loading.regressions import read_example
+        from opforge.loading.spec import load_spec
         from opforge.reporters.fuzz_report import Live, render_fuzz, render_replay
-        from opforge.spec.load import load_spec
-        from opforge.spec.regressions import read_example
 
         [spec_path] = spec_paths([op], False)
         spec = load_spec(spec_path)
@@ -188,7 +188,7 @@ def _save(spec: OpSpec, report: FuzzReport) -> None:
 
 
 def _device(spec: OpSpec, device: str | None) -> str:
-    from opforge.environment import device_unavailable
+    from opforge.core.environment import device_unavailable
 
     if device is None:
         return "cpu" if "cpu" in spec.devices else spec.devices[0]

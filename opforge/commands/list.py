@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from opforge.commands.app import app, guarded
-from opforge.errors import EXIT_OK
-from opforge.spec.load import list_specs, load_spec
+from opforge.core.errors import EXIT_OK
+from opforge.loading.spec import list_specs, load_spec
 
 
 @app.command("list")
@@ -12,7 +12,7 @@ def list_() -> None:
     """List the bundled op specs."""
 
     def body() -> int:
-        from opforge.reporters.terminal import render_spec_list
+        from opforge.reporters.list_terminal import render_spec_list
 
         rows = []
         for path in list_specs():

@@ -8,11 +8,11 @@ from typing import Annotated
 import typer
 
 from opforge.commands.app import app, file_reporters, finish_files, guarded, with_report_options
-from opforge.errors import EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, UsageError
+from opforge.core.errors import EXIT_NOTHING_RAN, EXIT_OK, EXIT_USAGE, UsageError
 from opforge.reporters import CHECK_FORMATS
 from opforge.reporters import console as out
 from opforge.reporters.base import ReportFormat
-from opforge.session import exit_code
+from opforge.run.session import exit_code
 
 
 @app.command("merge-reports")
@@ -38,10 +38,16 @@ def merge_reports(
     """
 
     def body() -> int:
-        from opforge.files import write_atomically
-        from opforge.merge import BENCH, check_kinds_and_shards, merge_bench_reports, merge_check_reports, read_report
+        from opforge.core.files import write_atomically
+        from opforge.core.results import dumps_json
         from opforge.reporters.terminal import TerminalReport
-        from opforge.results import dumps_json
+        from opforge.tools.merge import (
+            BENCH,
+            check_kinds_and_shards,
+            merge_bench_reports,
+            merge_check_reports,
+            read_report,
+        )
 
         read = [read_report(path) for path in paths]
         if check_kinds_and_shards(read) == BENCH:

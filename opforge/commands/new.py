@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from opforge.commands.app import app, guarded
-from opforge.errors import EXIT_OK
+from opforge.core.errors import EXIT_OK
 from opforge.reporters import console as out
 
 
@@ -38,7 +38,7 @@ def new(
     """
 
     def body() -> int:
-        from opforge.scaffold import scaffold
+        from opforge.tools.scaffold import scaffold
 
         result = scaffold(name, directory or Path(name), stage, namespace)
         for path in result.written:

@@ -18,9 +18,9 @@ from opforge.commands.app import (
     spec_paths,
 )
 from opforge.commands.bench import bench_filters
-from opforge.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK
+from opforge.core.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK
+from opforge.loading.spec import load_spec
 from opforge.reporters import console as out
-from opforge.spec.load import load_spec
 
 
 @app.command()
@@ -53,9 +53,9 @@ def profile(
     def body() -> int:
         import json
 
-        from opforge.files import write_atomically
-        from opforge.profile import profile_op
+        from opforge.core.files import write_atomically
         from opforge.reporters.profile_terminal import render_profile
+        from opforge.tools.profile import profile_op
 
         filters = bench_filters(device, dtype, mode, contender, sizes, seed)
         [spec_path] = spec_paths([op], False)

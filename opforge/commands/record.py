@@ -53,7 +53,7 @@ def record(
     """
 
     def body() -> int:
-        from opforge.record.run import record as run_recording
+        from opforge.tools.record.run import record as run_recording
 
         result = run_recording(list(command), directory, tuple(namespaces or ()), max_calls, max_elements)
         if result.not_started:

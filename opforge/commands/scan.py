@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from opforge.commands.app import app, guarded
-from opforge.errors import EXIT_FAILED, EXIT_OK
+from opforge.core.errors import EXIT_FAILED, EXIT_OK
 from opforge.reporters import console as out
 
 
@@ -49,10 +49,10 @@ def scan(
     def body() -> int:
         import json
 
-        from opforge.files import write_atomically
+        from opforge.core.files import write_atomically
         from opforge.reporters.lastfailed import last_runs
         from opforge.reporters.scan_terminal import render_scan
-        from opforge.scan import scan as scan_namespace
+        from opforge.tools.scan import scan as scan_namespace
 
         result = scan_namespace(namespace, imports, specs_dir, last_runs(Path.cwd()) if specs_dir else None)
         render_scan(result)

@@ -10,7 +10,7 @@ The server never loads an op and never touches CUDA or OpenMP's threads: a forke
 made before the fork, and a process that has used OpenMP's threads hangs its forked children. Each child loads its
 op and makes its own context after the fork, as a freshly started process would.
 
-The messages of opforge.engine.protocol over a Unix SEQPACKET socket (the server's stdin), one per packet: the
+The messages of opforge.core.protocol over a Unix SEQPACKET socket (the server's stdin), one per packet: the
 parent sends a Fork with three descriptors (the child's stdin, stdout and stderr), which the child runs
 `module.main()` on, as a process started with child.start_in_session would; the server answers ServerReady once
 its imports are done, Forked (the child's pid) for each request, and Exited (pid, exit code as subprocess reports
@@ -36,9 +36,9 @@ import traceback
 from collections.abc import Mapping
 from typing import TypeVar
 
-from opforge.child import end_session, file_excerpt, start_in_session
-from opforge.engine.protocol import Exited, Fork, Forked, Message, ServerReady, decode, encode
-from opforge.errors import WorkerInternalError
+from opforge.core.child import end_session, file_excerpt, start_in_session
+from opforge.core.errors import WorkerInternalError
+from opforge.core.protocol import Exited, Fork, Forked, Message, ServerReady, decode, encode
 
 _M = TypeVar("_M", bound=Message)
 
@@ -210,7 +210,7 @@ class ForkServer:
 
 
 class ForkedProcess:
-    """A child forked by a server, as much of subprocess.Popen as opforge.child uses: its pid, poll(), wait(); its
+    """A child forked by a server, as much of subprocess.Popen as opforge.core.child uses: its pid, poll(), wait(); its
     exit status comes from the server, which reaps it."""
 
     def __init__(self, server: ForkServer, pid: int):
@@ -286,8 +286,8 @@ _PRELOADED = (
     "opforge.engine.plan",
     "opforge.engine.tasks",
     "opforge.engine.worker",
-    "opforge.environment",
-    "opforge.loading",
+    "opforge.core.environment",
+    "opforge.building.op",
     "opforge.fuzz.worker",
     "opforge.fuzz.oracles",
 )

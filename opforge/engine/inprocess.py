@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from opforge.building.op import LoadedOp
+from opforge.core.errors import OpforgeError
+from opforge.core.results import CaseResult, OpReport, RunReport, Status
 from opforge.engine.events import Events, progress_names
 from opforge.engine.plan import (
     Filters,
@@ -12,15 +15,12 @@ from opforge.engine.plan import (
     RunSettings,
     build_info,
     check_context,
-    load_checked,
     load_result,
     plan_op,
     reported_results,
 )
 from opforge.engine.tasks import run_tasks, stops_run
-from opforge.errors import OpforgeError
-from opforge.loading import LoadedOp
-from opforge.results import CaseResult, OpReport, RunReport, Status
+from opforge.loading.checked import load_checked
 from opforge.spec.model import OpSpec
 
 
@@ -34,7 +34,7 @@ def run_in_process(
 ) -> None:
     """Every spec's checks in this process, appending each op's report to `run` as soon as it starts (so that an
     interrupted run keeps what finished). An op that fails to load is an ERROR load result and the next op goes on."""
-    from opforge.environment import environment
+    from opforge.core.environment import environment
 
     events = events or Events()
     names = progress_names(specs)

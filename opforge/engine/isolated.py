@@ -2,7 +2,7 @@
 
 One worker per op (loading the op costs seconds: once per op, not per task), forked from this process's fork server
 (opforge.engine.forkserver), which imported torch once for every worker of every run. The worker streams
-results as it goes (opforge.engine.worker, the typed events of opforge.engine.protocol); the parent knows which
+results as it goes (opforge.engine.worker, the typed events of opforge.core.protocol); the parent knows which
 (check, case) task is in flight, so when the worker dies (SIGSEGV, abort, a fatal signal from a native library) that
 task's results are CRASH results naming the signal and the tail of the worker's stderr, and when it runs past its time
 limit the worker's whole process group is killed and they are TIMEOUT. Either way the op's remaining tasks go on in
@@ -29,11 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from opforge.checks.catalog import CATALOG
-from opforge.child import ChildProcess, describe_exit, with_this_opforge
-from opforge.engine.events import Events, progress_names
-from opforge.engine.forkserver import ForkServer, shared_server
-from opforge.engine.plan import CheckJob, Filters, RunSettings, load_result, part_of
-from opforge.engine.protocol import (
+from opforge.core.child import ChildProcess, describe_exit, with_this_opforge
+from opforge.core.errors import WorkerInternalError
+from opforge.core.protocol import (
     Done,
     End,
     EnvironmentEvent,
@@ -49,9 +47,11 @@ from opforge.engine.protocol import (
     TaskHeader,
     decode,
 )
+from opforge.core.results import CaseResult, OpReport, RunReport, Status, Verdict, case_result
+from opforge.engine.events import Events, progress_names
+from opforge.engine.forkserver import ForkServer, shared_server
+from opforge.engine.plan import CheckJob, Filters, RunSettings, load_result, part_of
 from opforge.engine.tasks import declared, repro_command, stops_run
-from opforge.errors import WorkerInternalError
-from opforge.results import CaseResult, OpReport, RunReport, Status, Verdict, case_result
 from opforge.spec.model import OpSpec
 
 # Per-check time limit when neither the spec (`timeout:`) nor --timeout sets one. Generous: the slowest task measured

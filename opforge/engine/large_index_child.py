@@ -1,6 +1,6 @@
 """The child process of the large_index check (opforge.checks.large_index): load the op, run it once on inputs past
 2^31 elements, compare windows of the output with the reference, and send the verdict. It speaks the protocol of
-every child (opforge.engine.protocol) as the engine's workers do: its LargeIndexJob on stdin, Running (before the
+every child (opforge.core.protocol) as the engine's workers do: its LargeIndexJob on stdin, Running (before the
 op runs) and its Outcome on a duplicate of the original stdout, fd 1 then pointing at stderr so that the op's own
 prints never reach the protocol. A fault here ends this process, not the run.
 """
@@ -14,12 +14,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from opforge.cases import argument_value
+from opforge.building.op import LoadedOp
+from opforge.cases.arguments import argument_value
 from opforge.checks.large_index import required_bytes
-from opforge.engine.protocol import LargeIndexJob, Message, Outcome, Running, send
-from opforge.loading import LoadedOp
-from opforge.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, short
-from opforge.results import Status, Verdict
+from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, short
+from opforge.core.protocol import LargeIndexJob, Message, Outcome, Running, send
+from opforge.core.results import Status, Verdict
 from opforge.spec.model import ScalarInput, Tolerance
 
 
@@ -58,8 +58,8 @@ def _summary(exc: Exception) -> str:
 def _child_run(job: LargeIndexJob, say: Callable[[Message], None]) -> Verdict:
     import torch
 
-    from opforge.loading import load_op
-    from opforge.spec.load import load_spec
+    from opforge.building.op import load_op
+    from opforge.loading.spec import load_spec
 
     try:
         loaded = load_op(load_spec(job.spec), job.cuda_arch)
@@ -157,8 +157,8 @@ def _compare_windows(
 ) -> None:
     import torch
 
+    from opforge.cases.compare import tolerance_for
     from opforge.checks.op_and_reference import against_reference, compared_dtype, op_outputs, reference_values
-    from opforge.compare import tolerance_for
 
     got = op_outputs(loaded, returned)
     mutated = {name: kwargs[name] for name in loaded.mutated_arguments}
@@ -198,7 +198,7 @@ def _compare_window(
 ) -> None:
     import torch
 
-    from opforge.compare import worst_mismatch
+    from opforge.cases.compare import worst_mismatch
 
     mismatch = worst_mismatch(name, part, expected, tol)
     if mismatch is None:

@@ -9,20 +9,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from opforge.cases import Case, build_matrix
+from opforge.cases.matrix import Case, build_matrix
 from opforge.checks.base import Check, CheckContext, OptIns
 from opforge.checks.catalog import CATALOG
-from opforge.engine.protocol import Job
-from opforge.errors import OpforgeError
-from opforge.results import CaseResult, OpReport, Status, Verdict, case_result, result_id
-from opforge.shard import Shard, owns
+from opforge.core.errors import OpforgeError
+from opforge.core.protocol import Job
+from opforge.core.results import CaseResult, OpReport, Status, Verdict, case_result, result_id
+from opforge.core.shard import Shard, owns
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:
-    from opforge.loading import Implementation, LoadedOp
+    from opforge.building.op import Implementation, LoadedOp
 
 DEFAULT_SEED = 0
-# The implementation name of the spec's op itself (opforge.loading.NATIVE, spelled here so planning stays
+# The implementation name of the spec's op itself (opforge.building.op.NATIVE, spelled here so planning stays
 # torch-free in a parent process).
 NATIVE = "native"
 # The result that stands for an op's loading (import, build, schema check) when it failed, crashed or hung.
@@ -42,7 +42,7 @@ class Filters:
     # Only these full result ids (--last-failed). An op whose loading failed is listed by its load result's id and
     # then runs whole.
     ids: tuple[str, ...] = ()
-    # --shard K/N: only the tasks whose key hashes to this shard (opforge.shard).
+    # --shard K/N: only the tasks whose key hashes to this shard (opforge.core.shard).
     shard: Shard | None = None
 
     def wants_check(self, name: str) -> bool:
@@ -178,20 +178,8 @@ class Plan:
     skipped: list[CaseResult] = field(default_factory=list)
 
 
-def load_checked(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[str], None] | None = None) -> LoadedOp:
-    """The loaded op, after every check has refused a claim of the spec the op cannot honour (a SpecError): a
-    claim is refused whether or not the check runs."""
-    from opforge.loading import load_op
-
-    loaded = load_op(spec, cuda_arch, on_step)
-    for check in CATALOG:
-        if check.validate is not None:
-            check.validate(loaded)
-    return loaded
-
-
 def plan_op(loaded: LoadedOp, filters: Filters, settings: RunSettings) -> Plan:
-    from opforge.environment import device_unavailable
+    from opforge.core.environment import device_unavailable
 
     spec = loaded.spec
     dtypes = tuple(d for d in spec.dtypes if not filters.dtypes or d in filters.dtypes)

@@ -2,7 +2,7 @@
 `opforge.engine.sanitize_child CHANNEL` (started by child.entry_point): its SanitizeJob on stdin, then load the op
 and run each case (and its gradients, for a differentiable op). Before each case it sends CaseStarted with the size
 of its output so far (its stdout: the file the tool writes its reports to, too), so that the reports that follow are
-blamed on it; its events (opforge.engine.protocol) go to the channel file CHANNEL, which the tool's output never
+blamed on it; its events (opforge.core.protocol) go to the channel file CHANNEL, which the tool's output never
 reaches. Every output is copied to the host (a consumer's read, which initcheck needs to see an unwritten element)."""
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from opforge.cases import Case
-from opforge.engine.protocol import CaseRaised, CaseStarted, Done, Message, SanitizeJob, send
+from opforge.cases.matrix import Case
+from opforge.core.protocol import CaseRaised, CaseStarted, Done, Message, SanitizeJob, send
 
 
 def child_main(job: SanitizeJob, say: Callable[[Message], None]) -> int:
     import torch
 
     from opforge.checks.op_and_reference import argument, inputs_for
-    from opforge.engine.plan import load_checked
-    from opforge.spec.load import load_spec
+    from opforge.loading.checked import load_checked
+    from opforge.loading.spec import load_spec
 
     loaded = load_checked(load_spec(job.spec), job.cuda_arch)
     implementation = next(t for t in loaded.implementations if t.name == job.implementation)

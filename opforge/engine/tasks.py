@@ -11,12 +11,12 @@ import warnings
 from collections.abc import Callable
 from dataclasses import replace
 
-from opforge.cases import Case
+from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, Outcomes
 from opforge.checks.catalog import CATALOG
+from opforge.core.outcomes import CheckFailure, CheckSkipped, PassDetail, PassNote, ReferenceFailure, short
+from opforge.core.results import CaseResult, Status, Verdict, case_result, result_id
 from opforge.engine.plan import Filters, Plan, RunSettings, Task, part_of, reported_results
-from opforge.outcomes import CheckFailure, CheckSkipped, PassDetail, PassNote, ReferenceFailure, short
-from opforge.results import CaseResult, Status, Verdict, case_result, result_id
 from opforge.spec.model import OpSpec
 
 

@@ -1,5 +1,5 @@
 """The child process of an isolated run (see opforge.engine.isolated): load one op, run its tasks from a
-given index on, and stream what happens to the parent as the events of opforge.engine.protocol.
+given index on, and stream what happens to the parent as the events of opforge.core.protocol.
 
 Forked by the fork server (opforge.engine.forkserver) or started as a process of its own, alike: the CheckJob as one
 line on stdin, the protocol on a duplicate of the original stdout. fd 1 then points at stderr, so whatever the op's
@@ -15,8 +15,8 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from opforge.engine.plan import CheckJob
-from opforge.engine.protocol import (
+from opforge.core.errors import OpforgeError
+from opforge.core.protocol import (
     Done,
     End,
     EnvironmentEvent,
@@ -32,8 +32,8 @@ from opforge.engine.protocol import (
     TaskHeader,
     encode,
 )
-from opforge.errors import OpforgeError
-from opforge.results import CaseResult
+from opforge.core.results import CaseResult
+from opforge.engine.plan import CheckJob
 
 if TYPE_CHECKING:
     from opforge.engine.plan import Plan
@@ -62,10 +62,11 @@ def main() -> None:
 
 
 def run(job: CheckJob, send: Send) -> None:
-    from opforge.engine.plan import build_info, check_context, load_checked, plan_op, reported_results
+    from opforge.core.environment import environment
+    from opforge.engine.plan import build_info, check_context, plan_op, reported_results
     from opforge.engine.tasks import run_tasks
-    from opforge.environment import environment
-    from opforge.spec.load import load_spec
+    from opforge.loading.checked import load_checked
+    from opforge.loading.spec import load_spec
 
     send(EnvironmentEvent(environment()))
     spec = load_spec(job.spec)

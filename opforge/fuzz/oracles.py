@@ -17,7 +17,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from opforge.cases import Case, CaseInputs, writes_special
+from opforge.building.op import Implementation, LoadedOp
+from opforge.cases.arguments import CaseInputs
+from opforge.cases.compare import map_tensors
+from opforge.cases.matrix import Case, writes_special
 from opforge.checks.base import Check, CheckContext
 from opforge.checks.catalog import CATALOG
 from opforge.checks.op_and_reference import (
@@ -29,12 +32,10 @@ from opforge.checks.op_and_reference import (
     reference_in_op_dtypes,
     split_reference,
 )
-from opforge.compare import map_tensors
+from opforge.core.outcomes import CheckFailure, ReferenceFailure, short
+from opforge.core.results import Mismatch, Status, Verdict
 from opforge.engine.tasks import apply_xfail, check_verdicts
 from opforge.fuzz.verdict import CRASHED, OUTSIDE_DOMAIN, UNDECIDABLE
-from opforge.loading import Implementation, LoadedOp
-from opforge.outcomes import CheckFailure, ReferenceFailure, short
-from opforge.results import Mismatch, Status, Verdict
 
 
 class Judge:

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from opforge.checks.catalog import CATALOG
-from opforge.child import ChildProcess, describe_exit, with_this_opforge
-from opforge.engine.forkserver import shared_server
-from opforge.engine.protocol import (
+from opforge.core.child import ChildProcess, describe_exit, with_this_opforge
+from opforge.core.errors import OpforgeError, WorkerInternalError
+from opforge.core.protocol import (
     Died,
     ExampleStart,
     FuzzExample,
@@ -30,9 +30,9 @@ from opforge.engine.protocol import (
     Timed,
     decode,
 )
-from opforge.errors import OpforgeError, WorkerInternalError
+from opforge.core.results import Status, Verdict
+from opforge.engine.forkserver import shared_server
 from opforge.fuzz.verdict import CRASHED, HUNG, TOO_COSTLY
-from opforge.results import Status, Verdict
 from opforge.spec.model import Regression
 
 _M = TypeVar("_M", bound=Message)

@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from opforge.files import write_atomically
+from opforge.core.files import write_atomically
 from opforge.spec.model import Regression
 
 _SECTION = re.compile(r"^regressions:\s*(\[\s*\])?\s*(#.*)?$")

@@ -15,21 +15,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from opforge.cases import kept_case
+from opforge.building.op import NATIVE
+from opforge.cases.matrix import kept_case
 from opforge.checks.base import Check
 from opforge.checks.catalog import CATALOG
+from opforge.core.environment import host_environment
+from opforge.core.errors import UsageError
+from opforge.core.results import CaseResult, OpReport, RunReport, Status, Verdict, case_result
 from opforge.engine.events import Events
 from opforge.engine.plan import Filters
 from opforge.engine.tasks import declared
-from opforge.environment import host_environment
-from opforge.errors import UsageError
 from opforge.fuzz.options import FuzzOptions
 from opforge.fuzz.process import FuzzWorker
 from opforge.fuzz.save import repro_command
 from opforge.fuzz.space import Space, examples
 from opforge.fuzz.verdict import CRASHED, HUNG
-from opforge.loading import NATIVE
-from opforge.results import CaseResult, OpReport, RunReport, Status, Verdict, case_result
 from opforge.spec.model import OpSpec, Regression
 
 # Examples per hypothesis pass: small, so a pass ends soon after the budget does (~0.1 s an example here), large

@@ -15,9 +15,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from opforge.cases import FILL_RULES, FILL_SPECIALS, LAYOUT_FAMILY, layout_applies
+from opforge.cases.matrix import FILL_RULES, FILL_SPECIALS, LAYOUT_FAMILY, layout_applies
+from opforge.core.schema import mutated_names
 from opforge.fuzz.options import DEFAULT_MAX_NUMEL
-from opforge.schema import mutated_names
 from opforge.spec.model import OpSpec, Regression, ScalarInput
 
 # A size is drawn as blocks * block + rest, the block a power of two: hypothesis biases each draw towards its ends,

@@ -10,7 +10,7 @@ call (libgomp is not fork-safe: a `samples:` function's torch.log_softmax on a l
 and every example was discarded as too costly to judge); one that has made a CUDA context cannot hand it to them.
 Each child loads the op itself, and makes its own threads and context.
 
-The messages of opforge.engine.protocol, one per line: the parent sends a FuzzJob first, then a FuzzExample per
+The messages of opforge.core.protocol, one per line: the parent sends a FuzzJob first, then a FuzzExample per
 example; the planning child answers Space (the search space) or LoadError, each judging child Ready (its pid), then
 per example ExampleStart (before running it, so a crash is charged to it), Timed after the first reference call and
 op call, and Judged (saying whether the child now exits for a fresh one); this process sends Died when a child died.
@@ -24,8 +24,9 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from opforge.child import describe_exit
-from opforge.engine.protocol import (
+from opforge.core.child import describe_exit
+from opforge.core.errors import EXIT_FAILED, EXIT_INTERNAL, OpforgeError
+from opforge.core.protocol import (
     Died,
     ExampleStart,
     FuzzExample,
@@ -37,10 +38,9 @@ from opforge.engine.protocol import (
     Timed,
     send,
 )
-from opforge.errors import EXIT_FAILED, EXIT_INTERNAL, OpforgeError
 
 if TYPE_CHECKING:
-    from opforge.loading import LoadedOp
+    from opforge.building.op import LoadedOp
 
 # A child's exit code after it reported a load error (an "error" event): nothing to judge, no child to fork again.
 _NOT_LOADED = 7
@@ -93,8 +93,8 @@ def _plan(job: FuzzJob, channel: int) -> None:
 
 
 def _load(spec_path: str, cuda_arch: str | None) -> LoadedOp:
-    from opforge.loading import load_op
-    from opforge.spec.load import load_spec
+    from opforge.building.op import load_op
+    from opforge.loading.spec import load_spec
 
     return load_op(load_spec(spec_path), cuda_arch)
 
@@ -118,7 +118,7 @@ def _space(loaded: LoadedOp) -> dict[str, Any]:
 
 def _serve(job: FuzzJob, channel: int) -> None:
     """A judging child: the op loaded, then examples until stdin closes, then exit 0. Never returns."""
-    from opforge.cases import kept_case
+    from opforge.cases.matrix import kept_case
     from opforge.engine.worker import device_error
     from opforge.fuzz.oracles import Judge
     from opforge.spec.model import Regression

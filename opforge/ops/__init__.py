@@ -20,9 +20,9 @@ def load_native(
     libraries: tuple[str | Path, ...] = (),
     extra_cflags: tuple[str, ...] = (),
 ) -> None:
-    """Build and load an op's kernels; the options as in opforge.build.plan_build (an op wrapping an external
-    library names it in `libraries`). A spec that lists the same sources must give the same options, or it builds
-    a second library that registers the op again."""
-    from opforge.build import build_sources
+    """Build and load an op's kernels; the options as in opforge.building.extension.plan_build (an op wrapping an
+    external library names it in `libraries`). A spec that lists the same sources must give the same options, or it
+    builds a second library that registers the op again."""
+    from opforge.building.extension import build_sources
 
     build_sources(native_sources(stem), include_dirs=include_dirs, libraries=libraries, extra_cflags=extra_cflags)

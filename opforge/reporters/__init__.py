@@ -1,11 +1,12 @@
 """Reporters: one module per format. Each receives a run's results as they arrive and the finished run; the tables
 below register the file formats, and the CLI builds its report options (`--json`, `--junit`, ...) from them.
 
-Formats of `opforge check`: `terminal` (always), `json_report`, `junit`, `markdown`, `lastfailed` (always: what
-`--last-failed` reruns). Of `opforge bench`: `bench_terminal` (always), `json_report`, `junit`, `csv_report`, `plot`.
-Of `opforge fuzz`: `fuzz_report` (the terminal and its own JSON), `junit`, `markdown`. JUnit and Markdown render a
-results.RunReport; bench and fuzz give theirs (BenchRun.run_report, FuzzReport.run_report).
-`console` owns the rich Console; `base` says what a reporter and a file format are.
+Formats of `opforge check`: `terminal` (always), `json_report`, `junit`, `markdown`, `lastfailed` (always: the
+failures `--last-failed` reruns). Of `opforge bench`: `bench_terminal` (always), `json_report`, `junit`, `csv_report`,
+`plot`. Of `opforge fuzz`: `fuzz_report` (the terminal and its own JSON), `junit`, `markdown`. JUnit and Markdown render
+a results.RunReport; bench and fuzz give theirs (BenchRun.run_report, FuzzReport.run_report). The other commands'
+terminal output, one module per thing rendered: `list_terminal`, `build_terminal`, `doctor_terminal`,
+`profile_terminal`, `scan_terminal`. `console` owns the rich Console; `base` says what a reporter and a file format are.
 """
 
 from __future__ import annotations

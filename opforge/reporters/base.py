@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opforge.core.results import RunReport
 from opforge.engine.events import Events, FanOut
-from opforge.results import RunReport
 
 
 class Reporter(Events):

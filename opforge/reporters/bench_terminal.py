@@ -11,10 +11,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from opforge.core.results import describe_mismatch
 from opforge.engine.events import Events
 from opforge.reporters import console as out
 from opforge.reporters.console import Heartbeat, console, error, warning
-from opforge.results import describe_mismatch
 
 if TYPE_CHECKING:
     from opforge.bench.baseline import Comparison

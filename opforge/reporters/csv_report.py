@@ -7,7 +7,7 @@ import io
 from pathlib import Path
 
 from opforge.bench.model import BASELINE, BenchRun, speedups
-from opforge.files import write_atomically
+from opforge.core.files import write_atomically
 from opforge.reporters.base import Reporter
 
 

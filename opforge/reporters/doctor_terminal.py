@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from opforge.doctor import Diagnosis, Verdict
 from opforge.reporters.console import console
+from opforge.tools.doctor import Diagnosis, Verdict
 
 STYLES = {Verdict.OK: "green", Verdict.INFO: "cyan", Verdict.WARN: "yellow", Verdict.FAIL: "bold red"}
 

@@ -11,15 +11,15 @@ from typing import Any
 
 from rich.text import Text
 
-from opforge.cases import offset_of
+from opforge.cases.matrix import offset_of
+from opforge.core.files import write_atomically
+from opforge.core.results import Status, Verdict, dumps_json
 from opforge.engine.events import Events
-from opforge.files import write_atomically
 from opforge.fuzz.save import repro_command
 from opforge.fuzz.search import MIN_JUDGED, Failure, FuzzReport
 from opforge.fuzz.verdict import OUTSIDE_DOMAIN, TOO_COSTLY, UNDECIDABLE
 from opforge.reporters import console as out
 from opforge.reporters.base import Reporter
-from opforge.results import Status, Verdict, dumps_json
 from opforge.spec.model import Regression
 
 

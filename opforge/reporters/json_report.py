@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from opforge.files import write_atomically
+from opforge.core.files import write_atomically
+from opforge.core.results import dumps_json
 from opforge.reporters.base import Reporter
-from opforge.results import dumps_json
 
 
 class JsonReport(Reporter):

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from opforge.files import write_atomically
+from opforge.core.files import write_atomically
+from opforge.core.results import RunReport, Status, failure_text
 from opforge.reporters.base import Reporter, as_results
-from opforge.results import RunReport, Status, failure_text
 
 
 class JunitReport(Reporter):

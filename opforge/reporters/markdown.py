@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from opforge.files import write_atomically
+from opforge.core.files import write_atomically
+from opforge.core.results import RunReport, Status, failure_details
 from opforge.reporters.base import Reporter, as_results
-from opforge.results import RunReport, Status, failure_details
 
 # Failures listed in full; a CI summary should stay readable, the JSON/JUnit reports hold the rest.
 MAX_FAILURES = 30

@@ -23,7 +23,7 @@ def require_plotting() -> None:
     """Fail before minutes of timing, not after, when --plot cannot be honoured."""
     import importlib.util
 
-    from opforge.errors import UsageError
+    from opforge.core.errors import UsageError
 
     if importlib.util.find_spec("matplotlib") is None:
         raise UsageError(

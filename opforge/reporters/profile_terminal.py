@@ -8,8 +8,8 @@ from rich.table import Table
 from rich.text import Text
 
 from opforge.bench.baseline import format_seconds
-from opforge.profile import SHOWN_KERNELS, Profiled, ProfileRun
 from opforge.reporters.console import console
+from opforge.tools.profile import SHOWN_KERNELS, Profiled, ProfileRun
 
 
 def render_profile(run: ProfileRun) -> None:

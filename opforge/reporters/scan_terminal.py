@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from opforge.reporters.console import console
-from opforge.scan import CEA, CIA, REGISTER_FAKE, TRIVIAL_FAKE, FlagKind, Scan, ScannedOp
+from opforge.tools.scan import CEA, CIA, REGISTER_FAKE, TRIVIAL_FAKE, FlagKind, Scan, ScannedOp
 
 FLAG_STYLE = "bold red"
 

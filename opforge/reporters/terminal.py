@@ -1,6 +1,6 @@
 """The terminal format of `opforge check`: a progress bar per op while it runs (on a terminal only), then a table
 per op (implementation x check rows, dtype/device columns), the failures with their worst mismatch and rerun
-command, and the totals. Also the tables of `opforge list` and `opforge build`."""
+command, and the totals."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from rich.table import Table
 from rich.text import Text
 
 from opforge.checks.catalog import CATALOG
+from opforge.core.results import CaseResult, OpReport, RunReport, Status, failure_details
+from opforge.core.shard import shard_text
 from opforge.engine.plan import LOAD_CHECK
 from opforge.reporters.base import Reporter
 from opforge.reporters.console import HEARTBEAT_S, Heartbeat, console, error
-from opforge.results import CaseResult, OpReport, RunReport, Status, failure_details
-from opforge.shard import shard_text
 from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES
 
 # The column header under which the dtypes check's unclaimed dtypes are folded.
@@ -405,24 +405,3 @@ def run_verdict(report: RunReport) -> tuple[str, str]:
     if report.nothing_ran:
         return "NOTHING RAN", "bold yellow"
     return "OK", "bold green"
-
-
-def render_spec_list(rows: list[tuple[str, str, str]]) -> None:
-    table = Table(title="opforge specs", title_justify="left")
-    # Names fold onto a second line at 80 columns rather than end in "…": a cut name cannot be typed back.
-    for name in ("op", "spec"):
-        table.add_column(name, overflow="fold")
-    table.add_column("description")
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-
-
-def render_builds(rows: list[tuple[str, str, str]]) -> None:
-    table = Table(title="opforge build", title_justify="left")
-    table.add_column("op", no_wrap=True)
-    table.add_column("library", overflow="fold")
-    table.add_column("status")
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)

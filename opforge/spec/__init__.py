@@ -1,6 +1,7 @@
-"""Op specs: YAML files loaded into frozen, validated models.
+"""The spec model: what a YAML spec says, as frozen, validated models.
 
 `model` holds the dataclasses and the vocabulary specs are written in; `reader` the YAML reader that keeps every
-value's line; `inputs`, `claims`, `xfail` and `bench` one section each (`bytes_expr` the `bench.bytes` expression
-language); `load` reads a whole file (load_spec) and finds specs by name (find_spec, list_specs).
+value's line; `inputs`, `claims`, `sources` (the `load:` section) and `bench` one section each (`bytes_expr` the
+`bench.bytes` expression language). Reading a whole file (load_spec), and the sections that need the checks' catalog
+(`xfail`), are opforge.loading's.
 """

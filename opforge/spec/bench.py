@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from opforge.schema import return_names
+from opforge.core.schema import return_names
 from opforge.spec.bytes_expr import ExpressionError, parse
 from opforge.spec.model import BENCH_LAYOUTS, BENCH_MODES, KNOWN_DEVICES, KNOWN_DTYPES, BenchSpec, Input, TensorInput
 from opforge.spec.reader import Node, Reader, describe, list_of, one_of, read_shape, read_str

@@ -1,6 +1,6 @@
 """The spec model: what a YAML spec says, as frozen dataclasses, and the vocabulary specs are written in.
 
-Nothing here reads files or imports torch (opforge.spec.load builds these from YAML).
+Nothing here reads files or imports torch (opforge.loading.spec builds these from YAML).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opforge.errors import SpecError
+from opforge.core.errors import SpecError
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 
@@ -225,7 +225,7 @@ class Samples:
     """`samples: module:function`: the cases' inputs come from a function (OpInfo's sample inputs), for ops whose
     shapes are coupled to their other arguments (a convolution's offsets to its stride and groups). `values` holds
     each sample's non-tensor arguments (CASE_DTYPE for the function's own `dtype`), and `names` each sample's short
-    name ("" where it gives none), once the op is loaded (opforge.loading): the spec alone cannot know them."""
+    name ("" where it gives none), once the op is loaded (opforge.building.op): the spec alone cannot know them."""
 
     ref: str
     values: tuple[tuple[tuple[str, Any], ...], ...] = ()
@@ -260,7 +260,8 @@ class OpSpec:
     schema: str
     load: Load
     implementations: tuple[tuple[str, str], ...]
-    # `module:function`; None: the op itself on contiguous float64 copies of its inputs (opforge.self_reference).
+    # `module:function`; None: the op itself on contiguous float64 copies of its inputs
+    # (opforge.building.self_reference).
     reference: str | None
     inputs: tuple[Input, ...]
     dtypes: tuple[str, ...]

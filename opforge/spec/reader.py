@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from opforge.errors import SpecError
+from opforge.core.errors import SpecError
 from opforge.spec.model import KNOWN_DTYPES, Tolerance
 
 T = TypeVar("T")

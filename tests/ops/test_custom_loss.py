@@ -6,9 +6,9 @@ import pytest
 import torch
 from helpers import DTYPE_IDS, DTYPES, SPECS, describe, requires_cuda, run_spec
 
-from opforge.compare import worst_mismatch
+from opforge.cases.compare import worst_mismatch
+from opforge.core.results import describe_mismatch
 from opforge.ops.custom_loss import _backward, _grads, _grads_repeated, custom_loss, reference
-from opforge.results import describe_mismatch
 from opforge.spec.model import Tolerance
 
 # (pred shape, target shape): same shapes, broadcasting either way, 0-d, empty. Rows of 16 elements or more are

@@ -8,7 +8,8 @@ import pytest
 import torch
 from helpers import DTYPE_IDS, DTYPES, SPECS, describe, requires_cuda, run_spec
 
-from opforge.compare import worst_mismatch
+from opforge.cases.compare import worst_mismatch
+from opforge.core.results import describe_mismatch
 from opforge.ops.leaky_swish import (
     LeakySwish,
     leaky_swish,
@@ -17,7 +18,6 @@ from opforge.ops.leaky_swish import (
     leaky_swish_prototype,
     reference,
 )
-from opforge.results import describe_mismatch
 from opforge.spec.model import Tolerance
 
 SHAPES = [(), (0,), (7,), (33, 65), (2, 3, 5, 4)]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import requires_cuda
 
-from opforge.build import detect_toolchain, plan_build
+from opforge.building.extension import detect_toolchain, plan_build
 from opforge.ops import native_sources
 from opforge.ops.row_crc32 import LIBRARIES, reference, reference_adler32, row_adler32, row_crc32
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from opforge.outcomes import CheckFailure, short
-from opforge.results import Mismatch
+from opforge.core.outcomes import CheckFailure, short
+from opforge.core.results import Mismatch
 from opforge.spec.model import OpSpec, Tolerance
 
 # torch.testing.assert_close's defaults, which users already know.

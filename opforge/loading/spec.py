@@ -10,7 +10,9 @@ from pathlib import Path
 
 from opforge.checks.base import SpecBeforeSections
 from opforge.checks.catalog import CATALOG
-from opforge.errors import SpecError, UsageError
+from opforge.core.errors import SpecError, UsageError
+from opforge.loading.regressions import read_regressions
+from opforge.loading.xfail import read_xfails
 from opforge.spec.bench import read_bench_section
 from opforge.spec.claims import read_error_inputs
 from opforge.spec.inputs import read_inputs
@@ -39,9 +41,7 @@ from opforge.spec.reader import (
     read_str,
     read_tolerances,
 )
-from opforge.spec.regressions import read_regressions
 from opforge.spec.sources import read_load_section
-from opforge.spec.xfail import read_xfails
 
 _QUALNAME = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_]\w*(\.[A-Za-z_]\w*)?$")
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from opforge.errors import UsageError
+from opforge.core.errors import UsageError
 
 STAGES = ("python", "cpp", "cuda")
 # An op name that is a C++ and a Python identifier, as the schema needs.

@@ -17,7 +17,7 @@ op runs (a call that crashes the process is kept) and renamed into place (a cras
 Not recorded: a call made while another recorded call runs (a custom op whose Python implementation calls another
 custom op: the outer call is what the program made), calls on tensors that are not plain tensors (FakeTensor,
 functional tensors while torch.compile traces, meta tensors), and every call in a process that is opforge checking
-an op (opforge.loading pauses the recording when it loads one).
+an op (opforge.building.op pauses the recording when it loads one).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from opforge.results import Mismatch
+from opforge.core.results import Mismatch
 
 # Lines of an exception message kept in a result; the rest is noise (C++ stack frames, dispatcher dumps).
 MESSAGE_LINES = 6

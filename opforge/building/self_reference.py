@@ -8,7 +8,7 @@ catches are the bugs that make one call differ from another: strides read as con
 a low-precision accumulator, a compiled graph built from a wrong fake.
 
 The reference is called as any reference is: with the op's arguments, floating tensors in float64 on the CPU
-(opforge.cases.CaseInputs.reference_args), integers (indices, lengths) in their own dtype. It calls the op on
+(opforge.cases.arguments.CaseInputs.reference_args), integers (indices, lengths) in their own dtype. It calls the op on
 contiguous copies of them (a storage offset of 0), on the CPU where the spec claims it (else on the spec's first
 device), and returns what a reference returns: the outputs, then each mutated argument's new value. For the
 low-precision baseline opforge calls the reference on the op's own dtypes
@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from opforge.compare import leaves, map_tensors, returned_values
+from opforge.cases.compare import leaves, map_tensors, returned_values
 
 if TYPE_CHECKING:
     import torch

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Protocol
 
-from opforge.errors import WorkerInternalError
+from opforge.core.errors import WorkerInternalError
 
 # Lines of a worker's stderr quoted in a CRASH/TIMEOUT result: faulthandler's account of a fatal signal (the error line,
 # a blank, the thread header and the innermost frames) fits in 20, and a longer quote buries the result in a CI log.
@@ -215,6 +215,6 @@ def with_this_opforge(environ: Mapping[str, str]) -> dict[str, str]:
     """`environ` for a worker process that imports this opforge, wherever it came from (an install, a checkout, a
     test's sys.path)."""
     env = dict(environ)
-    package_root = str(Path(__file__).resolve().parents[1])
+    package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     return env

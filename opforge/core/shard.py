@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import zlib
 
-from opforge.errors import UsageError
+from opforge.core.errors import UsageError
 
 Shard = tuple[int, int]  # (K, N): the K-th of N shards, K from 1
 

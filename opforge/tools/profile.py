@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 from opforge.bench.bytes import bytes_moved
 from opforge.bench.plan import BenchFilters, BenchPoint, contenders, plan_points, runnable_devices
 from opforge.bench.runner import argument_restorer, compiled_reference, input_source, mode_callable
-from opforge.errors import UsageError
+from opforge.core.errors import UsageError
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:
     from torch.autograd.profiler_util import FunctionEventAvg
 
-    from opforge.cases import CaseInputs
-    from opforge.loading import LoadedOp
+    from opforge.building.op import LoadedOp
+    from opforge.cases.arguments import CaseInputs
 
 # Calls profiled per contender: enough that per-call figures are averages, few enough for a large point.
 CALLS = 10
@@ -89,7 +89,7 @@ def profile_op(
     calls: int = CALLS,
     on_step: Callable[[str], None] | None = None,
 ) -> ProfileRun:
-    from opforge.engine.plan import load_checked
+    from opforge.loading.checked import load_checked
 
     if calls < 1:
         raise UsageError("--calls", "a number of calls >= 1", repr(calls), "Write e.g. --calls 10.")

@@ -24,8 +24,16 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
-from opforge.errors import WorkerInternalError
-from opforge.results import CaseResult, Status, Verdict, mismatch_from_json, result_from_json, result_json, strict_json
+from opforge.core.errors import WorkerInternalError
+from opforge.core.results import (
+    CaseResult,
+    Status,
+    Verdict,
+    mismatch_from_json,
+    result_from_json,
+    result_json,
+    strict_json,
+)
 
 # Characters of a malformed message quoted in the error that reports it.
 QUOTED = 200

@@ -1,11 +1,11 @@
 """`opforge record`: run a command with the calls of custom ops recorded, then write a spec per op.
 
 COMMAND runs as it would on its own (its stdin, stdout and stderr, its working directory), with two additions to its
-environment: a directory first on PYTHONPATH holding a `sitecustomize.py` and a copy of opforge.record.hook (so that
-every Python process it starts records, opforge installed there or not; a sitecustomize.py further down the path
-still runs, after ours), and the OPFORGE_RECORD_* settings. Each recorded process writes its calls there as they
-come; once COMMAND has exited, whatever its exit status, the calls are merged and the specs written
-(opforge.record.specs, without importing torch: the recording's cost after COMMAND is a Python start and file
+environment: a directory first on PYTHONPATH holding a `sitecustomize.py` and a copy of opforge.tools.record.hook (so
+that every Python process it starts records, opforge installed there or not; a sitecustomize.py further down the path
+still runs, after ours), and the OPFORGE_RECORD_* settings. Each recorded process writes its calls there as they come;
+once COMMAND has exited, whatever its exit status, the calls are merged and the specs written
+(opforge.tools.record.specs, without importing torch: the recording's cost after COMMAND is a Python start and file
 copies), and COMMAND's exit status is the result's.
 """
 
@@ -20,13 +20,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from opforge.record import hook
-from opforge.record.specs import WrittenSpec, read_recording, write_specs
+from opforge.tools.record import hook
+from opforge.tools.record.specs import WrittenSpec, read_recording, write_specs
 
 HOOK_MODULE = "_opforge_record_hook"
 
-SITECUSTOMIZE = f'''"""Written by `opforge record`: installs the recording of custom-op calls (opforge.record.hook),
-then runs the sitecustomize this one hides, if there is one."""
+SITECUSTOMIZE = f'''"""Written by `opforge record`: installs the recording of custom-op calls
+(opforge.tools.record.hook), then runs the sitecustomize this one hides, if there is one."""
 import os as _os
 import sys as _sys
 

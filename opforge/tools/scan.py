@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from opforge.errors import UsageError
+from opforge.core.errors import UsageError
 from opforge.spec.model import SPEC_SUFFIXES
 
 # The dispatch keys looked up for each op. An op's own kernel for a key; a composite one serves several.

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opforge.build import BuildPlan, BuildResult, Toolchain, build, detect_toolchain, plan_build
-from opforge.cases import SAME_VALUES_HINT, SAMPLE_NAME_KEY, call_samples, same_value
-from opforge.errors import BuildError, SpecError
-from opforge.outcomes import short
-from opforge.schema import canonical, is_tensor_type
-from opforge.self_reference import SelfReference
+from opforge.building.extension import BuildPlan, BuildResult, Toolchain, build, detect_toolchain, plan_build
+from opforge.building.self_reference import SelfReference
+from opforge.cases.arguments import SAME_VALUES_HINT, call_samples, same_value
+from opforge.cases.matrix import SAMPLE_NAME_KEY
+from opforge.core.errors import BuildError, SpecError
+from opforge.core.outcomes import short
+from opforge.core.schema import canonical, is_tensor_type
 from opforge.spec.model import CASE_DTYPE, KNOWN_DTYPES, OpSpec, ScalarInput, TensorInput
 
 if TYPE_CHECKING:
@@ -65,7 +66,8 @@ class LoadedOp:
 
     @property
     def self_reference(self) -> SelfReference | None:
-        """The op itself as its reference, for a spec without `reference:` (opforge.self_reference); else None."""
+        """The op itself as its reference, for a spec without `reference:` (opforge.building.self_reference); else
+        None."""
         return self.reference if isinstance(self.reference, SelfReference) else None
 
     @property
@@ -107,7 +109,7 @@ def load_op(spec: OpSpec, cuda_arch: str | None = None, on_step: Callable[[str],
 
 def _pause_recording() -> None:
     """A process that checks an op is opforge's, not a recorded program's: under `opforge record` (its hook
-    module loaded at startup), its calls are not recorded (opforge.record.hook)."""
+    module loaded at startup), its calls are not recorded (opforge.tools.record.hook)."""
     recording = sys.modules.get("_opforge_record_hook")
     if recording is not None:
         recording.pause()
@@ -404,7 +406,7 @@ def resolve_samples(spec: OpSpec, arguments: list[Any], make: Callable[..., Any]
     sample's non-tensor values and name. The samples are made here in float64 on the CPU to plan the matrix, and
     again in another dtype from another seed: what a sample's id and its non-tensor values say must hold for every
     case, which makes them again in its own dtype, on its own device, from its own seed
-    (opforge.cases.sampled_tensors)."""
+    (opforge.cases.arguments.sampled_tensors)."""
     import torch
 
     assert spec.samples is not None

@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from opforge.shard import Shard, shard_of_text, shard_text
+from opforge.core.shard import Shard, shard_of_text, shard_text
 
 # 3: the statuses reject and discard (fuzz's) joined the vocabulary, so every report's counts name them; the
 # reports of `opforge fuzz --json` carry their results in this form too.

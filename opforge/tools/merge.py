@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opforge.errors import UsageError
-from opforge.results import READABLE_SCHEMA_VERSIONS, CaseResult, OpReport, RunReport, run_from_json
-from opforge.shard import Shard, shard_of_text
+from opforge.core.errors import UsageError
+from opforge.core.results import READABLE_SCHEMA_VERSIONS, CaseResult, OpReport, RunReport, run_from_json
+from opforge.core.shard import Shard, shard_of_text
 
 CHECK, BENCH = "check", "bench"
 

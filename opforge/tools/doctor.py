@@ -1,10 +1,10 @@
 """`opforge doctor`: what a custom-op author's machine can build, run and measure, each finding with its fix.
 
-The probes use the same discovery as the build (opforge.build.detect_toolchain): what doctor reports is what
-`opforge check` will meet. `--build` adds the probes that compile: an OpenMP program (without OpenMP, PyTorch's CPU
-extensions silently run on one thread) and a tiny extension whose TORCH_CHECK message formats a number (on the
-H200 image of 2026-12-03, torch 2.11.0+cu130 with Ubuntu 24.04's g++, such a message segfaulted the process instead
-of raising: docs/measurements/h200-message-crash-2026-12-03.txt).
+The probes use the same discovery as the build (opforge.building.extension.detect_toolchain): what doctor reports is
+what `opforge check` will meet. `--build` adds the probes that compile: an OpenMP program (without OpenMP, PyTorch's CPU
+extensions silently run on one thread) and a tiny extension whose TORCH_CHECK message formats a number (on the H200
+image of 2026-12-03, torch 2.11.0+cu130 with Ubuntu 24.04's g++, such a message segfaulted the process instead of
+raising: docs/measurements/h200-message-crash-2026-12-03.txt).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def _ninja() -> Finding:
 
 
 def _cuda_toolkit() -> Finding:
-    from opforge.build import detect_toolchain
+    from opforge.building.extension import detect_toolchain
 
     toolchain = detect_toolchain()
     if toolchain.torch_cuda is None:
@@ -180,7 +180,7 @@ def _nvcc_version(cuda_home: Path | None) -> str:
 def _gpus() -> Finding:
     import torch
 
-    from opforge.build import arch_runs_on, detect_toolchain
+    from opforge.building.extension import arch_runs_on, detect_toolchain
 
     if not torch.cuda.is_available():
         why = "torch is a CPU-only build" if not torch.version.cuda else "no GPU visible (or no driver)"
@@ -224,7 +224,7 @@ def _sanitizer() -> Finding:
 
 
 def _build_cache() -> Finding:
-    from opforge.build import cache_root
+    from opforge.building.extension import cache_root
 
     return _cache("opforge build cache", cache_root(), "OPFORGE_CACHE")
 
@@ -365,7 +365,7 @@ MESSAGE_PROBE_CHILD = textwrap.dedent(
 def _extension_messages() -> Finding:
     """Builds (once, in the opforge cache) and calls an op whose TORCH_CHECK message formats a number, in a child
     process: a crash there would crash every op's error path."""
-    from opforge.build import cache_root
+    from opforge.building.extension import cache_root
 
     directory = cache_root() / "doctor" / "messages"
     directory.mkdir(parents=True, exist_ok=True)

@@ -13,25 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from opforge.engine.plan import (
-    Filters,
-    RunSettings,
-    Task,
-    check_context,
-    load_checked,
-    plan_op,
-    unasked_checks,
-    unlisted_checks,
-)
-from opforge.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, OpforgeError
-from opforge.results import CaseResult, RunReport
-from opforge.spec.load import load_spec
+from opforge.core.errors import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, OpforgeError
+from opforge.core.results import CaseResult, RunReport
+from opforge.engine.plan import Filters, RunSettings, Task, check_context, plan_op, unasked_checks, unlisted_checks
+from opforge.loading.checked import load_checked
+from opforge.loading.spec import load_spec
 from opforge.spec.model import OpSpec
 
 if TYPE_CHECKING:
+    from opforge.building.op import LoadedOp
     from opforge.checks.base import CheckContext
     from opforge.engine.plan import Plan
-    from opforge.loading import LoadedOp
     from opforge.reporters.base import Reporter
 
 
@@ -88,7 +80,7 @@ def run(paths: list[Path], options: RunOptions, reporters: list[Reporter]) -> tu
     finally:
         report.seconds = time.perf_counter() - start
     if not report.environment:
-        from opforge.environment import host_environment
+        from opforge.core.environment import host_environment
 
         report.environment = host_environment()
     return report, exit_code(report)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from opforge.errors import BuildError, NothingToBuild
+from opforge.core.errors import BuildError, NothingToBuild
 
 CPP_SUFFIXES = (".cpp", ".cc")
 CUDA_SUFFIXES = (".cu",)

@@ -1,9 +1,10 @@
-"""From the calls a recording wrote (opforge.record.hook) to one spec and one calls file per op.
+"""From the calls a recording wrote (opforge.tools.record.hook) to one spec and one calls file per op.
 
 The calls of every process are merged in the order they were made, the first `max_calls` distinct ones of each op
 (overload) kept. Each spec is one `opforge check` and `opforge fuzz` run as written (docs/record.md): its schema from
 the registration, its samples the recorded calls (opforge.recorded), the dtypes and devices seen as claimed, no
-reference (the op itself on contiguous float64: opforge.self_reference), and a comment per key saying what to refine.
+reference (the op itself on contiguous float64: opforge.building.self_reference), and a comment per key saying what to
+refine.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opforge.files import write_atomically
-from opforge.record.hook import FORMAT
+from opforge.core.files import write_atomically
 from opforge.recorded import CALLS_FORMAT, INDEX
+from opforge.tools.record.hook import FORMAT
 
 FLOATING = ("float64", "float32", "float16", "bfloat16", "complex128", "complex64")
 # Claimed dtypes in the order specs list them.

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from opforge.cases import fill_error, layout_error
-from opforge.errors import SpecError, UsageError
+from opforge.cases.matrix import fill_error, layout_error
+from opforge.core.errors import SpecError, UsageError
 from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES, Input, OpSpec, Regression, ScalarInput, TensorInput
 from opforge.spec.reader import Node, Reader, compose, describe, list_of, one_of, read_scalar, read_shape, read_str
 
