@@ -341,6 +341,22 @@ def test_vmap_claim_on_an_op_that_mutates_an_argument_is_a_spec_error(tmp_path):
         load_checked(load_spec(path))
 
 
+@pytest.mark.parametrize("command", [("bench", "--sizes", "64", "--budget", "0.05"), ("fuzz", "--budget", "3")])
+def test_bench_and_fuzz_refuse_a_claim_the_op_cannot_honour_as_check_does(tmp_path, command):
+    """bench and fuzz load the op through load_checked too: they used to time or search an op whose spec claims what
+    the checks refuse."""
+    from typer.testing import CliRunner
+
+    from opforge.cli import app
+    from opforge.core.errors import EXIT_USAGE
+
+    path = spec_variant(tmp_path, "scale_", "vmap: true\n")
+    name, *options = command
+    result = CliRunner().invoke(app, [name, str(path), *options], env={"NO_COLOR": "1", "COLUMNS": "200"})
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert "vmap: true on an op that mutates x" in result.output
+
+
 def test_out_argument_gets_the_case_layout():
     report = run_spec(FIXTURES / "swish_out.yaml")
     assert not failures_by_check(report, "native"), describe(failures_by_check(report, "native")["correctness"])

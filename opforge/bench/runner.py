@@ -86,7 +86,7 @@ def run_bench(
     events = events or Events()
     from opforge.bench.environment import fingerprint
     from opforge.bench.peak import peak_bandwidth
-    from opforge.building.op import load_op
+    from opforge.loading.checked import load_checked
 
     start = time.perf_counter()
     for spec in specs:
@@ -94,7 +94,7 @@ def run_bench(
     plans, skipped = [], {}
     for spec in specs:
         with _task(events, f"loading {spec.name}"):
-            loaded = load_op(spec, cuda_arch, on_step=events.step)
+            loaded = load_checked(spec, cuda_arch, on_step=events.step)
         devices, skips = runnable_devices(spec, filters)
         skipped.update(skips)
         plans.append((loaded, plan_points(spec, filters, devices), contenders(loaded, filters)))

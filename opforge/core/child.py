@@ -24,6 +24,13 @@ STDERR_TAIL_LINES = 20
 STDERR_KEPT_BYTES = 64 * 1024
 # Bytes read from a worker's protocol pipe at once: Linux's default pipe capacity, so one read drains a full pipe.
 READ_CHUNK = 64 * 1024
+# How long loading an op may take in any child (the engine's workers, fuzz's): loading may build it, and a cold build
+# of CUDA sources for several architectures takes minutes (~40 s per .cu file and architecture on the 2-core VM, 2-3
+# archs per file, several files), so an hour only catches a load that hangs, long before a CI job's own limit would.
+LOAD_TIME_LIMIT = 3600.0
+# How long a child that is ending (its protocol closed, or its stdin) may take to exit before it is killed. Exiting
+# takes milliseconds; CUDA teardown after a fault was the slowest seen (~1-2 s).
+EXIT_GRACE = 10.0
 
 
 def entry_point(module: str) -> list[str]:

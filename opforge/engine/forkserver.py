@@ -36,7 +36,7 @@ import traceback
 from collections.abc import Mapping
 from typing import TypeVar
 
-from opforge.core.child import end_session, file_excerpt, start_in_session
+from opforge.core.child import EXIT_GRACE, end_session, file_excerpt, start_in_session
 from opforge.core.errors import WorkerInternalError
 from opforge.core.protocol import Exited, Fork, Forked, Message, ServerReady, decode, encode
 
@@ -49,8 +49,6 @@ MAX_PACKET = 1 << 20
 READY_TIME_LIMIT = 300.0
 # How long a fork request may wait for its answer: a fork takes milliseconds.
 FORK_TIME_LIMIT = 60.0
-# How long the server may take to end once its socket is closed (it only has to notice) before it is killed.
-EXIT_GRACE = 5.0
 # Variables that may change between the runs of one process and that nothing the server imports reads: pytest's
 # name of the running test, and how a terminal renders (a run's CliRunner sets NO_COLOR). A server is shared only
 # by runs whose environments are otherwise equal: torch, dynamo and inductor read many variables when imported.

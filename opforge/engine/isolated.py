@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from opforge.checks.catalog import CATALOG
-from opforge.core.child import ChildProcess, describe_exit, with_this_opforge
+from opforge.core.child import EXIT_GRACE, LOAD_TIME_LIMIT, ChildProcess, describe_exit, with_this_opforge
 from opforge.core.errors import WorkerInternalError
 from opforge.core.protocol import (
     Done,
@@ -57,14 +57,6 @@ from opforge.spec.model import OpSpec
 # Per-check time limit when neither the spec (`timeout:`) nor --timeout sets one. Generous: the slowest task measured
 # on the 2-core CI VM (`compile`, every leaky_swish shape through inductor, cold inductor cache) takes ~30 s.
 DEFAULT_CHECK_TIMEOUT = 300.0
-# Loading is not a check and has no per-spec limit: a cold build of CUDA sources for several architectures takes
-# minutes (~40 s per .cu file and architecture on the 2-core VM, 2-3 archs per file, several files), so an hour
-# only catches a load (or a pause between tasks) that hangs, long before a CI job's own limit (45-60 min) would.
-LOAD_TIME_LIMIT = 3600.0
-# How long a worker that closed its protocol pipe without saying `done` (it is dying) may take to exit before it is
-# killed. Exiting takes milliseconds; CUDA teardown after a fault was the slowest seen (~1-2 s), and a process stuck
-# in it must not hold its op's result for long.
-EXIT_GRACE = 10.0
 # How often the supervisor looks whether such a dying worker has exited, while it goes on serving the others.
 EXIT_POLL = 0.05
 # Seconds a child may take to import torch and count the GPUs (about 2 s on CI's 2-core VM); past it the run

@@ -58,11 +58,11 @@ def _summary(exc: Exception) -> str:
 def _child_run(job: LargeIndexJob, say: Callable[[Message], None]) -> Verdict:
     import torch
 
-    from opforge.building.op import load_op
+    from opforge.loading.checked import load_checked
     from opforge.loading.spec import load_spec
 
     try:
-        loaded = load_op(load_spec(job.spec), job.cuda_arch)
+        loaded = load_checked(load_spec(job.spec), job.cuda_arch)
     except Exception as exc:
         raise ReferenceFailure(f"could not load the spec in the child process: {exc}") from exc
     implementation = next(t for t in loaded.implementations if t.name == job.implementation)

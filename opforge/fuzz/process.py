@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from opforge.checks.catalog import CATALOG
-from opforge.core.child import ChildProcess, describe_exit, with_this_opforge
+from opforge.core.child import EXIT_GRACE, LOAD_TIME_LIMIT, ChildProcess, describe_exit, with_this_opforge
 from opforge.core.errors import OpforgeError, WorkerInternalError
 from opforge.core.protocol import (
     Died,
@@ -37,12 +37,8 @@ from opforge.spec.model import Regression
 
 _M = TypeVar("_M", bound=Message)
 
-# Loading an op may build it: the first build of a C++ extension takes ~40 s on this 2-core VM, a CUDA one minutes.
-LOAD_TIME_LIMIT = 900.0
 # A fork of the loaded worker answers "ready" in ~0.1 s here; a machine under load gets more.
 READY_TIME_LIMIT = 60.0
-# How long the worker may take to end on its own once the search is over (its stdin closed) before it is killed.
-EXIT_GRACE = 5.0
 # An example whose reference and first op call take more than this share of the example's limit is too costly to
 # judge (a discard, not a hang): torchvision's roi_align on 3,200 rois of 1,910 transposed channels (36.7 M outputs)
 # took 4.6 s in its float64 reference and 17 s in the op here, and its oracles 80 s more.
@@ -108,6 +104,7 @@ class FuzzWorker(ChildProcess):
 
     def _load_failed(self, error: LoadError) -> None:
         tail = self._stderr_since(0) if error.died else ""
+        self.close()  # raised from __init__ too, where no caller holds the worker to close it
         raise LoadFailed(error.message + (f"; stderr: {tail}" if tail else ""), error.exit_code)
 
     def _ready(self) -> int:

@@ -93,10 +93,10 @@ def _plan(job: FuzzJob, channel: int) -> None:
 
 
 def _load(spec_path: str, cuda_arch: str | None) -> LoadedOp:
-    from opforge.building.op import load_op
+    from opforge.loading.checked import load_checked
     from opforge.loading.spec import load_spec
 
-    return load_op(load_spec(spec_path), cuda_arch)
+    return load_checked(load_spec(spec_path), cuda_arch)
 
 
 def _space(loaded: LoadedOp) -> dict[str, Any]:
