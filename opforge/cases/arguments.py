@@ -239,7 +239,9 @@ def _same_tensor(first: Any, second: Any) -> bool:
     return first.dtype == second.dtype and torch.equal(first.cpu(), second.cpu())
 
 
-def call_samples(spec: OpSpec, make: Callable[..., Any], dtype: Any, device: str, generator: Any) -> list[dict]:
+def call_samples(
+    spec: OpSpec, make: Callable[..., Any], dtype: Any, device: str, generator: Any
+) -> list[dict[str, Any]]:
     """The samples `make` returns, each a dict by argument name."""
     assert spec.samples is not None
     given = {"file": str(spec.samples.file)} if spec.samples.file is not None else {}

@@ -431,7 +431,9 @@ def argument(inputs: CaseInputs, loaded: LoadedOp, name: str, reference: bool = 
     return args[index] if index < len(args) else kwargs[name]
 
 
-def with_arguments(loaded: LoadedOp, inputs: CaseInputs, replacements: dict[str, Any]) -> tuple[tuple, dict]:
+def with_arguments(
+    loaded: LoadedOp, inputs: CaseInputs, replacements: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The op's args and kwargs with the arguments named in `replacements` swapped for those values."""
     arg_names = [a.name for a in loaded.arguments]
     args = tuple(replacements.get(arg_names[i], v) for i, v in enumerate(inputs.args))

@@ -46,7 +46,7 @@ def canonical(schema: Any) -> str:
     text = text.split("(", 1)[1] if "(" in text else text
     names: dict[str, str] = {}
 
-    def rename(match: re.Match) -> str:
+    def rename(match: re.Match[str]) -> str:
         alias = names.setdefault(match.group(1), f"alias{len(names)}")
         return f"Tensor({alias}{match.group(2)})"
 

@@ -27,6 +27,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 ENV_DIR = "OPFORGE_RECORD_DIR"
@@ -247,9 +248,9 @@ def _watch_registrations() -> None:
     import torch
     import torch.library as library
 
-    load_library = torch.ops.load_library
+    load_library: Callable[[str | os.PathLike[str]], None] = torch.ops.load_library
 
-    def recording_load_library(path: Any) -> Any:
+    def recording_load_library(path: str | os.PathLike[str]) -> None:
         module = _calling_module()
         before = _op_namespaces()
         try:
@@ -259,7 +260,7 @@ def _watch_registrations() -> None:
                 _modules.setdefault(namespace, module)
 
     torch.ops.load_library = recording_load_library  # type: ignore[method-assign]
-    original_init = library.Library.__init__
+    original_init: Callable[..., None] = library.Library.__init__
 
     def library_init(self: Any, ns: str, kind: str, *args: Any, **kwargs: Any) -> None:
         original_init(self, ns, kind, *args, **kwargs)
