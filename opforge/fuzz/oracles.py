@@ -219,7 +219,7 @@ _MESSAGE_KINDS = (
 )
 
 
-def _value_kind(got: Any, expected: Any) -> str:
+def _value_kind(got: float | complex, expected: float | complex) -> str:
     if cmath.isnan(expected) and not cmath.isnan(got):
         return "a number where NaN was expected"
     if cmath.isnan(got):
