@@ -34,7 +34,7 @@ from opforge.core.protocol import (
     decode_stream,
     encode,
 )
-from opforge.core.results import Mismatch, Status, Verdict
+from opforge.core.results import Mismatch, Status, Verdict, describe_mismatch
 from opforge.engine.plan import CheckJob, Filters, RunSettings
 
 NAN_MISMATCH = Mismatch("out", (1, 2), math.nan, 1.0, math.inf, math.nan, math.inf, 0.5, 3, 10)
@@ -81,6 +81,17 @@ def test_a_verdict_s_non_finite_floats_travel_as_strict_json_and_come_back():
     back = decode(line)
     assert isinstance(back, Judged) and math.isnan(back.verdict.mismatch.got)
     assert back.verdict.mismatch.atol == math.inf and back.verdict.mismatch.index == (1, 2)
+
+
+def test_a_complex_op_s_mismatch_comes_back_complex_not_as_its_text():
+    # A complex output's worst element is a complex number, which the encoding writes as its str ("(1+2j)"): read
+    # back it must be that number again, so an isolated run reports `got (1+2j)` as an in-process run does.
+    mismatch = Mismatch("out", (0,), complex(1, 2), complex(math.nan, 0), 1.0, 2.0, 1e-5, 1e-6, 1, 4)
+    back = decode(encode(Outcome(Verdict(Status.FAIL, "wrong", mismatch))))
+    assert isinstance(back, Outcome) and back.verdict.mismatch is not None
+    assert back.verdict.mismatch.got == complex(1, 2)
+    assert isinstance(back.verdict.mismatch.expected, complex) and math.isnan(back.verdict.mismatch.expected.real)
+    assert describe_mismatch(back.verdict.mismatch) == describe_mismatch(mismatch)
 
 
 @pytest.mark.parametrize(

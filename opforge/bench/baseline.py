@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from opforge.bench import environment
 from opforge.bench.model import BASELINE, BENCH_SCHEMA_VERSION, OK, BenchRun, point_key, status_word
@@ -64,7 +65,7 @@ class Comparison:
         return bool(self.regressions) or self.nothing_compared
 
 
-def load_baseline(path: Path) -> dict:
+def load_baseline(path: Path) -> dict[str, Any]:
     what = f"--baseline {path}"
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -91,7 +92,7 @@ def load_baseline(path: Path) -> dict:
     return data
 
 
-def compare(run: BenchRun, baseline: dict, threshold_pct: float, path: str = "") -> Comparison:
+def compare(run: BenchRun, baseline: dict[str, Any], threshold_pct: float, path: str = "") -> Comparison:
     # A --shard run is gated on its own points: the baseline's others are another job's, not cases left out.
     shard = shard_of_text(run.options.get("shard"))
     old = {
@@ -149,7 +150,7 @@ def _regression(case: CaseComparison, comparison: Comparison) -> str:
     )
 
 
-def timing_differences(old: dict, new: Timing) -> list[str]:
+def timing_differences(old: dict[str, Any], new: Timing) -> list[str]:
     """`field: old -> new` for each TIMING_FIELDS entry that differs between a saved result and a new timing."""
     saved = old.get("timing") or {}
     return [
@@ -159,7 +160,7 @@ def timing_differences(old: dict, new: Timing) -> list[str]:
     ]
 
 
-def _samples(result: dict) -> list[float]:
+def _samples(result: dict[str, Any]) -> list[float]:
     timing = result.get("timing") or {}
     return [float(s) for s in timing.get("samples") or []]
 

@@ -7,6 +7,7 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 # Fields whose difference makes two runs' timings incomparable; the gate warns about each.
 COMPARED_FIELDS = (
@@ -33,7 +34,7 @@ _SMI_FIELDS = (
 _COMMAND_TIMEOUT_S = 10
 
 
-def fingerprint(devices: tuple[str, ...]) -> dict:
+def fingerprint(devices: tuple[str, ...]) -> dict[str, Any]:
     import torch
 
     env = {
@@ -52,7 +53,7 @@ def fingerprint(devices: tuple[str, ...]) -> dict:
     return env
 
 
-def gpu_fingerprint() -> dict:
+def gpu_fingerprint() -> dict[str, Any]:
     import torch
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -89,7 +90,7 @@ def gpu_smi_id(props: object) -> str | None:
     return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
 
 
-def nvidia_smi(gpu_id: str | None) -> dict:
+def nvidia_smi(gpu_id: str | None) -> dict[str, str]:
     """Driver and clocks from nvidia-smi for the GPU `gpu_id` (a UUID), {} where it is missing or fails (a
     container without it) or the GPU cannot be named."""
     if gpu_id is None or not shutil.which("nvidia-smi"):
@@ -136,6 +137,6 @@ def git_revision() -> str | None:
     return f"{head}-dirty" if dirty else head
 
 
-def differences(old: dict, new: dict) -> list[str]:
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """`field: old -> new` for each compared field that differs (a field missing on one side counts)."""
     return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}" for key in COMPARED_FIELDS if old.get(key) != new.get(key)]

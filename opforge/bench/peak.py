@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from opforge.bench.timing import TimingOptions
 
@@ -35,7 +36,7 @@ class Peak:
     cached: bool = False
 
 
-def device_key(device: str, env: dict) -> str:
+def device_key(device: str, env: dict[str, Any]) -> str:
     parts: tuple[object, ...]
     if device == "cuda":
         parts = (env.get("gpu_name"), env.get("gpu_driver"), env.get("torch"), env.get("torch_cuda"))
@@ -52,7 +53,7 @@ def cache_file() -> Path:
 
 def peak_bandwidth(
     device: str,
-    env: dict,
+    env: dict[str, Any],
     refresh: bool = False,
     path: Path | None = None,
     measure: Callable[[str], tuple[float, str, int]] | None = None,
@@ -73,7 +74,7 @@ def peak_bandwidth(
     return peak
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -267,9 +267,9 @@ def _run_contender(
     timing: TimingOptions,
     seed: int,
     timer: Timer,
-) -> tuple[Status, dict]:
+) -> tuple[Status, dict[str, Any]]:
     """(status, the result's fields). Whatever a contender raises costs its result, never the benchmark."""
-    fields: dict = {}
+    fields: dict[str, Any] = {}
     if contender.role == IMPLEMENTATION and contender.implementation is not None:
         try:
             status, fields = verify(loaded, contender.implementation, point, seed)
@@ -310,7 +310,7 @@ def graph_rotation(first: Callable[[], Any], others: list[Callable[[], Any]]) ->
 
 def verify(
     loaded: LoadedOp, implementation: Implementation, point: BenchPoint, seed: int
-) -> tuple[Status | None, dict]:
+) -> tuple[Status | None, dict[str, Any]]:
     """(None, fields) when the implementation may be timed, else (WRONG, ERROR or SKIP, the result's fields): the
     point's checks (correctness for a forward, grad_lowp for a backward) through the engine's own outcome and xfail
     mapping. A mismatch the spec declares as xfail (for this implementation, check, dtype, device) is timed, with a

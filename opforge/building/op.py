@@ -29,6 +29,10 @@ from opforge.core.schema import canonical, is_tensor_type
 from opforge.spec.model import CASE_DTYPE, KNOWN_DTYPES, OpSpec, ScalarInput, TensorInput
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
+    import torch
+    from torch._C import Argument, FunctionSchema
     from torch._ops import OpOverload
 
 NATIVE = "native"
@@ -57,7 +61,7 @@ class LoadedOp:
     samples: Callable[..., Any] | None = None
 
     @property
-    def arguments(self) -> list[Any]:
+    def arguments(self) -> list[Argument]:
         return list(self.overload._schema.arguments)
 
     @property
@@ -240,7 +244,7 @@ def _top_level_names(source: Path) -> set[str] | None:
     return None if "__getattr__" in names else names
 
 
-def _import(spec: OpSpec, key: str, module: str) -> Any:
+def _import(spec: OpSpec, key: str, module: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except BuildError:
@@ -308,7 +312,7 @@ def _resolve_op(spec: OpSpec) -> OpOverload:
         ) from None
 
 
-def _parse_schema(spec: OpSpec) -> Any:
+def _parse_schema(spec: OpSpec) -> FunctionSchema:
     import torch
 
     try:
@@ -334,7 +338,7 @@ def _check_schema(spec: OpSpec, overload: OpOverload) -> None:
         )
 
 
-def _check_inputs(spec: OpSpec, schema_arguments: list[Any]) -> None:
+def _check_inputs(spec: OpSpec, schema_arguments: list[Argument]) -> None:
     """The spec's inputs against the schema's arguments (the spec's own schema: it must match the registered one)."""
     arguments = {a.name: a for a in schema_arguments}
     for entry in spec.inputs:
@@ -373,7 +377,7 @@ def _check_inputs(spec: OpSpec, schema_arguments: list[Any]) -> None:
             )
 
 
-def _check_dtype_values(spec: OpSpec, entry: ScalarInput, argument: Any) -> None:
+def _check_dtype_values(spec: OpSpec, entry: ScalarInput, argument: Argument) -> None:
     """A ScalarType argument's values name dtypes (case_dtype: the case's), or are None where it is optional; only a
     ScalarType argument takes case_dtype."""
     real_type = str(argument.real_type)
@@ -400,7 +404,7 @@ def _check_dtype_values(spec: OpSpec, entry: ScalarInput, argument: Any) -> None
 # ------------------------------------------------------------------------------------------------- samples
 
 
-def resolve_samples(spec: OpSpec, arguments: list[Any], make: Callable[..., Any]) -> OpSpec:
+def resolve_samples(spec: OpSpec, arguments: list[Argument], make: Callable[..., Any]) -> OpSpec:
     """The spec with its sample function's cases written in: a tensor input per tensor argument the samples give
     (its shapes one per sample, None where an optional one is None; its settings from `inputs.<arg>`), and each
     sample's non-tensor values and name. The samples are made here in float64 on the CPU to plan the matrix, and
@@ -443,7 +447,7 @@ SECOND_DRAW_DTYPE = "float32"
 SECOND_DRAW_SEED = 1
 
 
-def _draw_samples(spec: OpSpec, make: Callable[..., Any], dtype: Any, seed: int) -> list[dict[str, Any]]:
+def _draw_samples(spec: OpSpec, make: Callable[..., Any], dtype: torch.dtype, seed: int) -> list[dict[str, Any]]:
     import torch
 
     assert spec.samples is not None
@@ -544,7 +548,7 @@ def _shown(value: Any) -> str:
 
 
 def _check_sample_keys(
-    spec: OpSpec, index: int, sample: dict[str, Any], arguments: list[Any], crossed: set[str]
+    spec: OpSpec, index: int, sample: dict[str, Any], arguments: list[Argument], crossed: set[str]
 ) -> None:
     """A sample names schema arguments only, each argument without a default (unless `inputs.<arg>.values` gives
     it), and none whose `values:` the spec crosses with the samples."""
@@ -574,7 +578,7 @@ def _check_sample_keys(
             )
 
 
-def _check_always_a_tensor(spec: OpSpec, drawn: list[dict[str, Any]], argument: Any) -> None:
+def _check_always_a_tensor(spec: OpSpec, drawn: list[dict[str, Any]], argument: Argument) -> None:
     """A tensor argument is one in every sample; an optional one (`Tensor?`) may be None in some."""
     import torch
 
@@ -592,7 +596,9 @@ def _check_always_a_tensor(spec: OpSpec, drawn: list[dict[str, Any]], argument: 
         )
 
 
-def _sampled_input(spec: OpSpec, entry: TensorInput | None, name: str, values: list[Any]) -> TensorInput:
+def _sampled_input(
+    spec: OpSpec, entry: TensorInput | None, name: str, values: list[torch.Tensor | None]
+) -> TensorInput:
     """The tensor input `name` with one shape per sample (None where an optional one is None). A tensor the samples
     make in an integer or bool dtype (an index, a mask) keeps that dtype in every case, like `inputs.<arg>.dtype`,
     unless `inputs.<arg>.dtype` is case_dtype."""

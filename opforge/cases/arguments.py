@@ -24,6 +24,7 @@ from opforge.spec.model import CASE_DTYPE, KNOWN_DTYPES, Avoid, OpSpec, TensorIn
 
 if TYPE_CHECKING:
     import torch
+    from torch._C import Argument
 
 
 @dataclass
@@ -39,7 +40,7 @@ class CaseInputs:
 
 def make_inputs(
     spec: OpSpec,
-    schema_arguments: list[Any],
+    schema_arguments: list[Argument],
     case: Case,
     base_seed: int,
     requires_grad: bool = False,
@@ -95,7 +96,7 @@ def make_inputs(
     return CaseInputs(tuple(args), kwargs, tuple(ref_args), ref_kwargs, tuple(t.name for t in present))
 
 
-def argument_value(argument: Any, value: Any, case_dtype: str) -> Any:
+def argument_value(argument: Argument, value: Any, case_dtype: str) -> Any:
     """A non-tensor value as the op takes it: CASE_DTYPE is the case's dtype, and a dtype's name the dtype where
     the schema argument (`argument`) is a ScalarType."""
     if isinstance(value, str) and value == CASE_DTYPE:
@@ -141,8 +142,8 @@ def generated(
     make: Callable[..., Any],
     shapes: dict[str, tuple[int, ...]],
     case: Case,
-    generator: Any,
-) -> Any:
+    generator: torch.Generator,
+) -> torch.Tensor:
     """The values a spec's generator makes for input `t`, rounded to the dtype the op will see, held in float64.
     The generator is called as make(shape=, dtype=, device=, generator=), plus shapes= (every tensor input's shape)
     when it takes it, and must draw every random number from `generator` (seeded by the case)."""
@@ -160,7 +161,9 @@ def generated(
     return value.detach().to("cpu").to(dtype).to(torch.float64)
 
 
-def sampled_tensors(spec: OpSpec, make: Callable[..., Any], case: Case, generator: Any) -> dict[str, Any]:
+def sampled_tensors(
+    spec: OpSpec, make: Callable[..., Any], case: Case, generator: torch.Generator
+) -> dict[str, torch.Tensor]:
     """Sample `case.shape_index`'s tensors as the op will see them (rounded to their dtype), held in float64. The
     function runs with the case's generator, device and dtype (float64 for a case in an integer or bool dtype: it
     makes floating tensors); its shapes and non-tensor values must be those the matrix was planned with, since the
@@ -202,7 +205,7 @@ SAME_VALUES_HINT = (
 )
 
 
-def planned_value_matches(planned: Any, drawn: Any, dtype: Any) -> bool:
+def planned_value_matches(planned: Any, drawn: Any, dtype: torch.dtype) -> bool:
     """Whether a sample's value drawn for a case (whose samples call got `dtype`) is the planned one: CASE_DTYPE
     stands for that dtype."""
     if isinstance(planned, str) and planned == CASE_DTYPE:
@@ -229,7 +232,7 @@ def same_value(first: Any, second: Any) -> bool:
     return type(first) is type(second) and bool(first == second)
 
 
-def _same_tensor(first: Any, second: Any) -> bool:
+def _same_tensor(first: object, second: object) -> bool:
     import torch
 
     if not (isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)) or first.shape != second.shape:
@@ -239,7 +242,9 @@ def _same_tensor(first: Any, second: Any) -> bool:
     return first.dtype == second.dtype and torch.equal(first.cpu(), second.cpu())
 
 
-def call_samples(spec: OpSpec, make: Callable[..., Any], dtype: Any, device: str, generator: Any) -> list[dict]:
+def call_samples(
+    spec: OpSpec, make: Callable[..., Any], dtype: torch.dtype, device: str, generator: torch.Generator
+) -> list[dict[str, Any]]:
     """The samples `make` returns, each a dict by argument name."""
     assert spec.samples is not None
     given = {"file": str(spec.samples.file)} if spec.samples.file is not None else {}
@@ -253,7 +258,7 @@ def call_samples(spec: OpSpec, make: Callable[..., Any], dtype: Any, device: str
     return drawn
 
 
-def fill_values(spec: OpSpec, case: Case, values64: dict[str, Any], generator: torch.Generator) -> None:
+def fill_values(spec: OpSpec, case: Case, values64: dict[str, torch.Tensor], generator: torch.Generator) -> None:
     """Rewrite the sampled values by the case's `fill`, rounded to each input's dtype again:
 
     - `equal` (one value everywhere), `integers` (rounded: ties), `ends` (each value the range's low or high),
@@ -317,7 +322,7 @@ def _refilled(
     return torch.rand(values.shape, generator=generator, dtype=torch.float64).mul(2).sub(1).mul(scale)
 
 
-def _apply_avoid(t: TensorInput, avoid: Avoid, values64: dict[str, Any], case_dtype: str) -> None:
+def _apply_avoid(t: TensorInput, avoid: Avoid, values64: dict[str, torch.Tensor], case_dtype: str) -> None:
     """Move values closer than `margin` to an avoided point out to 1.5 margins (rounded to the dtype again)."""
     import torch
 

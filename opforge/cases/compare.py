@@ -14,11 +14,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opforge.core.outcomes import CheckFailure, short
 from opforge.core.results import Mismatch
 from opforge.spec.model import OpSpec, Tolerance
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 # torch.testing.assert_close's defaults, which users already know.
 DEFAULT_TOLERANCES = {
@@ -109,7 +113,7 @@ def rule_for(spec: OpSpec, dtype: str, grad: bool = False) -> Rule:
 PerturbedReference = Callable[[float, int], dict[str, Any]]
 # The float64 reference run with autograd on the op's input values: its named outputs, and the floating inputs
 # they were computed from (each requiring grad).
-TrackedReference = Callable[[], tuple[dict[str, Any], list[Any]]]
+TrackedReference = Callable[[], tuple[dict[str, Any], list["Tensor"]]]
 
 
 class Baseline:
@@ -137,7 +141,7 @@ class Baseline:
         self._values: dict[str, Any] | None = None
         self.unavailable: str | None = None
         self._perturbed = perturbed
-        self._spreads: dict[str, Any] | None = None
+        self._spreads: dict[str, Tensor] | None = None
         self._tracked = tracked
 
     @property
@@ -154,7 +158,7 @@ class Baseline:
                 self.unavailable = f"{self.label} raised {short(exc)}"
         return (self._values or {}).get(name)
 
-    def spread(self, name: str) -> Any:
+    def spread(self, name: str) -> Tensor | None:
         """Elementwise, the RMS over CONDITION_DRAWS draws of how far the float64 reference's `name` moves when
         every floating input is perturbed by up to one unit of roundoff of the dtype: what rounding the inputs (or
         any intermediate of the same magnitude) costs there. 0 where a move is not finite (overflows are judged by
@@ -163,7 +167,7 @@ class Baseline:
             self._spreads = self._measure_spreads(self._perturbed)
         return (self._spreads or {}).get(name)
 
-    def _measure_spreads(self, perturbed: PerturbedReference) -> dict[str, Any]:
+    def _measure_spreads(self, perturbed: PerturbedReference) -> dict[str, Tensor]:
         import torch
 
         eps = torch.finfo(getattr(torch, self.dtype)).eps
@@ -180,7 +184,7 @@ class Baseline:
                 spreads[name] = rms.masked_fill(~torch.isfinite(rms), 0.0)
         return spreads
 
-    def sum_allowance(self, name: str, rows: Any) -> Any:
+    def sum_allowance(self, name: str, rows: Tensor) -> Tensor | None:
         """FLOAT32_SUM_ERROR units of float32 roundoff per term of sum |term| at each flat index in `rows` of output
         `name` (0 elsewhere), its terms read off the float64 reference's Jacobian row (sum_terms): a correct float32
         scan or reduction may be that far off however exact the baseline is (torch.cumsum in float32 accumulates in
@@ -207,7 +211,7 @@ class Baseline:
         return allowance.masked_fill(~torch.isfinite(allowance), 0.0).reshape(outputs[name].shape)
 
 
-def sum_terms(output: Any, inputs: list[Any], rows: Any) -> tuple[Any, Any] | None:
+def sum_terms(output: object, inputs: list[Tensor], rows: Tensor) -> tuple[Tensor, Tensor] | None:
     """For each flat index in `rows` of `output` (float64, computed with autograd from `inputs`): how many terms it
     sums (the participation ratio (sum |t|)^2 / sum t^2: n for n equal terms, ~1 when one dominates) and sum |t|,
     the terms t_j = d output_i / d input_j * input_j. None when the output does not depend on the inputs by
@@ -290,7 +294,7 @@ def check_result(
     got: Any,
     expected: Any,
     tol: Tolerance | Rule,
-    dtype: Any,
+    dtype: torch.dtype | None,
     device: str,
     against: str = "the reference",
     baseline: Baseline | None = None,
@@ -332,7 +336,7 @@ def check_result(
         verdict = lowp_verdict(got, expected, eager, rule.tol, baseline.label, terms, spread)
     summed = _sum_allowance(baseline, key, got, expected) if verdict is not None else None
     if summed is not None:
-        spreads = spread if _same_shape(spread, got) else 0.0
+        spreads = spread if spread is not None and _same_shape(spread, got) else 0.0
         verdict = lowp_verdict(got, expected, eager, rule.tol, baseline.label, terms, spreads + summed)
     if verdict is None:
         return
@@ -350,7 +354,7 @@ def check_result(
     )
 
 
-def exact_baseline_note(eager: Any, expected: Any, dtype: Any) -> str:
+def exact_baseline_note(eager: Tensor, expected: Tensor, dtype: torch.dtype) -> str:
     """Why the baseline was as exact as the float64 reference, when it was: a reference that computes in float64
     whatever it is given (`.to(torch.float64)` inside) makes the low-precision rule allow its floors alone, which a
     correct low-precision kernel need not meet. Empty when the baseline looks like a computation in `dtype`."""
@@ -381,11 +385,11 @@ def exact_baseline_note(eager: Any, expected: Any, dtype: Any) -> str:
     )
 
 
-def _name(dtype: Any) -> str:
+def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _sum_allowance(baseline: Baseline, key: str, got: Any, expected: Any) -> Any:
+def _sum_allowance(baseline: Baseline, key: str, got: Tensor, expected: Tensor) -> Tensor | None:
     """A float32 output's per-element allowance for the terms it sums (Baseline.sum_allowance), at the SUM_ROWS
     elements the op is furthest off at; None in other dtypes."""
     import torch
@@ -417,7 +421,13 @@ class LowpVerdict:
 
 
 def lowp_verdict(
-    got: Any, expected: Any, eager: Any, tol: Tolerance, label: str, terms: int = 1, spread: Any = None
+    got: Tensor,
+    expected: Tensor,
+    eager: Tensor,
+    tol: Tolerance,
+    label: str,
+    terms: int = 1,
+    spread: Tensor | None = None,
 ) -> LowpVerdict | None:
     """None when `got` is as accurate as `eager` by the rule, else the figures. Where the op returns exactly what
     the baseline returns (the same rounding, the same overflow) it is as accurate as eager PyTorch there. Where the
@@ -461,7 +471,7 @@ def lowp_verdict(
     return LowpVerdict(op_error, baseline_error, allowed, label, stray)
 
 
-def magnitude_scale(expected: Any, dtype: Any) -> Any:
+def magnitude_scale(expected: Tensor, dtype: torch.dtype) -> Tensor | float:
     """What each element's error counts for in lowp_verdict's RMS: 1 (its error as it is), except in an output
     whose largest finite magnitude is more than 1/eps of `dtype` times its median nonzero one, where one unit of
     roundoff of the largest element outweighs the median element whole and an RMS of absolute errors is that
@@ -486,7 +496,7 @@ def magnitude_scale(expected: Any, dtype: Any) -> Any:
     return torch.where(above, typical / magnitudes.clamp_min(typical), torch.ones((), dtype=torch.float64))
 
 
-def roundoff_error(dtype: Any, magnitude: float) -> float:
+def roundoff_error(dtype: torch.dtype, magnitude: float) -> float:
     """ROUNDOFF_ULPS units of roundoff of an output's RMS `magnitude`: what an op may be off by in
     its dtype whatever the baseline's luck. Found by `opforge fuzz` on tests/fixtures/real_ops/lstm_cell in float16:
     with h all 0 the baseline's products vanish exactly and its error fell to a tenth of an ulp, while the op (one
@@ -498,7 +508,7 @@ def roundoff_error(dtype: Any, magnitude: float) -> float:
     return ROUNDOFF_ULPS * torch.finfo(dtype).eps * magnitude
 
 
-def float32_sum_error(dtype: Any, terms: int, magnitude: float) -> float:
+def float32_sum_error(dtype: torch.dtype, terms: int, magnitude: float) -> float:
     """What a correct float32 sum of `terms` values in plain order may be off by: FLOAT32_SUM_ERROR * terms units of
     roundoff of the RMS magnitude of `expected` at `where`; 0 for other dtypes. A float32 reduction may be that far
     off however accurate the baseline happens to be (torch's cascade sum of 1,560 equal values is within 2 ulps,
@@ -513,7 +523,7 @@ def float32_sum_error(dtype: Any, terms: int, magnitude: float) -> float:
     return FLOAT32_SUM_ERROR * terms * torch.finfo(torch.float32).eps * magnitude
 
 
-def _close(got: Any, expected: Any, tol: Tolerance) -> Any:
+def _close(got: Tensor, expected: Tensor, tol: Tolerance) -> Tensor:
     """Elementwise atol + rtol * |expected| (infinities of one sign and NaNs match each other)."""
     import torch
 
@@ -523,7 +533,7 @@ def _close(got: Any, expected: Any, tol: Tolerance) -> Any:
     return torch.isclose(g, e, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
 
 
-def lowp_multiplier(dtype: Any, numel: int) -> float:
+def lowp_multiplier(dtype: torch.dtype, numel: int) -> float:
     import torch
 
     small = next((multiplier for elements, multiplier in SMALL_TENSOR_MULTIPLIERS if numel <= elements), None)
@@ -532,7 +542,7 @@ def lowp_multiplier(dtype: Any, numel: int) -> float:
     return LOWP_MULTIPLIER if dtype in (torch.float16, torch.bfloat16) else FULL_MULTIPLIER
 
 
-def _finite_rms(values: Any, where: Any) -> float:
+def _finite_rms(values: Tensor, where: Tensor) -> float:
     """The RMS magnitude of `values` at `where`, over its finite elements (an infinite expected value must not
     make an infinite allowance)."""
     import torch
@@ -541,15 +551,15 @@ def _finite_rms(values: Any, where: Any) -> float:
     return _rms(v[where & torch.isfinite(v)])
 
 
-def _same_shape(a: Any, b: Any) -> bool:
+def _same_shape(a: object, b: object) -> bool:
     return hasattr(a, "shape") and hasattr(b, "shape") and tuple(a.shape) == tuple(b.shape)
 
 
-def _rms(errors: Any) -> float:
+def _rms(errors: Tensor) -> float:
     return math.sqrt(float((errors**2).mean())) if errors.numel() else 0.0
 
 
-def _same(a: Any, b: Any) -> Any:
+def _same(a: Tensor, b: Tensor) -> Tensor:
     """Elementwise: equal values, or both NaN (the comparison of two results of one dtype)."""
     import torch
 
@@ -558,7 +568,7 @@ def _same(a: Any, b: Any) -> Any:
     return (a == b) | (torch.isnan(a) & torch.isnan(b))
 
 
-def _errors(got: Any, expected: Any) -> Any:
+def _errors(got: Tensor, expected: Tensor) -> Tensor:
     """The elementwise errors against `expected`: 0 where both are the same NaN or infinity, infinite where only one
     of them is finite (an overflow the reference does not have)."""
     import torch
@@ -570,7 +580,7 @@ def _errors(got: Any, expected: Any) -> Any:
     return torch.where(torch.isnan(error), torch.full_like(error, math.inf), error)
 
 
-def rounds_to_infinity(got: Any, expected: Any) -> Any:
+def rounds_to_infinity(got: Tensor, expected: Tensor) -> Tensor:
     """Elementwise: `got` is the infinity that `expected` (finite in float64, past the largest value of got's
     dtype) rounds to in got's dtype: the correctly rounded result, no error. Seen: affine_leaky_swish in float16
     returning inf for a float64 result of 65,600 (float16's largest is 65,504), found by `opforge fuzz`."""
@@ -601,16 +611,16 @@ def check_plain_value(name: str, got: Any, expected: Any, tol: Tolerance) -> Non
         raise CheckFailure(f"{name}: expected {expected!r}, got {got!r}.")
 
 
-def _none(got: Any, expected: Any) -> bool:
+def _none(got: object, expected: object) -> bool:
     """Exactly one of the two is None."""
     return (got is None) != (expected is None)
 
 
-def _both_nan(a: Any, b: Any) -> bool:
+def _both_nan(a: object, b: object) -> bool:
     return isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
 
 
-def worst_mismatch(name: str, got: Any, expected: Any, tol: Tolerance) -> Mismatch | None:
+def worst_mismatch(name: str, got: Tensor, expected: Tensor, tol: Tolerance) -> Mismatch | None:
     """None when every element is within atol + rtol * |expected| (NaN matches NaN, inf matches inf)."""
     import torch
 
@@ -645,5 +655,5 @@ def worst_mismatch(name: str, got: Any, expected: Any, tol: Tolerance) -> Mismat
     )
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: complex | float) -> complex | float:
     return value if isinstance(value, complex) else float(value)

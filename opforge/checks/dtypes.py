@@ -158,7 +158,7 @@ def _as_correctness_compares(loaded: LoadedOp, implementation: Implementation, c
 
 
 def _compare_unclaimed(
-    loaded: LoadedOp, implementation: Implementation, case: Case, got: tuple, inputs: CaseInputs
+    loaded: LoadedOp, implementation: Implementation, case: Case, got: tuple[Any, ...], inputs: CaseInputs
 ) -> bool:
     """Outputs and mutated arguments of a call in a dtype the op does not claim vs the float64 reference, cast the
     way the op's result is: an integer result to within one unit, a bool exactly, a floating one within its dtype's

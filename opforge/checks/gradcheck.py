@@ -263,16 +263,16 @@ def _worst_entry(checked: Differentiable, pair: JacobianPair, steps: FiniteDiffe
     return worst_mismatch("Jacobian", analytical, numerical, Tolerance(atol=steps.atol, rtol=steps.rtol))
 
 
-def _numerical_jacobian(checked: Differentiable, pair: JacobianPair, eps: float) -> Any:
+def _numerical_jacobian(checked: Differentiable, pair: JacobianPair, eps: float) -> torch.Tensor:
     """Central differences as gradcheck takes them, (f(x + eps) - f(x - eps)) / 2 eps, one input element at a time.
     The input is perturbed in place so that the op sees its strides and storage offset unchanged."""
     import torch
 
     values = checked.inputs[pair.input_index].detach()
 
-    def output() -> Any:
+    def output() -> torch.Tensor:
         # A copy: an op may return a view of its input, which the next perturbation would change.
-        returned = as_tuple(checked.fn(*checked.inputs))[pair.output_position]
+        returned: torch.Tensor = as_tuple(checked.fn(*checked.inputs))[pair.output_position]
         return returned.detach().to(torch.float64, copy=True).reshape(-1)
 
     columns = []
@@ -287,16 +287,16 @@ def _numerical_jacobian(checked: Differentiable, pair: JacobianPair, eps: float)
     return torch.stack(columns, dim=1)
 
 
-def _analytical_jacobian(checked: Differentiable, pair: JacobianPair) -> Any:
+def _analytical_jacobian(checked: Differentiable, pair: JacobianPair) -> torch.Tensor:
     """The Jacobian through the function's backward, one output element at a time."""
     import torch
 
-    def of_input(value: Any) -> Any:
+    def of_input(value: torch.Tensor) -> Any:
         inputs = list(checked.inputs)
         inputs[pair.input_index] = value
         return as_tuple(checked.fn(*inputs))[pair.output_position]
 
-    jacobian = torch.autograd.functional.jacobian(of_input, checked.inputs[pair.input_index])
+    jacobian: torch.Tensor = torch.autograd.functional.jacobian(of_input, checked.inputs[pair.input_index])
     return jacobian.to(torch.float64).reshape(math.prod(pair.output_shape), math.prod(pair.input_shape))
 
 

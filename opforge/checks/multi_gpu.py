@@ -22,9 +22,8 @@ from opforge.checks.op_and_reference import (
     on_device,
     output_baseline,
     outputs_of,
-    short,
 )
-from opforge.core.outcomes import CheckFailure, CheckSkipped
+from opforge.core.outcomes import CheckFailure, CheckSkipped, short
 
 if TYPE_CHECKING:
     import torch

@@ -17,6 +17,8 @@ from opforge.spec.model import FLOATING_DTYPES, OpSpec
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
+    from torch._C import JitType
 
 # How a mutated argument is named among the compared values.
 MUTATED = " (mutated)"
@@ -48,7 +50,7 @@ def call_implementation(implementation: Implementation, inputs: CaseInputs) -> A
     return returned
 
 
-def _cuda_devices(inputs: CaseInputs) -> set[Any]:
+def _cuda_devices(inputs: CaseInputs) -> set[torch.device]:
     import torch
 
     values = [*inputs.args, *inputs.kwargs.values()]
@@ -106,7 +108,7 @@ def reference_values(loaded: LoadedOp, result: Any) -> tuple[Any, ...]:
     return as_tuple(result) if count <= 1 else tuple(result)
 
 
-def _only_value_type(loaded: LoadedOp) -> Any:
+def _only_value_type(loaded: LoadedOp) -> JitType:
     returns = loaded.overload._schema.returns
     if returns:
         return returns[0].type
@@ -114,7 +116,7 @@ def _only_value_type(loaded: LoadedOp) -> Any:
     return next(a.type for a in loaded.arguments if a.name == mutated)
 
 
-def _is_list_typed(type_: Any) -> bool:
+def _is_list_typed(type_: JitType) -> bool:
     return str(type_).startswith("List[")
 
 
@@ -128,7 +130,7 @@ def differentiated(loaded: LoadedOp, inputs: CaseInputs) -> list[str]:
 
 def vector_jacobian_products(
     loaded: LoadedOp, implementation: Implementation, case: Case, base_seed: int, inputs: CaseInputs, names: list[str]
-) -> tuple[tuple[Any, ...], tuple[Any, ...], Baseline]:
+) -> tuple[tuple[Tensor | None, ...], tuple[Tensor | None, ...], Baseline]:
     """The op's and the reference's gradients with respect to `names`, for one random grad_output seeded by the
     case (drawn in float64, then rounded to each output's dtype, so both sides see the same values), and the
     gradients through the reference computed in the case's dtype (the low-precision baseline, named grad[x])."""
@@ -151,12 +153,12 @@ def vector_jacobian_products(
     return grads, ref_grads, _gradient_baseline(loaded, baseline_args, names, leaf_names, grad_outs, case.dtype)
 
 
-def differentiable_outputs(outputs: tuple[Any, ...]) -> list[Any]:
+def differentiable_outputs(outputs: tuple[Any, ...]) -> list[Tensor]:
     """The outputs with a gradient graph, a list output's tensors each: those a grad_output goes to."""
     return [leaf for _, leaf in differentiable_leaves(outputs)]
 
 
-def differentiable_leaves(outputs: tuple[Any, ...]) -> list[tuple[str, Any]]:
+def differentiable_leaves(outputs: tuple[Any, ...]) -> list[tuple[str, Tensor]]:
     """differentiable_outputs, each with its place among the outputs' leaves (`1[0]`: output 1's first tensor)."""
     import torch
 
@@ -171,7 +173,7 @@ def matching_leaves(names: list[str], outputs: tuple[Any, ...]) -> list[Any]:
     return [by_place.get(name) for name in names]
 
 
-def seeded_grad_outputs(outputs: list[Any], case: Case, base_seed: int) -> list[Any]:
+def seeded_grad_outputs(outputs: list[Tensor], case: Case, base_seed: int) -> list[Tensor]:
     """One random grad_output per output, seeded by the case (drawn in float64, then rounded to the output's dtype,
     so every side that uses it sees the same values)."""
     import torch
@@ -182,11 +184,11 @@ def seeded_grad_outputs(outputs: list[Any], case: Case, base_seed: int) -> list[
 
 def op_gradients(
     implementation: Implementation,
-    outputs: list[Any],
-    wrt: list[Any],
-    grad_outputs: list[Any],
+    outputs: list[Tensor],
+    wrt: list[Tensor],
+    grad_outputs: list[Tensor],
     retain_graph: bool = False,
-) -> tuple[Any, ...]:
+) -> tuple[Tensor | None, ...]:
     """The op's gradients with respect to `wrt` (None where nothing reaches one); a backward that raises is the op's
     failure. retain_graph keeps the graph for another backward through it."""
     import torch
@@ -208,27 +210,27 @@ def _gradient_baseline(
     arguments: tuple[tuple[Any, ...], dict[str, Any]],
     names: list[str],
     leaf_names: list[str],
-    grad_outs: list[Any],
+    grad_outs: list[Tensor],
     dtype: str,
 ) -> Baseline:
 
     args, kwargs = arguments
     positions = [a.name for a in loaded.arguments]
 
-    def grads_at(call_args: tuple[Any, ...], call_kwargs: dict[str, Any], wide: bool) -> dict[str, Any]:
+    def grads_at(call_args: tuple[Any, ...], call_kwargs: dict[str, Any], wide: bool) -> dict[str, Tensor]:
         wrt = [call_args[positions.index(n)] if positions.index(n) < len(call_args) else call_kwargs[n] for n in names]
         outputs, _ = split_reference(loaded, reference_values(loaded, loaded.reference(*call_args, **call_kwargs)))
         seeds = [g.detach().cpu() for g in grad_outs]
         grads = gradients(matching_leaves(leaf_names, outputs), wrt, [g.double() if wide else g for g in seeds])
         return {f"grad[{n}]": g for n, g in zip(names, grads) if g is not None}
 
-    def perturbed(scale: float, draw: int) -> dict[str, Any]:
+    def perturbed(scale: float, draw: int) -> dict[str, Tensor]:
         return grads_at(*_perturbed_call(loaded, (args, kwargs), scale, draw), wide=True)
 
     return Baseline(dtype, lambda: grads_at(args, kwargs, wide=False), perturbed=perturbed, own=_own(loaded))
 
 
-def gradients(outputs: list[Any], wrt: list[Any], grad_outputs: list[Any]) -> tuple[Any, ...]:
+def gradients(outputs: list[Any], wrt: list[Tensor], grad_outputs: list[Tensor]) -> tuple[Tensor | None, ...]:
     """autograd.grad of the outputs that have a gradient graph; an output without one (a reference's
     `new_zeros(...)` for an empty input) is a constant and adds nothing. None where nothing reaches an input."""
     import torch
@@ -312,7 +314,7 @@ def output_baseline(loaded: LoadedOp, inputs: CaseInputs, case_dtype: str) -> Ba
     def perturbed(scale: float, draw: int) -> dict[str, Any]:
         return named_results(*_perturbed_call(loaded, arguments, scale, draw))
 
-    def tracked() -> tuple[dict[str, Any], list[Any]]:
+    def tracked() -> tuple[dict[str, Any], list[Tensor]]:
         import torch
 
         args, kwargs = perturbed_arguments(arguments, 0.0, 0)
@@ -371,13 +373,13 @@ def compare_with_reference(
         )
 
 
-def _own_dtype(baseline: Baseline, name: str, case_dtype: str, dtype: Any) -> Any:
+def _own_dtype(baseline: Baseline, name: str, case_dtype: str, dtype: torch.dtype) -> torch.dtype:
     """The dtype the op itself returns output `name` in, in the case's dtype on contiguous inputs (a float64 case:
     `dtype`, what the float64 reference returns)."""
     if case_dtype == "float64":
         return dtype
-    own = baseline.value(name)
-    return getattr(own, "dtype", dtype)
+    own: torch.dtype = getattr(baseline.value(name), "dtype", dtype)
+    return own
 
 
 def judged_nothing(loaded: LoadedOp, implementation: Implementation, inputs: CaseInputs) -> bool:
@@ -431,7 +433,9 @@ def argument(inputs: CaseInputs, loaded: LoadedOp, name: str, reference: bool = 
     return args[index] if index < len(args) else kwargs[name]
 
 
-def with_arguments(loaded: LoadedOp, inputs: CaseInputs, replacements: dict[str, Any]) -> tuple[tuple, dict]:
+def with_arguments(
+    loaded: LoadedOp, inputs: CaseInputs, replacements: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The op's args and kwargs with the arguments named in `replacements` swapped for those values."""
     arg_names = [a.name for a in loaded.arguments]
     args = tuple(replacements.get(arg_names[i], v) for i, v in enumerate(inputs.args))
@@ -479,7 +483,7 @@ def mutated_values(loaded: LoadedOp, inputs: CaseInputs) -> dict[str, Any]:
     return {name: argument(inputs, loaded, name) for name in loaded.mutated_arguments}
 
 
-def on_device(inputs: CaseInputs, device: Any) -> CaseInputs:
+def on_device(inputs: CaseInputs, device: torch.device | str) -> CaseInputs:
     """The op's arguments copied to `device`, each tensor with its exact strides (a strided slice keeps its gaps);
     the reference's arguments stay as they are."""
     import torch

@@ -28,6 +28,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from opforge.building.op import Implementation, LoadedOp
 from opforge.cases.matrix import Case
@@ -301,7 +302,7 @@ def _describe_group(what: str, where: str, case_ids: list[str]) -> str:
     return f"- {times}{what}{at} (case{'s' if len(distinct) > 1 else ''} {named})"
 
 
-def _case_json(case: Case) -> dict:
+def _case_json(case: Case) -> dict[str, Any]:
     data = asdict(case)
     data["shapes"] = [[name, list(shape)] for name, shape in case.shapes]
     data["values"] = [[name, value] for name, value in case.values]

@@ -46,11 +46,10 @@ from opforge.checks.op_and_reference import (
     output_baseline,
     outputs_of,
     seeded_grad_outputs,
-    short,
     with_arguments,
 )
 from opforge.core.cuda_spin import spin
-from opforge.core.outcomes import CheckFailure, PassNote
+from opforge.core.outcomes import CheckFailure, PassNote, short
 
 if TYPE_CHECKING:
     import torch
@@ -145,7 +144,7 @@ def _right_on_current_stream(ctx: CheckContext, implementation: Implementation, 
     return mismatch is None
 
 
-def _with_expected(ctx: CheckContext, case: Case, seed: int) -> tuple[CaseInputs, Baseline, tuple]:
+def _with_expected(ctx: CheckContext, case: Case, seed: int) -> tuple[CaseInputs, Baseline, tuple[Any, ...]]:
     """The case's inputs drawn with `seed`, the baseline its outputs are judged against, and the reference's result."""
     inputs = inputs_for(ctx.loaded, case, seed)
     return inputs, output_baseline(ctx.loaded, inputs, case.dtype), call_reference(ctx.loaded, inputs)
@@ -232,7 +231,7 @@ def _backward_in_cuda_graph(ctx: CheckContext, implementation: Implementation, c
     captured_grads = seeded_grad_outputs(outputs, case, ctx.base_seed)
     replay_grads = seeded_grad_outputs(outputs, case, ctx.base_seed + 1)
 
-    def backward(grad_outputs: list) -> tuple:
+    def backward(grad_outputs: list[Any]) -> tuple[Any, ...]:
         return op_gradients(implementation, outputs, wrt, grad_outputs, retain_graph=True)
 
     capture_stream.wait_stream(torch.cuda.current_stream())
@@ -271,9 +270,9 @@ def _backward_in_cuda_graph(ctx: CheckContext, implementation: Implementation, c
 def _compare(
     loaded: LoadedOp,
     case: Case,
-    got: tuple,
-    mutated_now: dict,
-    reference_result: tuple,
+    got: tuple[Any, ...],
+    mutated_now: dict[str, Any],
+    reference_result: tuple[Any, ...],
     baseline: Baseline,
     how: str,
     hint: Callable[[], str],
@@ -285,7 +284,13 @@ def _compare(
 
 
 def _mismatch(
-    loaded: LoadedOp, case: Case, got: tuple, mutated_now: dict, reference_result: tuple, baseline: Baseline, how: str
+    loaded: LoadedOp,
+    case: Case,
+    got: tuple[Any, ...],
+    mutated_now: dict[str, Any],
+    reference_result: tuple[Any, ...],
+    baseline: Baseline,
+    how: str,
 ) -> CheckFailure | None:
     compared = against_reference(loaded, got, mutated_now, reference_result)
     try:

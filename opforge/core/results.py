@@ -53,8 +53,9 @@ class Mismatch:
 
     output: str
     index: tuple[int, ...]
-    got: float
-    expected: float
+    # Complex for a complex output.
+    got: float | complex
+    expected: float | complex
     abs_error: float
     rel_error: float
     atol: float
@@ -183,7 +184,11 @@ _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
 def _float(value: Any) -> Any:
-    return _NON_FINITE.get(value, value) if isinstance(value, str) else value
+    """A mismatch's number as JSON holds it: a non-finite float as one of those strings, a complex one (a complex
+    output's element, which JSON has no form for) as its str, "(1+2j)", which complex() reads back."""
+    if not isinstance(value, str):
+        return value
+    return _NON_FINITE[value] if value in _NON_FINITE else complex(value)
 
 
 def strict_json(data: Any) -> Any:

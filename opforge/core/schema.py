@@ -4,7 +4,6 @@ names of an op's outputs, schemas compared up to alias-set names, which argument
 from __future__ import annotations
 
 import re
-from typing import Any
 
 
 def return_names(schema: str) -> tuple[str, ...]:
@@ -39,21 +38,21 @@ def split_top_level(text: str) -> list[str]:
     return [*parts, current]
 
 
-def canonical(schema: Any) -> str:
+def canonical(schema: object) -> str:
     """The schema after the op name (a spec may leave out the namespace), alias sets renamed in order of first
     appearance: `Tensor(a!)` and torch.library.custom_op's `Tensor(a0!)` mean the same."""
     text = str(schema)
     text = text.split("(", 1)[1] if "(" in text else text
     names: dict[str, str] = {}
 
-    def rename(match: re.Match) -> str:
+    def rename(match: re.Match[str]) -> str:
         alias = names.setdefault(match.group(1), f"alias{len(names)}")
         return f"Tensor({alias}{match.group(2)})"
 
     return re.sub(r"Tensor\((\w+)(!?)\)", rename, text)
 
 
-def is_tensor_type(type_: Any) -> bool:
+def is_tensor_type(type_: object) -> bool:
     """Whether a schema argument's type is a Tensor (`Tensor`, `Tensor?`, `Tensor(a!)`)."""
     return str(type_).startswith("Tensor")
 

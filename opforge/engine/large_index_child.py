@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opforge.building.op import LoadedOp
 from opforge.cases.arguments import argument_value
@@ -21,6 +21,9 @@ from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure, 
 from opforge.core.protocol import LargeIndexJob, Message, Outcome, Running, send
 from opforge.core.results import Status, Verdict
 from opforge.spec.model import ScalarInput, Tolerance
+
+if TYPE_CHECKING:
+    import torch
 
 
 def child_main(job: LargeIndexJob, say: Callable[[Message], None]) -> int:
@@ -175,7 +178,7 @@ def _compare_windows(
             _compare_window(name, g.reshape(-1)[lo:hi], e.reshape(-1), job, lo, shape, tol)
 
 
-def _require_large(name: str, value: Any, shape: tuple[int, ...], dtype: Any) -> None:
+def _require_large(name: str, value: object, shape: tuple[int, ...], dtype: torch.dtype | None) -> None:
     """The whole output must be there before a window of it is compared: a short one would give empty windows."""
     import torch
 
@@ -194,7 +197,13 @@ def _require_large(name: str, value: Any, shape: tuple[int, ...], dtype: Any) ->
 
 
 def _compare_window(
-    name: str, part: Any, expected: Any, job: LargeIndexJob, lo: int, shape: tuple[int, ...], tol: Tolerance
+    name: str,
+    part: torch.Tensor,
+    expected: torch.Tensor,
+    job: LargeIndexJob,
+    lo: int,
+    shape: tuple[int, ...],
+    tol: Tolerance,
 ) -> None:
     import torch
 

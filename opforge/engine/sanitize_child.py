@@ -65,7 +65,7 @@ def output_size() -> int:
     return os.fstat(1).st_size
 
 
-def _case(data: dict) -> Case:
+def _case(data: dict[str, Any]) -> Case:
     shapes = tuple((name, tuple(shape)) for name, shape in data.pop("shapes"))
     values = tuple((name, value) for name, value in data.pop("values"))
     arguments = tuple(data.pop("sample_arguments"))

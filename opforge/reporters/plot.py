@@ -37,7 +37,7 @@ def require_plotting() -> None:
 def write_plot(run: BenchRun, path: Path) -> bool:
     """GB/s against size, one line per implementation and kind of case, one panel per (op, device, dtype, mode);
     the measured peak of the device as a dashed line. False (nothing written) when no result has a GB/s figure."""
-    panels: dict[tuple, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
+    panels: dict[tuple[str, str, str, str], dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
     for r in run.results:
         if r.gbps is not None:
             panels[(r.op, r.device, r.dtype, r.mode)][series_label(r)].append((r.elements, r.gbps))

@@ -104,7 +104,9 @@ def _bench_shapes(b: Reader, tensors: tuple[str, ...]) -> tuple[tuple[tuple[str,
     return tuple(tuple((name, per_input[name][i]) for name in tensors) for i in range(counts.pop()))
 
 
-def _bench_bytes(b: Reader, inputs: tuple[Input, ...], schema: str) -> tuple[tuple, tuple, tuple]:
+def _bench_bytes(
+    b: Reader, inputs: tuple[Input, ...], schema: str
+) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, int], ...], tuple[tuple[str, str], ...]]:
     node = b.child("bytes")
     if isinstance(node.value, dict):
         m = Reader(b.path, node, "bench.bytes", BENCH_MODES)

@@ -135,9 +135,9 @@ def _profile(
     base = Profiled(point.label, point.dtype, point.device, point.mode, name)
     try:
         call = mode_callable(loaded, fn, inputs, point.mode, seed)
-        restore = argument_restorer(loaded, inputs, point.mode) or (lambda: None)
+        restore: Callable[[], None] = argument_restorer(loaded, inputs, point.mode) or (lambda: None)
         nbytes = bytes_moved(loaded, point.mode, inputs)
-        sync = torch.cuda.synchronize if point.device == "cuda" else (lambda: None)
+        sync: Callable[[], None] = torch.cuda.synchronize if point.device == "cuda" else (lambda: None)
         for _ in range(WARMUP_CALLS):
             restore()
             call()

@@ -27,7 +27,16 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+
+    from torch import Tensor
+    from torch._C import FunctionSchema
+    from torch._ops import OpOverload, OpOverloadPacket
 
 ENV_DIR = "OPFORGE_RECORD_DIR"
 ENV_NAMESPACES = "OPFORGE_RECORD_NAMESPACES"
@@ -112,7 +121,9 @@ class _TorchFinder:
     """A meta path finder that installs the recording once `torch` has been imported (torch is not imported here:
     a program that never imports it pays nothing)."""
 
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+    def find_spec(
+        self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if name != "torch":
             return None
         import importlib.machinery
@@ -124,7 +135,7 @@ class _TorchFinder:
         loader = spec.loader
         original = loader.exec_module
 
-        def exec_module(module: Any) -> None:
+        def exec_module(module: ModuleType) -> None:
             original(module)
             try:
                 install()
@@ -168,7 +179,7 @@ def install() -> None:
     _watch_registrations()
 
 
-def _convert_packet(packet: Any) -> None:
+def _convert_packet(packet: object) -> None:
     import torch._ops as ops
 
     if type(packet) is not ops.OpOverloadPacket:
@@ -181,17 +192,17 @@ def _convert_packet(packet: Any) -> None:
         _convert_overload(getattr(packet, overload_name, None))
 
 
-def _convert_overload(overload: Any) -> None:
+def _convert_overload(overload: object) -> None:
     import torch._ops as ops
 
     if type(overload) is ops.OpOverload:
         overload.__class__ = _overload_class()
 
 
-_classes: dict[str, Any] = {}
+_classes: dict[str, type] = {}
 
 
-def _packet_class() -> Any:
+def _packet_class() -> type:
     if "packet" not in _classes:
         import torch._ops as ops
 
@@ -212,7 +223,7 @@ def _packet_class() -> Any:
     return _classes["packet"]
 
 
-def _overload_class() -> Any:
+def _overload_class() -> type:
     if "overload" not in _classes:
         import torch._ops as ops
 
@@ -247,9 +258,9 @@ def _watch_registrations() -> None:
     import torch
     import torch.library as library
 
-    load_library = torch.ops.load_library
+    load_library: Callable[[str | os.PathLike[str]], None] = torch.ops.load_library
 
-    def recording_load_library(path: Any) -> Any:
+    def recording_load_library(path: str | os.PathLike[str]) -> None:
         module = _calling_module()
         before = _op_namespaces()
         try:
@@ -259,7 +270,7 @@ def _watch_registrations() -> None:
                 _modules.setdefault(namespace, module)
 
     torch.ops.load_library = recording_load_library  # type: ignore[method-assign]
-    original_init = library.Library.__init__
+    original_init: Callable[..., None] = library.Library.__init__
 
     def library_init(self: Any, ns: str, kind: str, *args: Any, **kwargs: Any) -> None:
         original_init(self, ns, kind, *args, **kwargs)
@@ -296,7 +307,7 @@ def _calling_module() -> str:
 # ------------------------------------------------------------------------------------------- recording
 
 
-def _note_packet_call(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _note_packet_call(packet: OpOverloadPacket, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """A call through the packet (`torch.ops.ns.op(...)`): its overload is the one the dispatcher resolves."""
     import torch
 
@@ -309,14 +320,14 @@ def _note_packet_call(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     _note(overload, args, kwargs)
 
 
-def _note(overload: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _note(overload: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     try:
         _note_call(overload, args, kwargs)
     except Exception as exc:  # a recording bug must never change the program
         _warn(f"could not record a call of {overload}: {exc!r}")
 
 
-def _note_call(overload: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _note_call(overload: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     schema = overload._schema
     bound = _bind(schema, args, kwargs)
     if bound is None or not _plain(bound):
@@ -347,7 +358,7 @@ def _note_call(overload: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     _write(record, seq)
 
 
-def _bind(schema: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+def _bind(schema: FunctionSchema, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """The call's arguments by schema name (those it gives: a default it leaves out stays out)."""
     names = [a.name for a in schema.arguments]
     if len(args) > len(names):
@@ -370,7 +381,7 @@ def _plain(bound: dict[str, Any]) -> bool:
     return True
 
 
-def _tensors(value: Any) -> list[Any]:
+def _tensors(value: object) -> list[Tensor]:
     import torch
 
     if isinstance(value, torch.Tensor):
