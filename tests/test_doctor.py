@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from opforge.cli import app
 from opforge.tools import doctor
-from opforge.tools.doctor import Verdict
+from opforge.tools.doctor import Level
 
 runner = CliRunner()
 
@@ -44,7 +44,7 @@ def test_the_compiler_takes_the_standard_torch_builds_extensions_with():
     finding = doctor._compiler()
     standard = doctor._extension_standard()
     assert standard in ("c++17", "c++20"), standard
-    assert finding.verdict == Verdict.OK and finding.found.endswith(f"extensions build as -std={standard}")
+    assert finding.level == Level.OK and finding.found.endswith(f"extensions build as -std={standard}")
 
 
 def _compiler_rejecting(tmp_path: Path, flag: str) -> Path:
@@ -65,7 +65,7 @@ def test_a_compiler_older_than_torchs_standard_fails_with_the_release_that_takes
     monkeypatch.setattr(doctor, "_extension_standard", lambda: "c++20")
     monkeypatch.setenv("CXX", str(_compiler_rejecting(tmp_path, "-std=c++20")))
     finding = doctor._compiler()
-    assert finding.verdict == Verdict.FAIL, finding
+    assert finding.level == Level.FAIL, finding
     assert "(c++ (GCC) 9.4.0) to accept -std=c++20, which torch passes to every extension build" in finding.found
     assert "unrecognized command-line option '-std=c++20'" in finding.found
     assert finding.fix.startswith("Install a C++20 compiler (GCC 10 and Clang 10 are the first to take -std=c++20)")
@@ -75,7 +75,7 @@ def test_the_same_compiler_passes_under_a_torch_that_builds_as_cxx17(tmp_path, m
     monkeypatch.setattr(doctor, "_extension_standard", lambda: "c++17")
     monkeypatch.setenv("CXX", str(_compiler_rejecting(tmp_path, "-std=c++20")))
     finding = doctor._compiler()
-    assert finding.verdict == Verdict.OK and finding.found.endswith("extensions build as -std=c++17"), finding
+    assert finding.level == Level.OK and finding.found.endswith("extensions build as -std=c++17"), finding
 
 
 def test_a_compiler_without_openmp_fails_the_build_probe(tmp_path, monkeypatch):
@@ -84,14 +84,14 @@ def test_a_compiler_without_openmp_fails_the_build_probe(tmp_path, monkeypatch):
     fake.chmod(0o755)
     monkeypatch.setenv("CXX", str(fake))
     finding = doctor._openmp()
-    assert finding.verdict == Verdict.FAIL and "omp.h: No such file" in finding.found
+    assert finding.level == Level.FAIL and "omp.h: No such file" in finding.found
     assert "OpenMP runtime" in finding.fix
 
 
 def test_an_error_message_that_kills_the_process_is_a_warning_the_bundled_ops_are_safe_from(monkeypatch):
     monkeypatch.setattr(doctor, "MESSAGE_PROBE_CHILD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     finding = doctor._extension_messages()
-    assert finding.verdict == Verdict.WARN
+    assert finding.level == Level.WARN
     assert f"killed the process (signal {int(signal.SIGSEGV)})" in finding.found
     assert "Build with the compiler torch was built with" in finding.fix
 
@@ -99,34 +99,34 @@ def test_an_error_message_that_kills_the_process_is_a_warning_the_bundled_ops_ar
 def test_an_error_message_that_raises_is_ok_and_one_that_builds_nothing_names_the_error(monkeypatch):
     raised = "print('raised: opforge doctor: expected 99 dimensions, got 1 of shape [3]')"
     monkeypatch.setattr(doctor, "MESSAGE_PROBE_CHILD", raised)
-    assert doctor._extension_messages().verdict == Verdict.OK
+    assert doctor._extension_messages().level == Level.OK
     monkeypatch.setattr(doctor, "MESSAGE_PROBE_CHILD", "raise SystemExit('error: no such compiler')")
     broken = doctor._extension_messages()
-    assert broken.verdict == Verdict.FAIL and "exit 1: error: no such compiler" in broken.found
+    assert broken.level == Level.FAIL and "exit 1: error: no such compiler" in broken.found
 
 
 def test_openmp_builds_and_runs_here():
     finding = doctor._openmp()
-    assert finding.verdict == Verdict.OK and "parallel region ran" in finding.found
+    assert finding.level == Level.OK and "parallel region ran" in finding.found
 
 
 def test_transparent_huge_pages_always_warns_for_cpu_benchmarks(tmp_path):
     setting = tmp_path / "enabled"
     setting.write_text("[always] madvise never\n")
     warned = doctor._huge_pages(setting)
-    assert warned.verdict == Verdict.WARN and "madvise" in warned.fix
+    assert warned.level == Level.WARN and "madvise" in warned.fix
     setting.write_text("always [madvise] never\n")
-    assert doctor._huge_pages(setting) == doctor.Finding("transparent huge pages", Verdict.OK, "madvise")
+    assert doctor._huge_pages(setting) == doctor.Finding("transparent huge pages", Level.OK, "madvise")
 
 
 @pytest.mark.parametrize(
     "arch_list, verdict",
     [
-        ("9.0a", Verdict.OK),
-        ("9.0", Verdict.OK),
-        ("8.0+PTX", Verdict.OK),
-        ("8.0;8.6", Verdict.FAIL),
-        ("9.0a;10.0", Verdict.OK),
+        ("9.0a", Level.OK),
+        ("9.0", Level.OK),
+        ("8.0+PTX", Level.OK),
+        ("8.0;8.6", Level.FAIL),
+        ("9.0a;10.0", Level.OK),
     ],
 )
 def test_the_gpu_line_knows_which_builds_run_on_which_gpu(monkeypatch, arch_list, verdict):
@@ -139,5 +139,5 @@ def test_the_gpu_line_knows_which_builds_run_on_which_gpu(monkeypatch, arch_list
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
     finding = doctor._gpus()
-    assert finding.verdict == verdict, finding
-    assert (verdict == Verdict.FAIL) == ("no build for 9.0" in finding.found)
+    assert finding.level == verdict, finding
+    assert (verdict == Level.FAIL) == ("no build for 9.0" in finding.found)

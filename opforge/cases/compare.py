@@ -330,14 +330,14 @@ def check_result(
         why = baseline.unavailable or f"{baseline.label} returned no {key} of shape {tuple(got.shape)}"
         raise CheckFailure(f"{message}, and the low-precision rule could not apply: {why}.", mismatch)
     terms = max(1, baseline.input_elements // max(1, got.numel()))
-    verdict = lowp_verdict(got, expected, eager, rule.tol, baseline.label, terms)
+    verdict = lowp_errors(got, expected, eager, rule.tol, baseline.label, terms)
     spread = baseline.spread(key) if verdict is not None else None
     if _same_shape(spread, got):
-        verdict = lowp_verdict(got, expected, eager, rule.tol, baseline.label, terms, spread)
+        verdict = lowp_errors(got, expected, eager, rule.tol, baseline.label, terms, spread)
     summed = _sum_allowance(baseline, key, got, expected) if verdict is not None else None
     if summed is not None:
         spreads = spread if spread is not None and _same_shape(spread, got) else 0.0
-        verdict = lowp_verdict(got, expected, eager, rule.tol, baseline.label, terms, spreads + summed)
+        verdict = lowp_errors(got, expected, eager, rule.tol, baseline.label, terms, spreads + summed)
     if verdict is None:
         return
     if verdict.stray_overflows:
@@ -402,7 +402,7 @@ def _sum_allowance(baseline: Baseline, key: str, got: Tensor, expected: Tensor) 
 
 
 @dataclass(frozen=True)
-class LowpVerdict:
+class LowpErrors:
     rms_error: float
     baseline_rms_error: float
     allowed_rms_error: float
@@ -420,7 +420,7 @@ class LowpVerdict:
         }
 
 
-def lowp_verdict(
+def lowp_errors(
     got: Tensor,
     expected: Tensor,
     eager: Tensor,
@@ -428,7 +428,7 @@ def lowp_verdict(
     label: str,
     terms: int = 1,
     spread: Tensor | None = None,
-) -> LowpVerdict | None:
+) -> LowpErrors | None:
     """None when `got` is as accurate as `eager` by the rule, else the figures. Where the op returns exactly what
     the baseline returns (the same rounding, the same overflow) it is as accurate as eager PyTorch there. Where the
     baseline's own error is infinite (eager overflows where float64 does not, or the other way round: the value is
@@ -468,11 +468,11 @@ def lowp_verdict(
     allowed = max(allowed, *floors) + tol.atol / 10
     if stray == 0 and op_error <= allowed:
         return None
-    return LowpVerdict(op_error, baseline_error, allowed, label, stray)
+    return LowpErrors(op_error, baseline_error, allowed, label, stray)
 
 
 def magnitude_scale(expected: Tensor, dtype: torch.dtype) -> Tensor | float:
-    """What each element's error counts for in lowp_verdict's RMS: 1 (its error as it is), except in an output
+    """What each element's error counts for in lowp_errors's RMS: 1 (its error as it is), except in an output
     whose largest finite magnitude is more than 1/eps of `dtype` times its median nonzero one, where one unit of
     roundoff of the largest element outweighs the median element whole and an RMS of absolute errors is that
     element's error alone (special_values' +-max calls). There an element above the median counts by its error

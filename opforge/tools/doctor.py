@@ -28,7 +28,7 @@ PROBE_TIMEOUT_S = 120
 FIRST_COMPILERS_TAKING = {"c++20": " (GCC 10 and Clang 10 are the first to take -std=c++20)"}
 
 
-class Verdict(str, Enum):
+class Level(str, Enum):
     OK = "ok"
     INFO = "info"
     WARN = "warn"
@@ -40,7 +40,7 @@ class Finding:
     """One line of the report: what was looked at, what was found, and what to do when it is not OK."""
 
     topic: str
-    verdict: Verdict
+    level: Level
     found: str
     fix: str = ""
 
@@ -52,7 +52,7 @@ class Diagnosis:
     @property
     def failed(self) -> bool:
         """Something needed to build or run the bundled ops is missing."""
-        return any(f.verdict == Verdict.FAIL for f in self.findings)
+        return any(f.level == Level.FAIL for f in self.findings)
 
 
 def diagnose(build_probes: bool = False) -> Diagnosis:
@@ -81,7 +81,7 @@ def _torch() -> Finding:
 
     cuda = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
     abi = "new (cxx11)" if torch._C._GLIBCXX_USE_CXX11_ABI else "old (pre-cxx11)"
-    return Finding("torch", Verdict.OK, f"{torch.__version__}, {cuda}, C++ ABI {abi}, Python {sys.version.split()[0]}")
+    return Finding("torch", Level.OK, f"{torch.__version__}, {cuda}, C++ ABI {abi}, Python {sys.version.split()[0]}")
 
 
 def _compiler() -> Finding:
@@ -94,7 +94,7 @@ def _compiler() -> Finding:
     if path is None:
         return Finding(
             "C++ compiler",
-            Verdict.FAIL,
+            Level.FAIL,
             f"expected `{name}` on PATH, got nothing",
             f"Install {wanted} (apt install g++, or the build-essential package) or point CXX at one.",
         )
@@ -102,18 +102,18 @@ def _compiler() -> Finding:
     built_with = _torch_compiler()
     note = f"; torch was built with {built_with}" if built_with else ""
     if standard is None:
-        return Finding("C++ compiler", Verdict.OK, f"{path}: {version}{note}")
+        return Finding("C++ compiler", Level.OK, f"{path}: {version}{note}")
     probe = _run([path, f"-std={standard}", "-x", "c++", "-fsyntax-only", "-"], stdin="int main() { return 0; }\n")
     if probe.returncode != 0:
         return Finding(
             "C++ compiler",
-            Verdict.FAIL,
+            Level.FAIL,
             f"expected {path} ({version}) to accept -std={standard}, which torch passes to every extension build, "
             f"got: {_tail(probe.stderr)}",
             f"Install {wanted}{FIRST_COMPILERS_TAKING.get(standard, '')} and point CXX at it"
             f"{f'; torch was built with {built_with}' if built_with else ''}.",
         )
-    return Finding("C++ compiler", Verdict.OK, f"{path}: {version}{note}; extensions build as -std={standard}")
+    return Finding("C++ compiler", Level.OK, f"{path}: {version}{note}; extensions build as -std={standard}")
 
 
 def _extension_standard() -> str | None:
@@ -139,11 +139,11 @@ def _ninja() -> Finding:
     if path is None:
         return Finding(
             "ninja",
-            Verdict.FAIL,
+            Level.FAIL,
             "expected ninja on PATH, got nothing (torch.utils.cpp_extension.load builds with it)",
             "pip install ninja (in the same environment as torch).",
         )
-    return Finding("ninja", Verdict.OK, f"{path} {_first_line([path, '--version'])}")
+    return Finding("ninja", Level.OK, f"{path} {_first_line([path, '--version'])}")
 
 
 def _cuda_toolkit() -> Finding:
@@ -151,11 +151,11 @@ def _cuda_toolkit() -> Finding:
 
     toolchain = detect_toolchain()
     if toolchain.torch_cuda is None:
-        return Finding("CUDA toolkit", Verdict.INFO, "not needed: torch is a CPU-only build (CUDA sources are skipped)")
+        return Finding("CUDA toolkit", Level.INFO, "not needed: torch is a CPU-only build (CUDA sources are skipped)")
     if toolchain.skip_reason:
         return Finding(
             "CUDA toolkit",
-            Verdict.WARN,
+            Level.WARN,
             f"torch is built for CUDA {toolchain.torch_cuda}, but {toolchain.skip_reason}",
             "Install the CUDA toolkit matching torch's CUDA version and set CUDA_HOME; until then the ops' .cu "
             "sources are left out of their builds.",
@@ -164,7 +164,7 @@ def _cuda_toolkit() -> Finding:
     more = f" and {len(toolchain.cuda_include_dirs) - 2} more" if len(toolchain.cuda_include_dirs) > 2 else ""
     return Finding(
         "CUDA toolkit",
-        Verdict.OK,
+        Level.OK,
         f"CUDA_HOME {toolchain.cuda_home} ({_nvcc_version(toolchain.cuda_home)}); pip CUDA headers: {headers}{more}",
     )
 
@@ -184,7 +184,7 @@ def _gpus() -> Finding:
 
     if not torch.cuda.is_available():
         why = "torch is a CPU-only build" if not torch.version.cuda else "no GPU visible (or no driver)"
-        return Finding("GPUs", Verdict.INFO, f"none: {why}; CUDA cases are skipped with that reason")
+        return Finding("GPUs", Level.INFO, f"none: {why}; CUDA cases are skipped with that reason")
     toolchain = detect_toolchain()
     archs = toolchain.cuda_archs
     devices = []
@@ -196,17 +196,17 @@ def _gpus() -> Finding:
             missing.add(capability)
     if not toolchain.cuda:
         # The CUDA toolkit line says what is missing and how to fix it.
-        return Finding("GPUs", Verdict.INFO, f"{'; '.join(devices)}; no CUDA builds here: {toolchain.skip_reason}")
+        return Finding("GPUs", Level.INFO, f"{'; '.join(devices)}; no CUDA builds here: {toolchain.skip_reason}")
     found = f"{'; '.join(devices)}; builds target {', '.join(archs)}"
     if missing:
         archs_missing = ", ".join(sorted(missing))
         return Finding(
             "GPUs",
-            Verdict.FAIL,
+            Level.FAIL,
             f"{found}: no build for {archs_missing}",
             f"Unset TORCH_CUDA_ARCH_LIST (opforge then builds for the visible GPUs) or add {archs_missing}.",
         )
-    return Finding("GPUs", Verdict.OK, found)
+    return Finding("GPUs", Level.OK, found)
 
 
 def _sanitizer() -> Finding:
@@ -216,11 +216,11 @@ def _sanitizer() -> Finding:
     if path is None:
         return Finding(
             "compute-sanitizer",
-            Verdict.INFO,
+            Level.INFO,
             "not found (needed only for `opforge check --sanitize`)",
             "It ships with the CUDA toolkit (bin/compute-sanitizer): install the toolkit or put it on PATH.",
         )
-    return Finding("compute-sanitizer", Verdict.OK, path)
+    return Finding("compute-sanitizer", Level.OK, path)
 
 
 def _build_cache() -> Finding:
@@ -237,11 +237,11 @@ def _inductor_cache() -> Finding:
 
 def _cache(topic: str, path: Path, variable: str) -> Finding:
     if not path.exists():
-        return Finding(topic, Verdict.OK, f"{path} (not created yet; set {variable} to move it)")
+        return Finding(topic, Level.OK, f"{path} (not created yet; set {variable} to move it)")
     probe = path if path.is_dir() else path.parent
     if not os.access(probe, os.W_OK):
-        return Finding(topic, Verdict.FAIL, f"{path} is not writable", f"Set {variable} to a writable directory.")
-    return Finding(topic, Verdict.OK, f"{path}, {_megabytes(path):.0f} MB (set {variable} to move it)")
+        return Finding(topic, Level.FAIL, f"{path} is not writable", f"Set {variable} to a writable directory.")
+    return Finding(topic, Level.OK, f"{path}, {_megabytes(path):.0f} MB (set {variable} to move it)")
 
 
 def _megabytes(path: Path) -> float:
@@ -264,11 +264,11 @@ def _cpu_threads() -> Finding:
     if threads == 1 and cores > 1:
         return Finding(
             "CPU threads",
-            Verdict.WARN,
+            Level.WARN,
             found,
             "CPU kernels and benches run on one core: check OMP_NUM_THREADS and torch.set_num_threads.",
         )
-    return Finding("CPU threads", Verdict.OK, found)
+    return Finding("CPU threads", Level.OK, found)
 
 
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -278,19 +278,19 @@ def _huge_pages(setting: Path = THP_SETTING) -> Finding:
     try:
         text = setting.read_text().strip()
     except OSError:
-        return Finding("transparent huge pages", Verdict.INFO, "unknown (not Linux, or no sysfs)")
+        return Finding("transparent huge pages", Level.INFO, "unknown (not Linux, or no sysfs)")
     chosen = re.search(r"\[(\w+)\]", text)
     mode = chosen.group(1) if chosen else text
     if mode == "always":
         return Finding(
             "transparent huge pages",
-            Verdict.WARN,
+            Level.WARN,
             "always: large CPU buffers are backed by huge pages or not depending on fragmentation, which moves CPU "
             "bench timings from run to run",
             "For CPU benchmarks set it to madvise (echo madvise > /sys/kernel/mm/transparent_hugepage/enabled), "
             "or compare runs made back to back.",
         )
-    return Finding("transparent huge pages", Verdict.OK, mode)
+    return Finding("transparent huge pages", Level.OK, mode)
 
 
 # --------------------------------------------------------------------------------------- the probes that build
@@ -314,7 +314,7 @@ int main() {
 def _openmp() -> Finding:
     compiler = shutil.which(os.environ.get("CXX", "c++"))
     if compiler is None:
-        return Finding("OpenMP", Verdict.FAIL, "no C++ compiler to try it with", "See the C++ compiler line above.")
+        return Finding("OpenMP", Level.FAIL, "no C++ compiler to try it with", "See the C++ compiler line above.")
     with tempfile.TemporaryDirectory() as tmp:
         source, binary = Path(tmp) / "omp.cpp", Path(tmp) / "omp"
         source.write_text(OPENMP_PROGRAM)
@@ -322,13 +322,13 @@ def _openmp() -> Finding:
         if built.returncode != 0:
             return Finding(
                 "OpenMP",
-                Verdict.FAIL,
+                Level.FAIL,
                 f"{compiler} -fopenmp failed: {_tail(built.stderr)}",
                 "Install the compiler's OpenMP runtime (libgomp, or libomp for clang): without it opforge's CPU "
                 "kernels do not build.",
             )
         threads = _run([str(binary)]).stdout.strip()
-    return Finding("OpenMP", Verdict.OK, f"{compiler} -fopenmp builds; a parallel region ran {threads} thread(s)")
+    return Finding("OpenMP", Level.OK, f"{compiler} -fopenmp builds; a parallel region ran {threads} thread(s)")
 
 
 MESSAGE_PROBE_SOURCE = """
@@ -374,13 +374,13 @@ def _extension_messages() -> Finding:
         source.write_text(MESSAGE_PROBE_SOURCE)
     child = _run([sys.executable, "-c", MESSAGE_PROBE_CHILD, str(source), str(directory)])
     if "raised: opforge doctor: expected 99 dimensions, got 1 of shape [3]" in child.stdout:
-        return Finding("extension error messages", Verdict.OK, "a TORCH_CHECK message with a number raises")
+        return Finding("extension error messages", Level.OK, "a TORCH_CHECK message with a number raises")
     if child.returncode < 0:
         # A warning, not a failure: the bundled ops format their numbers without streams (opforge/csrc/message.h)
         # and run; a user's op whose error path streams a number crashes instead of raising.
         return Finding(
             "extension error messages",
-            Verdict.WARN,
+            Level.WARN,
             f"a TORCH_CHECK message with a number killed the process (signal {-child.returncode}): this compiler and "
             "this torch build disagree on the C++ standard library",
             "Build with the compiler torch was built with (see the C++ compiler line), or a torch build made for "
@@ -389,7 +389,7 @@ def _extension_messages() -> Finding:
         )
     return Finding(
         "extension error messages",
-        Verdict.FAIL,
+        Level.FAIL,
         f"expected the probe extension to build and raise, got exit {child.returncode}: {_tail(child.stderr)}",
         "Fix the build error above (opforge's own builds will meet it too).",
     )
