@@ -65,14 +65,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _opt_ins(config: pytest.Config) -> OptIns:
-    values = {}
-    for option in CATALOG.options:
-        given = config.getoption(f"opforge_{option.name.replace('-', '_')}")
-        try:
-            values[option.name] = option.parse(given) if option.parse is not None and given is not None else given
-        except OpforgeError as exc:
-            raise pytest.UsageError(f"--opforge-{option.name}: {exc}") from None
-    return OptIns.of(**values)
+    given = {option: config.getoption(f"opforge_{option.name.replace('-', '_')}") for option in CATALOG.options}
+    try:
+        return OptIns.parsed(given)
+    except OpforgeError as exc:  # its message names the option as opforge check spells it (--sanitize)
+        raise pytest.UsageError(f"an --opforge-* option: {exc}") from None
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:

@@ -115,6 +115,12 @@ def test_xdist_spreads_the_items_over_workers(specs):
     assert result.parseoutcomes()["passed"] == 10 + 7 * 4
 
 
+def test_a_bad_check_option_value_is_a_usage_error_naming_it(specs):
+    result = run(specs, "--opforge", "--opforge-sanitize", "memchek", "good.yaml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stderr.fnmatch_lines(["*--opforge-* option*--sanitize*memchek*"])
+
+
 def test_one_item_is_selected_by_its_node_id(specs):
     node = "good.yaml::good/native::correctness[float64-cpu-contiguous-x=7]"
     result = run(specs, "--opforge", node, "-v")

@@ -7,7 +7,7 @@ a missing or unknown result name into an ERROR result, so a typo cannot turn a f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +65,14 @@ class OptIns:
     @classmethod
     def of(cls, **values: Any) -> OptIns:
         return cls(tuple((name, value) for name, value in values.items() if value not in (None, False, ())))
+
+    @classmethod
+    def parsed(cls, given: Mapping[CheckOption, Any]) -> OptIns:
+        """The options as a front end was given them (the CLI's flags, pytest's --opforge-* options), each text value
+        through its option's parser; a bad value raises the parser's error."""
+        return cls.of(
+            **{o.name: o.parse(v) if o.parse is not None and isinstance(v, str) else v for o, v in given.items()}
+        )
 
     def get(self, name: str, default: Any = None) -> Any:
         return dict(self.values).get(name, default)

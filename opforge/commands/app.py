@@ -216,10 +216,7 @@ class GivenOptions:
         self.given = given
 
     def parse(self) -> OptIns:
-        values = {
-            o.name: (o.parse(v) if o.parse is not None and isinstance(v, str) else v) for o, v in self.given.items()
-        }
-        return OptIns.of(**values)
+        return OptIns.parsed(self.given)
 
 
 def spec_paths(ops: list[str], all_specs: bool) -> list[Path]:
