@@ -82,6 +82,32 @@ def test_checking_the_recorded_specs_flags_exactly_the_broken_ops_by_the_right_c
     }
 
 
+def test_specs_written_inside_the_program_s_tree_load_it_by_a_relative_path_and_move_with_it(tmp_path):
+    """`--out recorded` run from the project writes `load.path` relative to the spec; elsewhere it stays absolute."""
+    import shutil
+
+    from opforge.building.op import load_op
+    from opforge.loading.spec import load_spec
+
+    project = tmp_path / "project"
+    shutil.copytree(RECORD, project, ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run(
+        [*OPFORGE, "record", "--out", "recorded", "--", sys.executable, "prog.py"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert 'path: [".."]' in (project / "recorded" / "reclib.scale_rows.yaml").read_text()
+    moved = shutil.move(project, tmp_path / "moved")
+    loaded = load_op(load_spec(Path(moved) / "recorded" / "reclib.scale_rows.yaml"))
+    assert loaded.spec.name == "scale_rows"
+    elsewhere = (tmp_path / "out").resolve()
+    assert record(elsewhere).returncode == 0
+    assert f"path: [{str(RECORD.resolve())!r}]".replace("'", '"') in (elsewhere / "reclib.scale_rows.yaml").read_text()
+
+
 def test_a_crash_keeps_the_calls_recorded_before_it(tmp_path):
     done = record(tmp_path / "out", "crash")
     assert done.returncode == 128 + 11  # SIGSEGV, as a shell reports it

@@ -10,6 +10,7 @@ refine.
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,7 +135,7 @@ def write_specs(ops: list[OpCalls], out: Path, command: list[str], when: str) ->
                 archive.write(values, f"call{number}.pt")
         temporary.replace(calls_file)
         spec = out / f"{op.stem}.yaml"
-        write_atomically(spec, spec_text(op, calls_file.name, command, when))
+        write_atomically(spec, spec_text(op, calls_file.name, command, when, out))
         written.append(WrittenSpec(op.qualified, spec, calls_file, len(op.calls)))
     return written
 
@@ -147,7 +148,7 @@ def _tensors(value: Any) -> list[dict[str, Any]]:
     return []
 
 
-def spec_text(op: OpCalls, calls_file: str, command: list[str], when: str) -> str:
+def spec_text(op: OpCalls, calls_file: str, command: list[str], when: str, spec_dir: Path) -> str:
     """The spec of one recorded op, every key with a comment saying what to refine."""
     names = list(op.argument_names)
     direct = {name: [c["arguments"][name] for c in op.calls if _is_tensor(c["arguments"].get(name))] for name in names}
@@ -187,10 +188,7 @@ def spec_text(op: OpCalls, calls_file: str, command: list[str], when: str) -> st
     ]
     root = _import_root(op.module, op.module_file)
     if root is not None:
-        lines.append(
-            f"  path: [{json.dumps(str(root))}]" + "  # where the program imported it from: make it relative to this "
-            "file (or install the package) to keep the spec"
-        )
+        lines.append(_load_path(root, spec_dir))
     if op.module in ("", "__main__"):
         lines.append(
             "  python: []  # the program registered the op itself: move the registration into a module and name it here"
@@ -272,6 +270,19 @@ def _import_root(module: str, module_file: str) -> Path | None:
     for _ in range(module.count(".")):
         root = root.parent
     return root
+
+
+def _load_path(root: Path, spec_dir: Path) -> str:
+    """`load.path`, relative to the spec where the specs are written inside the program's tree (the usual `--out
+    recorded` run from the project), so that the project and its specs move together; else absolute."""
+    spec_dir = spec_dir.resolve()
+    if spec_dir.is_relative_to(root):
+        entry = f"  path: [{json.dumps(Path(os.path.relpath(root, spec_dir)).as_posix())}]"
+        return entry + _pad(entry) + "# where the program imported it from, relative to this file"
+    return (
+        f"  path: [{json.dumps(str(root))}]" + "  # where the program imported it from: make it relative to this "
+        "file (or install the package) to keep the spec"
+    )
 
 
 def _pad(text: str, column: int = 48) -> str:
