@@ -108,6 +108,19 @@ def test_specs_written_inside_the_program_s_tree_load_it_by_a_relative_path_and_
     assert f"path: [{str(RECORD.resolve())!r}]".replace("'", '"') in (elsewhere / "reclib.scale_rows.yaml").read_text()
 
 
+def test_the_command_names_each_spec_it_wrote_and_exits_with_the_program_s_status(tmp_path):
+    from typer.testing import CliRunner
+
+    from opforge.cli import app
+
+    out = tmp_path / "out"
+    program = [sys.executable, str(RECORD / "prog.py"), "3"]
+    result = CliRunner().invoke(app, ["record", "--out", str(out), "--", *program], env={"COLUMNS": "300"})
+    assert result.exit_code == 3, result.output
+    assert f"opforge record: reclib::scale_rows: 2 call(s) -> {out / 'reclib.scale_rows.yaml'}" in result.output
+    assert f"opforge record: next: opforge check {out}/*.yaml" in result.output
+
+
 def test_a_crash_keeps_the_calls_recorded_before_it(tmp_path):
     done = record(tmp_path / "out", "crash")
     assert done.returncode == 128 + 11  # SIGSEGV, as a shell reports it
