@@ -1,7 +1,8 @@
 """opforge bench: time an op's implementations against its reference and torch.compile of it.
 
-Modules: `expr` (the spec's bytes-moved expression, no torch), `stats` (medians, IQR, the ratio confidence
-interval), `timing` (CUDA-event and torch.utils.benchmark timers), `peak` (measured copy bandwidth, cached),
-`runner` (cases, verification, timing), `environment`, `baseline` (the regression gate), `export` (JSON, CSV,
-plot). Importing this package does not import torch.
+Modules: `plan` (the points: sizes, dtypes, modes, layouts), `bytes` (the bytes a point moves, from the spec's
+`bench.bytes`), `stats` (medians, IQR, the ratio confidence interval), `timing` (CUDA-event and
+torch.utils.benchmark timers), `peak` (measured copy bandwidth, cached), `runner` (verification, timing, results),
+`environment`, `baseline` (the regression gate), `model` (a run's results and their JSON). Its reports are the
+reporters' (bench_terminal, json_report, junit, csv_report, plot). Importing this package does not import torch.
 """
