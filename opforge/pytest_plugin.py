@@ -65,7 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _opt_ins(config: pytest.Config) -> OptIns:
-    given = {option: config.getoption(f"opforge_{option.name.replace('-', '_')}") for option in CATALOG.options}
+    given = {option: config.getoption(f"--opforge-{option.name}") for option in CATALOG.options}
     try:
         return OptIns.parsed(given)
     except OpforgeError as exc:  # its message names the option as opforge check spells it (--sanitize)

@@ -214,10 +214,7 @@ def run_child(executable: str, tool: str, job: SanitizeJob, timeout_s: float) ->
 def marked_output(output: bytes, messages: list[Message]) -> str:
     """The tool's output with a line put back where each case started (CASE_MARKER and its id) and where the op
     raised on one (RAISED_MARKER), at the offsets the child read: what parse_reports blames reports by, and the log."""
-    marks = sorted(
-        ((m.offset, i, _mark(m)) for i, m in enumerate(messages) if isinstance(m, (CaseStarted, CaseRaised))),
-        key=lambda mark: mark[:2],
-    )
+    marks = sorted((m.offset, i, _mark(m)) for i, m in enumerate(messages) if isinstance(m, (CaseStarted, CaseRaised)))
     marked, done = bytearray(), 0
     for offset, _, line in marks:
         at = max(done, min(offset, len(output)))

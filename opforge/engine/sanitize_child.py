@@ -32,7 +32,7 @@ def child_main(job: SanitizeJob, say: Callable[[Message], None]) -> int:
         try:
             inputs = inputs_for(loaded, case, job.seed, requires_grad=loaded.spec.differentiable)
             returned = implementation.fn(*inputs.args, **inputs.kwargs)
-            outputs = [o for o in _tensors(returned)]
+            outputs = _tensors(returned)
             torch.cuda.synchronize()
             for value in outputs:
                 value.detach().cpu()

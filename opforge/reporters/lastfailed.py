@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from opforge.core.files import write_atomically
 from opforge.core.results import OpReport, RunReport
@@ -32,11 +33,7 @@ class LastFailedReport(Reporter):
 
 def recorded(root: Path) -> dict[str, str]:
     """Failed result id -> spec path. An unreadable store counts as empty: it only ever narrows a rerun."""
-    try:
-        data = json.loads((root / STORE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    failed = data.get("failed") if isinstance(data, dict) else None
+    failed = _store(root).get("failed")
     return {str(k): str(v) for k, v in failed.items()} if isinstance(failed, dict) else {}
 
 
@@ -79,11 +76,7 @@ def last_runs(root: Path) -> dict[Path, LastRun]:
 
 
 def _recorded_runs(root: Path) -> dict[str, dict[str, int]]:
-    try:
-        data = json.loads((root / STORE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    runs = data.get("runs") if isinstance(data, dict) else None
+    runs = _store(root).get("runs")
     if not isinstance(runs, dict):
         return {}
     return {
@@ -91,6 +84,15 @@ def _recorded_runs(root: Path) -> dict[str, dict[str, int]]:
         for spec, counts in runs.items()
         if isinstance(counts, dict) and isinstance(counts.get("results"), int) and isinstance(counts.get("failed"), int)
     }
+
+
+def _store(root: Path) -> dict[str, Any]:
+    """The store's JSON object; an unreadable or malformed store is an empty one."""
+    try:
+        data = json.loads((root / STORE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _ran_in_full(run: RunReport, op: OpReport, filters: Filters | None, fail_fast: bool) -> bool:
