@@ -207,20 +207,57 @@ def tracked_reference(x, formula):
 def test_a_scan_gets_a_sum_allowance_at_every_row_asked_for():
     x = torch.linspace(0.5, 2, 1000, dtype=torch.float64)
     baseline = Baseline("float32", lambda: {}, x.numel(), tracked=tracked_reference(x, lambda t: t.cumsum(0)))
-    allowance = baseline.sum_allowance("result", torch.arange(1000).flip(0))
+    allowance = baseline.sum_allowance("result", torch.arange(1000).flip(0)).allowance
     assert bool(allowance.gt(0).all()) and allowance[-1] > 100 * allowance[0]  # the last element sums 1,000 terms
 
 
 def test_the_sum_allowance_reads_at_most_its_budget_of_jacobian_terms(monkeypatch):
     # A failing float32 output of 1,000,003 elements read 4,096 Jacobian rows of 1,000,003 terms each, ~280 s per
     # comparison (an H100 host spent 265 s in the stream check of cuda_ops/disagreeing_swish). Here the budget is
-    # five rows of 10,000 terms: the five worst elements (rows come worst first) get an allowance, no other.
+    # five rows of 10,000 terms: the three worst elements (rows come worst first) and two of the other 4,093 by
+    # rank get an allowance, each of those two standing for half of the 4,093 in the RMS, the unread ones for none.
     monkeypatch.setattr(compare, "SUM_TERMS_PER_COMPARISON", 50_000)
     x = torch.linspace(1, 4, 10_000, dtype=torch.float64)
     baseline = Baseline("float32", lambda: {}, x.numel(), tracked=tracked_reference(x, lambda t: t * torch.sigmoid(t)))
     worst_first = torch.arange(4096).flip(0)
-    allowance = baseline.sum_allowance("result", worst_first)
-    assert allowance.nonzero().view(-1).tolist() == sorted(worst_first[:5].tolist())
+    summed = baseline.sum_allowance("result", worst_first)
+    read = worst_first[[0, 1, 2, 3, 3 + 4093 // 2]].tolist()
+    assert summed.allowance.nonzero().view(-1).tolist() == sorted(read)
+    assert (summed.read, summed.off) == (5, 4096)
+    weights = summed.weights
+    assert weights[read].tolist() == [1, 1, 1, 4093 / 2, 4093 / 2] and float(weights.sum()) == x.numel()
+    assert int((weights == 0).sum()) == 4091
+
+
+def sequential_float32_cumsum(x, drop=None):
+    """A plain-order float32 scan (numpy's cumsum loop), as a CPU scan kernel computes it; `drop` leaves a term out."""
+    values = x.to(torch.float32).numpy().copy()
+    if drop is not None:
+        values[drop] = 0
+    return torch.from_numpy(values.cumsum(dtype="float32"))
+
+
+def test_a_long_float32_scan_is_judged_by_a_sample_of_its_sums_when_not_all_rows_fit():
+    # Found by `opforge bench` on fbgemm's asynchronous_complete_cumsum of 65,536 float32 lengths: a correct
+    # sequential scan is off at ~25,000 elements; the 2^24 terms a comparison may read fit 256 Jacobian rows, and
+    # with allowances at only those the RMS error was 6x the allowed one. A sample of the rest by rank stands for
+    # them now; a scan that drops a term (elements 65 on off by its value) still fails.
+    x = torch.rand(65_536, generator=torch.Generator().manual_seed(0)).mul(100).to(torch.float64)  # float32 values
+    expected = x.cumsum(0)
+    float32 = Rule(Tolerance(atol=1e-5, rtol=1.3e-6), lowp=True)
+
+    def judge_scan(got):
+        baseline = Baseline(
+            "float32",
+            lambda: {"result": x.to(torch.float32).cumsum(0)},  # accumulated in double on the CPU: exact
+            x.numel(),
+            tracked=tracked_reference(x, lambda t: t.cumsum(0)),
+        )
+        check_result("result", got, expected, float32, torch.float32, "cpu", baseline=baseline)
+
+    judge_scan(sequential_float32_cumsum(x))
+    with pytest.raises(CheckFailure, match=r"estimated from the 256 of its \d+ elements off"):
+        judge_scan(sequential_float32_cumsum(x, drop=64))
 
 
 def test_an_input_past_the_sum_budget_gets_no_sum_allowance_and_runs_no_backward():
