@@ -141,3 +141,16 @@ def test_fuzz_s_parent_refuses_a_message_the_protocol_does_not_expect_there():
     assert worker._expect(Ready(5), Ready) == Ready(5)
     with pytest.raises(ProtocolError, match="the fuzz worker sent 'space' where 'ready' was expected"):
         worker._expect(Space({}), Ready)
+
+
+def test_a_childs_stderr_is_read_from_its_last_bytes_only(tmp_path):
+    # The large_index parent read the whole file: a child logging a line per element of a 2^31-element tensor would
+    # have filled the parent's memory before the last lines (the CUDA error) were kept.
+    from opforge.core.child import STDERR_KEPT_BYTES, file_tail
+
+    with open(tmp_path / "stderr", "w+b") as file:
+        file.write(b"noise\n" * 200_000 + b"CUDA error: an illegal memory access was encountered\n")
+        file.seek(0)
+        tail = file_tail(file)
+        assert len(tail) <= STDERR_KEPT_BYTES and tail.endswith("an illegal memory access was encountered\n")
+        assert file.tell() == 1_200_053  # left at the end, for the next read

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from opforge.building.op import Implementation, LoadedOp
 from opforge.cases.matrix import Case
 from opforge.checks.base import Check, CheckContext, CheckOption, OptIn, Outcomes, SpecBeforeSections, SpecSection
-from opforge.core.child import ChildProcess, describe_exit, with_this_opforge
+from opforge.core.child import ChildProcess, describe_exit, file_tail, with_this_opforge
 from opforge.core.outcomes import CheckFailure, CheckSkipped, ReferenceFailure
 from opforge.core.protocol import LargeIndexJob, Message, Outcome, Running, decode_stream
 from opforge.core.results import Status
@@ -108,8 +108,7 @@ def run_in_child(job: LargeIndexJob, timeout_s: float = CHILD_TIMEOUT_S) -> Chec
         child.send(job.to_line())
         child.stdin.close()
         said, returncode = _until_end(child, time.monotonic() + timeout_s)
-        child.stderr.seek(0)
-        stderr = child.stderr.read().decode("utf-8", "replace")
+        stderr = file_tail(child.stderr)
     finally:
         child.close()
     messages, cut = decode_stream(said)

@@ -191,10 +191,16 @@ def kill_session(proc: Process) -> None:
 def file_excerpt(file: IO[bytes], since: int = 0) -> str:
     """stderr_excerpt of what a child wrote to `file` after `since` bytes (at most the last STDERR_KEPT_BYTES); the
     file is left positioned at its end."""
+    return stderr_excerpt(file_tail(file, since))
+
+
+def file_tail(file: IO[bytes], since: int = 0) -> str:
+    """What a child wrote to `file` after `since` bytes, at most its last STDERR_KEPT_BYTES (a child that logs
+    without end must not fill the parent's memory); the file is left positioned at its end."""
     file.seek(max(since, os.fstat(file.fileno()).st_size - STDERR_KEPT_BYTES))
     text = file.read().decode("utf-8", "replace")
     file.seek(0, os.SEEK_END)
-    return stderr_excerpt(text)
+    return text
 
 
 def describe_exit(returncode: int) -> str:
