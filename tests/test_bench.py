@@ -209,12 +209,47 @@ def test_plot_without_matplotlib_is_refused_before_timing(tmp_path, monkeypatch)
         (["bench", BENCH_GOOD, "--contender-limit", "-1"], "--contender-limit: expected seconds >= 0, got -1.0"),
         (["bench", BENCH_GOOD, "--layout", "channels_last"], "--layout: expected one of contiguous (what good's spec"),
         (["bench", BENCH_GOOD, "--layout", "nhwc"], "--layout: expected one of contiguous, channels_last, got 'nhwc'"),
+        (
+            ["bench", str(FIXTURES / "real_ops" / "roi_pool_avg.yaml"), "--sizes", "4096"],
+            "--sizes: expected tensor inputs that share a shape in one of",
+        ),
     ],
 )
 def test_bad_usage_exits_2(args, fragment):
     result = invoke(*args)
     assert result.exit_code == 2, result.output
     assert fragment in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_a_size_gives_a_row_op_rows_of_its_own_rank_not_a_1d_tensor_it_refuses(tmp_path):
+    # Found on fbgemm's FloatToFused8BitRowwiseQuantized: `--sizes 2**16` gave every tensor input the shape (n,), and
+    # an op written for rows refused it ("must have >= 2 dimension(s)"): a WRONG result for a correct op. Its spec
+    # lists 2-D shapes only, so n elements now come as rows of its narrowest listed width: 256 rows of 16.
+    from opforge.bench.plan import BenchFilters, size_points
+    from opforge.loading.spec import load_spec
+
+    row_op = FIXTURES / "cuda_ops" / "row_center.yaml"
+    assert size_points(load_spec(row_op), BenchFilters(sizes=(4096,))) == [("n=2^12", (("x", (256, 16)),))]
+    report = tmp_path / "bench.json"
+    result = invoke(
+        "bench",
+        str(row_op),
+        "--sizes",
+        "4096",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--contender",
+        "native",
+        "--json",
+        str(report),
+        *QUICK,
+    )
+    assert result.exit_code == 0, result.output
+    [native] = json.loads(report.read_text())["results"]
+    assert (native["case"], native["status"]) == ("n=2^12", "ok"), native
 
 
 def test_a_file_that_is_no_bench_run_is_refused_as_baseline(tmp_path):

@@ -237,12 +237,13 @@ def test_grid_size_gives_a_2d_only_row_op_a_2d_case():
 
 
 def test_grid_size_grows_a_listed_shape_of_the_spec_s_own_rank():
-    from opforge.checks.grid_size import ELEMENTS, grown_shape
+    from opforge.cases.matrix import grown_shape
+    from opforge.checks.grid_size import ELEMENTS
 
     # A 1-D shape among them keeps the 1-D case; 3-D grows its first dimension; 0-d and empty rows give nothing.
-    assert grown_shape([(33, 65), (7,)]) == (ELEMENTS,)
-    assert grown_shape([(3, 4, 5), (2, 9, 9)]) == (1_677_927, 4, 5)
-    assert grown_shape([(), (3, 0), (0, 0)]) is None
+    assert grown_shape([(33, 65), (7,)], ELEMENTS) == (ELEMENTS,)
+    assert grown_shape([(3, 4, 5), (2, 9, 9)], ELEMENTS) == (1_677_927, 4, 5)
+    assert grown_shape([(), (3, 0), (0, 0)], ELEMENTS) is None
 
 
 def test_grid_size_skips_saying_what_to_write_when_no_shape_is_shared():

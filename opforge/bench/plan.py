@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from opforge.bench.model import BASELINE, IMPLEMENTATION, point_key
 from opforge.building.op import Implementation, LoadedOp
-from opforge.cases.matrix import Case, case_applies
+from opforge.cases.matrix import Case, case_applies, grown_shapes
 from opforge.core.environment import device_unavailable
 from opforge.core.errors import UsageError
 from opforge.core.shard import Shard, owns
@@ -102,13 +102,24 @@ def _choose(
 
 
 def size_points(spec: OpSpec, filters: BenchFilters) -> list[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]]:
-    """(label, shape of each tensor input) per size point: `sizes` give every tensor input the shape (n,)."""
+    """(label, shape of each tensor input) per size point: a size n gives every tensor input one shape of the spec's
+    own ranks holding n elements (grown_shapes: a 2-D row op gets rows of its listed width, not a 1-D tensor it
+    refuses); `bench.shapes` as written. Found on fbgemm's FloatToFused8BitRowwiseQuantized: `--sizes 2**16` gave
+    it a 1-D input, which it refuses ("must have >= 2 dimension(s)"), a WRONG result for a correct op."""
     bench = bench_section(spec, filters)
-    tensors = [t.name for t in spec.tensor_inputs()]
     sizes = filters.sizes or bench.sizes
-    points: list[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]] = [
-        (f"n={_size_label(n)}", tuple((name, (n,)) for name in tensors)) for n in sizes
-    ]
+    points: list[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]] = []
+    for n in sizes:
+        shapes = grown_shapes(spec, n)
+        if shapes is None:
+            raise UsageError(
+                "--sizes" if filters.sizes else f"{spec.path.name}: bench.sizes",
+                f"tensor inputs that share a shape in one of {spec.name}'s listed pairings (a size grows it to that "
+                "many elements in its own rank)",
+                f"{', '.join(t.name for t in spec.tensor_inputs()) or 'no tensor inputs'}, which share none",
+                "Write the shapes to time in the spec's bench.shapes and leave out the sizes.",
+            )
+        points.append((f"n={_size_label(n)}", shapes))
     if not filters.sizes:
         points += [
             (",".join(f"{name}={'x'.join(map(str, shape)) or '0d'}" for name, shape in shapes), shapes)

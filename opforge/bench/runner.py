@@ -38,6 +38,7 @@ from opforge.bench.plan import (
     plan_points,
     runnable_devices,
     selected,
+    size_points,
 )
 from opforge.bench.timing import Timing, TimingOptions, graph_input_copies, l2_bytes, time_callable
 from opforge.building.op import Implementation, LoadedOp
@@ -90,7 +91,9 @@ def run_bench(
 
     start = time.perf_counter()
     for spec in specs:
-        selected(spec, filters)  # a missing bench section or an unclaimed choice is an error before any build
+        # A missing bench section, an unclaimed choice or sizes the inputs cannot take: an error before any build.
+        selected(spec, filters)
+        size_points(spec, filters)
     plans, skipped = [], {}
     for spec in specs:
         with _task(events, f"loading {spec.name}"):

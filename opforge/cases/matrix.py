@@ -257,3 +257,29 @@ def at_point(spec: OpSpec, case: Case, shape_index: int) -> Case:
         sample_name=spec.samples.names[shape_index] if spec.samples.names else "",
         sample_arguments=tuple(name for name, _ in shapes + sampled),
     )
+
+
+def grown_shapes(spec: OpSpec, elements: int) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
+    """One shape of the spec's own ranks holding at least `elements` for every tensor input, when the inputs share a
+    shape in one of its pairings (grown_shape), else None: a size given as an element count (grid_size's case past
+    the capped grid, `opforge bench --sizes`) must not hand a row op written for 2-D inputs a 1-D one."""
+    tensors = spec.tensor_inputs()
+    if not tensors:
+        return None
+    pairings = [{t.shapes[i] for t in tensors} for i in range(spec.shape_count)]
+    shared = [shape for shapes in pairings if len(shapes) == 1 for shape in shapes if shape is not None]
+    shape = grown_shape(shared, elements)
+    return tuple((t.name, shape) for t in tensors) if shape is not None else None
+
+
+def grown_shape(shapes: list[tuple[int, ...]], elements: int) -> tuple[int, ...] | None:
+    """`elements` in the rank of one of `shapes`: 1-D when one is 1-D; else the one of rank 2 or more with the fewest
+    elements per index of its first dimension, that dimension grown to hold `elements`; None when neither is listed
+    (0-d shapes, or shapes empty past their first dimension)."""
+    if any(len(shape) == 1 for shape in shapes):
+        return (elements,)
+    growable = [shape for shape in shapes if len(shape) >= 2 and math.prod(shape[1:]) > 0]
+    if not growable:
+        return None
+    rest = min(growable, key=lambda shape: math.prod(shape[1:]))[1:]
+    return (math.ceil(elements / math.prod(rest)), *rest)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from opforge.building.op import Implementation, LoadedOp
-from opforge.cases.matrix import Case
+from opforge.cases.matrix import Case, grown_shapes
 from opforge.checks.base import Check, CheckContext, Outcomes, SpecBeforeSections, SpecSection
 from opforge.checks.op_and_reference import (
     against_reference,
@@ -83,30 +83,12 @@ def read_grid_size(r: Reader, spec: SpecBeforeSections) -> GridSize:
 
 
 def grid_shapes(spec: OpSpec) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
-    """The spec's grid_size shapes, else one shape of the spec's own ranks for every tensor input, when they share a
-    shape in one of its pairings (grown_shape), else None."""
+    """The spec's grid_size shapes, else one shape of the spec's own ranks holding ELEMENTS for every tensor input,
+    when they share a shape in one of its pairings (grown_shapes), else None."""
     given: GridSize | None = spec.section("grid_size")
     if given is not None:
         return given.shapes
-    tensors = spec.tensor_inputs()
-    if not tensors:
-        return None
-    pairings = [{t.shapes[i] for t in tensors} for i in range(spec.shape_count)]
-    shape = grown_shape([shape for shapes in pairings if len(shapes) == 1 for shape in shapes if shape is not None])
-    return tuple((t.name, shape) for t in tensors) if shape is not None else None
-
-
-def grown_shape(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
-    """ELEMENTS in the rank of one of `shapes`: 1-D when one is 1-D; else the one of rank 2 or more with the fewest
-    elements per index of its first dimension, that dimension grown to hold ELEMENTS; None when neither is listed
-    (0-d shapes, or shapes empty past their first dimension)."""
-    if any(len(shape) == 1 for shape in shapes):
-        return (ELEMENTS,)
-    growable = [shape for shape in shapes if len(shape) >= 2 and math.prod(shape[1:]) > 0]
-    if not growable:
-        return None
-    rest = min(growable, key=lambda shape: math.prod(shape[1:]))[1:]
-    return (math.ceil(ELEMENTS / math.prod(rest)), *rest)
+    return grown_shapes(spec, ELEMENTS)
 
 
 def missing_shapes_message(spec: OpSpec) -> str:
