@@ -380,6 +380,20 @@ def test_a_special_value_example_is_known_to_the_special_values_checks_xfail(tmp
     assert known.exit_code == 0 and "known correctness: expected failure (inf gives NaN)" in known.output, known.output
 
 
+@pytest.mark.slow
+def test_the_worker_names_each_example_by_its_case_id_before_running_it():
+    # The parent matches a crash against the spec's `case:` globs by this id; a samples spec's names the sample's
+    # shapes, which the parent (that never loads the op) cannot make.
+    worker = FuzzWorker(FUZZ_OPS / "doubles_openmp_samples.yaml", None, time_limit=60)
+    try:
+        assert worker.run(replace(SEVEN, shapes=(), sample=0), ("correctness",)).status == Status.PASS
+        assert worker.case_id.startswith("fuzz-float32-cpu-contiguous-sample0-x="), worker.case_id
+        assert worker.run(replace(SEVEN, fill="x=one:nan@2"), ("correctness",)).status == Status.PASS
+        assert "fill" not in worker.case_id  # what xfail globs are written against
+    finally:
+        worker.close()
+
+
 @pytest.mark.parametrize(
     ("fixture", "entry", "known"),
     [
@@ -388,12 +402,16 @@ def test_a_special_value_example_is_known_to_the_special_values_checks_xfail(tmp
         ("doubles", "{check: correctness, crash: true, case: '*x=5*', reason: dies}", False),
         ("doubles", "{check: correctness, layout: offset, crash: true, reason: dies}", False),
         ("doubles", "{check: correctness, reason: 'wrong, not a crash'}", False),
-        # A samples spec's example has its case id only in the worker: only entries without `case:` declare it.
+        # A samples spec's case id (which names its sample's shapes) comes from the worker, which loaded the op: a
+        # `case:` glob declares its crashes too (it never did when the parent made the id without the samples).
         ("doubles_openmp_samples", "{check: correctness, crash: true, reason: dies}", True),
-        ("doubles_openmp_samples", "{check: correctness, crash: true, case: '*', reason: dies}", False),
+        ("doubles_openmp_samples", "{check: correctness, crash: true, case: '*-sample0-*', reason: dies}", True),
+        ("doubles_openmp_samples", "{check: correctness, crash: true, case: '*-sample1-*', reason: dies}", False),
     ],
 )
 def test_a_crash_is_known_where_a_crash_entry_declares_it(tmp_path, fixture, entry, known):
+    from opforge.building.op import load_op
+    from opforge.cases.matrix import kept_case
     from opforge.fuzz.search import declared_crash
     from opforge.fuzz.verdict import CRASHED
 
@@ -401,7 +419,9 @@ def test_a_crash_is_known_where_a_crash_entry_declares_it(tmp_path, fixture, ent
     path.write_text(path.read_text() + f"xfail:\n  - {entry}\n")
     spec = load_spec(path)
     example = SEVEN if spec.samples is None else replace(SEVEN, shapes=(), sample=0)
-    verdict = declared_crash(spec, example, Verdict(Status.FAIL, "killed by SIGSEGV", oracle=CRASHED))
+    # The id the worker sends with the example (ExampleStart), made as it makes it: from the loaded op's spec.
+    case_id = replace(kept_case(load_op(spec).spec, example, "fuzz"), fill="").id
+    verdict = declared_crash(spec, example, Verdict(Status.FAIL, "killed by SIGSEGV", oracle=CRASHED), case_id)
     assert (verdict.status, verdict.oracle) == (Status.XFAIL if known else Status.FAIL, CRASHED), verdict
     assert verdict.message == ("expected failure (dies): " if known else "") + "killed by SIGSEGV"
 

@@ -296,9 +296,12 @@ class Ready(Message):
 
 @dataclass(frozen=True)
 class ExampleStart(Message):
-    """The judging child starts an example: until its verdict, a death is the example's."""
+    """The judging child starts an example: until its verdict, a death is the example's. `case_id`: the example's
+    case id without its fill, what an xfail entry's `case:` glob is matched against (a samples spec's case id names
+    its sample's shapes, which only a process that loaded the op knows)."""
 
     kind: ClassVar[str] = "example-start"
+    case_id: str = ""
 
 
 @dataclass(frozen=True)

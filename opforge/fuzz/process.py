@@ -68,6 +68,8 @@ class FuzzWorker(ChildProcess):
         environ = with_this_opforge(os.environ)
         super().__init__("opforge.fuzz.worker", environ, shared_server(environ))
         self.time_limit = time_limit
+        # The case id of the example run last (ExampleStart), for the xfail entries that declare its crash.
+        self.case_id = ""
         self._pending: deque[bytes] = deque()
         self.send(FuzzJob(str(spec_path), cuda_arch).to_line())
         loaded = self._next(LOAD_TIME_LIMIT, "loading the op")
@@ -82,7 +84,7 @@ class FuzzWorker(ChildProcess):
         started = self._next(READY_TIME_LIMIT, "an example's start")
         if isinstance(started, Died):
             raise WorkerInternalError(f"the fuzz worker's child died before an example: {started.how}")
-        self._expect(started, ExampleStart)
+        self.case_id = self._expect(started, ExampleStart).case_id
         answer = self._timed_answer(oracles)
         if isinstance(answer, Verdict):
             return answer

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from opforge.building.op import NATIVE
-from opforge.cases.matrix import kept_case
 from opforge.checks.base import Check
 from opforge.checks.catalog import CATALOG
 from opforge.core.environment import host_environment
@@ -210,21 +209,22 @@ def replay(spec: OpSpec, example: Regression, options: FuzzOptions) -> tuple[Ver
     worker = FuzzWorker(spec.path, options.cuda_arch, EXAMPLE_TIME_LIMIT)
     try:
         oracles = oracles_for(spec, example.device, options.oracles)
-        return declared_crash(spec, example, worker.run(example, oracles)), oracles
+        verdict = worker.run(example, oracles)
+        return declared_crash(spec, example, verdict, worker.case_id), oracles
     finally:
         worker.close()
 
 
-def declared_crash(spec: OpSpec, example: Regression, verdict: Verdict) -> Verdict:
+def declared_crash(spec: OpSpec, example: Regression, verdict: Verdict, case_id: str) -> Verdict:
     """An example whose process died or hung where the spec declares a crash (`crash: true`) is known, as `opforge
-    check` reports its result XFAIL. Its case id (for a `case:` glob) is the matrix's, which a samples spec's example
-    has only in the worker: there only entries without `case:` declare it."""
+    check` reports its result XFAIL. `case_id` (for a `case:` glob): the one the worker made of the example
+    (ExampleStart), a samples spec's with its sample's shapes. Before, the parent made it itself and had none for a
+    samples spec, so entries with a `case:` glob never declared its crashes (fbgemm's pack_segments, which dies on
+    a strided lengths in samples 0-2, fuzzed as a new crash)."""
     if verdict.status != Status.FAIL or verdict.oracle not in (CRASHED, HUNG):
         return verdict
-    case_id = "" if example.sample is not None else replace(kept_case(spec, example, "fuzz"), fill="").id
-    entries = spec if case_id else replace(spec, xfail=tuple(x for x in spec.xfail if x.case is None))
     crash = replace(verdict, status=Status.CRASH)
-    known = declared(entries, NATIVE, None, example.dtype, example.device, example.layout, case_id, crash)
+    known = declared(spec, NATIVE, None, example.dtype, example.device, example.layout, case_id, crash)
     return known if known.status == Status.XFAIL else verdict
 
 
@@ -355,7 +355,8 @@ class _Search:
         shrinking = bool(self.latest)
         if now > self.deadline + SHRINK_GRACE or (not shrinking and (now > self.deadline or self._out_of_examples())):
             return  # out of time or examples: hypothesis's remaining calls of this pass run nothing
-        verdict = declared_crash(self.spec, example, self.worker.run(example, self.report.oracles))
+        verdict = self.worker.run(example, self.report.oracles)
+        verdict = declared_crash(self.spec, example, verdict, self.worker.case_id)
         self._count(verdict)
         if verdict.status == Status.DISCARD:
             reject()

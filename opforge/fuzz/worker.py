@@ -22,6 +22,7 @@ import faulthandler
 import os
 import signal
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from opforge.core.child import describe_exit
@@ -136,9 +137,10 @@ def _serve(job: FuzzJob, channel: int) -> None:
         example = request.example
         shapes = tuple((name, tuple(shape)) for name, shape in example["shapes"])
         kept = Regression(**{**example, "shapes": shapes, "values": tuple(map(tuple, example["values"]))})
-        send(channel, ExampleStart())
+        case = kept_case(loaded.spec, kept, "fuzz")
+        send(channel, ExampleStart(replace(case, fill="").id))
         verdict = judge(
-            kept_case(loaded.spec, kept, "fuzz"),
+            case,
             request.oracles,
             lambda phase, seconds: send(channel, Timed(phase, seconds)),
         )

@@ -184,8 +184,9 @@ BENCH_MODES = ("fwd", "bwd", "fwd+bwd")
 class BenchSpec:
     """What `opforge bench` times. Empty fields take defaults from the rest of the spec (see opforge.bench.runner).
 
-    `sizes` gives every tensor input the 1-D shape (n,); `shapes` gives each tensor input its own shapes, paired by
-    position like `inputs`. `bytes` maps a mode to an expression of the bytes one call moves (opforge.spec.bytes_expr).
+    `sizes` gives every tensor input one shape of the spec's own ranks holding n elements (cases.matrix.grown_shapes);
+    `shapes` gives each tensor input its own shapes, paired by position like `inputs`. `bytes` maps a mode to an
+    expression of the bytes one call moves (opforge.spec.bytes_expr).
     """
 
     sizes: tuple[int, ...] = ()
