@@ -260,6 +260,29 @@ def test_a_long_float32_scan_is_judged_by_a_sample_of_its_sums_when_not_all_rows
         judge_scan(sequential_float32_cumsum(x, drop=64))
 
 
+def test_an_infinite_input_late_in_a_scan_leaves_the_prefixes_before_it_their_sum_allowance():
+    # Found by `opforge fuzz` on fbgemm's asynchronous_exclusive_cumsum in float32 (fill -inf, inf or nan): every
+    # prefix before the special value got a NaN term (its derivative 0 times inf), so no allowance, and the correct
+    # sequential scan failed with RMS error 0.068 against 0.018 allowed.
+    x = torch.rand(65_536, generator=torch.Generator().manual_seed(0)).mul(100).to(torch.float64)
+    x[60_000] = -math.inf
+    expected = x.cumsum(0)
+    float32 = Rule(Tolerance(atol=1e-5, rtol=1.3e-6), lowp=True)
+
+    def judge_scan(got):
+        baseline = Baseline(
+            "float32",
+            lambda: {"result": x.to(torch.float32).cumsum(0)},
+            x.numel(),
+            tracked=tracked_reference(x, lambda t: t.cumsum(0)),
+        )
+        check_result("result", got, expected, float32, torch.float32, "cpu", baseline=baseline)
+
+    judge_scan(sequential_float32_cumsum(x))
+    with pytest.raises(CheckFailure, match="exceeds the"):
+        judge_scan(sequential_float32_cumsum(x, drop=64))
+
+
 def test_an_input_past_the_sum_budget_gets_no_sum_allowance_and_runs_no_backward():
     ran = []
     baseline = Baseline(

@@ -214,8 +214,8 @@ class Baseline:
         allowance = torch.zeros(output.numel(), dtype=torch.float64)
         eps = torch.finfo(torch.float32).eps
         allowance[rows] = FLOAT32_SUM_ERROR * count * eps * magnitude
-        # A NaN or infinite input makes a term NaN (0 * inf) or infinite: no allowance there (its error less an
-        # infinite allowance would be NaN and make the RMS NaN); the edge rules judge such elements.
+        # An element that uses a NaN or infinite input has a NaN or infinite term: no allowance there (its error less
+        # an infinite allowance would be NaN and make the RMS NaN); the edge rules judge such elements.
         allowance = allowance.masked_fill(~torch.isfinite(allowance), 0.0).reshape(output.shape)
         if weights is not None:
             weights = weights.reshape(output.shape)
@@ -270,8 +270,15 @@ def sum_terms(output: object, inputs: list[Tensor], rows: Tensor) -> tuple[Tenso
         seeds = torch.zeros(len(chunk), flat.numel(), dtype=flat.dtype)
         seeds[torch.arange(len(chunk)), chunk] = 1.0
         grads = torch.autograd.grad(flat, inputs, seeds, retain_graph=True, allow_unused=True, is_grads_batched=True)
+        # A term whose derivative is 0 is 0 whatever the input: an infinite or NaN input the element does not use
+        # (an inf late in a scan, for the prefixes before it) must not make the element's terms NaN (0 * inf).
         terms = torch.cat(
-            [(g * x.detach()).reshape(len(chunk), -1) for g, x in zip(grads, inputs) if g is not None], dim=1
+            [
+                torch.where(g != 0, g * x.detach(), 0.0).reshape(len(chunk), -1)
+                for g, x in zip(grads, inputs)
+                if g is not None
+            ],
+            dim=1,
         )
         absolute.append(terms.abs().sum(1))
         squared.append(terms.pow(2).sum(1))
