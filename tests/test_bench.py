@@ -209,10 +209,6 @@ def test_plot_without_matplotlib_is_refused_before_timing(tmp_path, monkeypatch)
         (["bench", BENCH_GOOD, "--contender-limit", "-1"], "--contender-limit: expected seconds >= 0, got -1.0"),
         (["bench", BENCH_GOOD, "--layout", "channels_last"], "--layout: expected one of contiguous (what good's spec"),
         (["bench", BENCH_GOOD, "--layout", "nhwc"], "--layout: expected one of contiguous, channels_last, got 'nhwc'"),
-        (
-            ["bench", str(FIXTURES / "real_ops" / "roi_pool_avg.yaml"), "--sizes", "4096"],
-            "--sizes: expected tensor inputs that share a shape in one of",
-        ),
     ],
 )
 def test_bad_usage_exits_2(args, fragment):
@@ -250,6 +246,20 @@ def test_a_size_gives_a_row_op_rows_of_its_own_rank_not_a_1d_tensor_it_refuses(t
     assert result.exit_code == 0, result.output
     [native] = json.loads(report.read_text())["results"]
     assert (native["case"], native["status"]) == ("n=2^12", "ok"), native
+
+
+@pytest.mark.slow
+def test_an_op_whose_inputs_share_no_shape_is_skipped_by_a_sized_run_and_the_others_are_timed(tmp_path):
+    # roi_pool_avg's input and rois share no shape, so a size has nothing to grow: it is skipped with what to write
+    # (not built), and the run times the op that can take it; alone, nothing is timed and the run says why (exit 5).
+    shared_none = str(FIXTURES / "real_ops" / "roi_pool_avg.yaml")
+    row_op = str(FIXTURES / "cuda_ops" / "row_center.yaml")
+    sized = ("--sizes", "4096", "--device", "cpu", "--dtype", "float32", "--contender", "native", *QUICK)
+    both = invoke("bench", row_op, shared_none, *sized)
+    assert both.exit_code == 0, both.output
+    assert "skip roi_pool_avg: --sizes: expected tensor inputs that share a shape" in both.output, both.output
+    alone = invoke("bench", shared_none, *sized)
+    assert alone.exit_code == 5 and "Write the shapes to time in its spec's bench.shapes" in alone.output, alone.output
 
 
 def test_a_file_that_is_no_bench_run_is_refused_as_baseline(tmp_path):

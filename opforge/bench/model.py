@@ -120,7 +120,7 @@ class BenchRun:
     options: dict[str, Any]
     results: list[BenchResult] = field(default_factory=list)
     peaks: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Device -> why it was not benchmarked (no GPU here).
+    # Device (no GPU here) or op (its inputs cannot take the sizes asked for) -> why it was not benchmarked.
     skipped: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     # Why the regression gate failed the run as a whole (it compared nothing), when it did.

@@ -104,28 +104,36 @@ def _choose(
 def size_points(spec: OpSpec, filters: BenchFilters) -> list[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]]:
     """(label, shape of each tensor input) per size point: a size n gives every tensor input one shape of the spec's
     own ranks holding n elements (grown_shapes: a 2-D row op gets rows of its listed width, not a 1-D tensor it
-    refuses); `bench.shapes` as written. Found on fbgemm's FloatToFused8BitRowwiseQuantized: `--sizes 2**16` gave
-    it a 1-D input, which it refuses ("must have >= 2 dimension(s)"), a WRONG result for a correct op."""
+    refuses; none where the inputs share no shape, see unsized); `bench.shapes` as written. Found on fbgemm's
+    FloatToFused8BitRowwiseQuantized: `--sizes 2**16` gave it a 1-D input, which it refuses ("must have >= 2
+    dimension(s)"), a WRONG result for a correct op."""
     bench = bench_section(spec, filters)
-    sizes = filters.sizes or bench.sizes
-    points: list[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]] = []
-    for n in sizes:
-        shapes = grown_shapes(spec, n)
-        if shapes is None:
-            raise UsageError(
-                "--sizes" if filters.sizes else f"{spec.path.name}: bench.sizes",
-                f"tensor inputs that share a shape in one of {spec.name}'s listed pairings (a size grows it to that "
-                "many elements in its own rank)",
-                f"{', '.join(t.name for t in spec.tensor_inputs()) or 'no tensor inputs'}, which share none",
-                "Write the shapes to time in the spec's bench.shapes and leave out the sizes.",
-            )
-        points.append((f"n={_size_label(n)}", shapes))
+    points: list[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]]] = [
+        (f"n={_size_label(n)}", shapes)
+        for n in filters.sizes or bench.sizes
+        if (shapes := grown_shapes(spec, n)) is not None
+    ]
     if not filters.sizes:
         points += [
             (",".join(f"{name}={'x'.join(map(str, shape)) or '0d'}" for name, shape in shapes), shapes)
             for shapes in bench.shapes
         ]
     return points
+
+
+def unsized(spec: OpSpec, filters: BenchFilters) -> str:
+    """Why the run's sizes (--sizes, else `bench.sizes`) give the op no point: its tensor inputs share no shape to
+    grow (an op of values and offsets); "" when they do, or no size is asked for."""
+    sizes = filters.sizes or bench_section(spec, filters).sizes
+    if not sizes or grown_shapes(spec, sizes[0]) is not None:
+        return ""
+    names = ", ".join(t.name for t in spec.tensor_inputs()) or "no tensor inputs"
+    return (
+        f"{'--sizes' if filters.sizes else 'bench.sizes'}: expected tensor inputs that share a shape in one of "
+        f"{spec.name}'s listed pairings (a size grows it to that many elements in its own rank), got {names}, "
+        "which share none. Write the shapes to time in its spec's bench.shapes"
+        + (" and leave out --sizes." if filters.sizes else " instead.")
+    )
 
 
 def parse_sizes(texts: list[str]) -> tuple[int, ...]:
