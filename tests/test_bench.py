@@ -261,6 +261,20 @@ def test_an_op_whose_inputs_share_no_shape_is_skipped_by_a_sized_run_and_the_oth
     alone = invoke("bench", shared_none, *sized)
     assert alone.exit_code == 5 and "Write the shapes to time in its spec's bench.shapes" in alone.output, alone.output
 
+    # A spec's own bench.shapes still run where its bench.sizes cannot: only the sizes are left out, with the reason.
+    from dataclasses import replace
+
+    from opforge.bench.plan import BenchFilters, size_points, unsized
+    from opforge.loading.spec import load_spec
+
+    spec = load_spec(SPECS / "affine_leaky_swish.yaml")
+    with_sizes = replace(spec, bench=replace(spec.bench, sizes=(4096,)))
+    assert [label for label, _ in size_points(with_sizes, BenchFilters())] == [
+        "x=32x256x56x56,scale=256,shift=256",
+        "x=256x64x112x112,scale=64,shift=64",
+    ]
+    assert unsized(with_sizes, BenchFilters()).startswith("bench.sizes: expected tensor inputs that share a shape")
+
 
 def test_a_file_that_is_no_bench_run_is_refused_as_baseline(tmp_path):
     bad = tmp_path / "check.json"

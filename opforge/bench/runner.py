@@ -38,6 +38,7 @@ from opforge.bench.plan import (
     plan_points,
     runnable_devices,
     selected,
+    size_points,
     unsized,
 )
 from opforge.bench.timing import Timing, TimingOptions, graph_input_copies, l2_bytes, time_callable
@@ -92,10 +93,11 @@ def run_bench(
     start = time.perf_counter()
     for spec in specs:
         selected(spec, filters)  # a missing bench section or an unclaimed choice is an error before any build
-    # An op whose inputs cannot take the sizes asked for is skipped, not built: `--all --sizes` times the others.
+    # Sizes an op's inputs cannot take are left out with the reason; an op left with no point is not built, and
+    # `--all --sizes` times the others.
     skipped = {spec.name: why for spec in specs if (why := unsized(spec, filters))}
     plans = []
-    for spec in (s for s in specs if s.name not in skipped):
+    for spec in (s for s in specs if s.name not in skipped or size_points(s, filters)):
         with _task(events, f"loading {spec.name}"):
             loaded = load_checked(spec, cuda_arch, on_step=events.step)
         devices, skips = runnable_devices(spec, filters)
