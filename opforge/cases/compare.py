@@ -204,7 +204,7 @@ class Baseline:
             if not isinstance(output, torch.Tensor):
                 return None
             budget = min(SUM_ROWS, SUM_TERMS_PER_COMPARISON // max(1, sum(t.numel() for t in inputs)))
-            rows, weights = _rows_to_read(ranked, budget, output.numel()) if budget else (ranked[:0], None)
+            rows, weights = _rows_to_read(ranked, budget, output.numel())
             terms = sum_terms(output, inputs, rows) if rows.numel() else None
         except Exception:  # a reference autograd cannot go through: no allowance, the other rules decide
             return None
@@ -242,7 +242,7 @@ def _rows_to_read(ranked: Tensor, budget: int, numel: int) -> tuple[Tensor, Tens
     by rank, with the weights SumAllowance describes."""
     import torch
 
-    if ranked.numel() <= budget or budget < 2:  # one row is the worst element's: nothing left to sample with
+    if ranked.numel() <= budget or budget < 2:  # no row, or one (the worst element's): nothing to sample with
         return ranked[:budget], None
     worst = budget - budget // 2
     rest = ranked[worst:]
