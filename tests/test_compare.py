@@ -290,3 +290,46 @@ def test_an_input_past_the_sum_budget_gets_no_sum_allowance_and_runs_no_backward
     )
     assert baseline.sum_allowance("result", torch.arange(4096)) is None
     assert not ran, "the float64 reference ran with autograd for an allowance it could not afford"
+
+
+def quantize(x):
+    """Codes round(x * 4) in float32 steps, half to even: the reference of a quantizer that computes in float32."""
+    return torch.round(x.to(torch.float32) * 4).to(torch.uint8)
+
+
+def judge_codes(got, x, perturbed):
+    float32 = Rule(Tolerance(atol=1e-5, rtol=1.3e-6), lowp=True)
+    baseline = Baseline("float32", lambda: {"codes": quantize(x)}, x.numel(), perturbed)
+    check_result("codes", got, quantize(x.double()), float32, torch.uint8, "cpu", baseline=baseline)
+
+
+@pytest.fixture
+def codes_input():
+    """Exact rounding ties (x * 4 = k + 0.5 for k = 0..59) and 1,000 values near no tie."""
+    ties = (torch.arange(60, dtype=torch.float64) * 2 + 1) / 8
+    others = torch.rand(1000, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 60
+    return torch.cat([ties, others]).to(torch.float32).double()
+
+
+def test_an_integer_code_at_a_rounding_tie_may_go_either_way_but_a_code_off_elsewhere_fails(codes_input):
+    # Found by `opforge fuzz` on fbgemm's FloatToFused8BitRowwiseQuantized: a code of exactly 232.5 in the
+    # reference's float32 steps, 232 there, 233 from the kernel's own float32 order.
+    from opforge.checks.op_and_reference import perturbed_arguments
+
+    def perturbed(scale, draw):
+        return {"codes": quantize(perturbed_arguments(((codes_input,), {}), scale, draw)[0][0])}
+
+    half_up = torch.floor(codes_input.to(torch.float32) * 4 + 0.5).to(torch.uint8)  # ties away from even
+    assert int((half_up != quantize(codes_input)).sum()) == 30  # the test bites: half of the ties differ
+    with pytest.raises(CheckFailure, match="at 30 of them neither"):
+        judge_codes(half_up, codes_input, None)  # without the rounded inputs nothing allows a tie to go up
+    judge_codes(half_up, codes_input, perturbed)
+    truncated = torch.floor(codes_input.to(torch.float32) * 4).to(torch.uint8)  # a floor for a round: a bug
+    with pytest.raises(CheckFailure) as failure:
+        judge_codes(truncated, codes_input, perturbed)
+    assert "of them neither the reference computed in float32 nor the float64 reference" in str(failure.value)
+    assert failure.value.mismatch is not None and failure.value.mismatch.abs_error == 1.0
+    two_up = half_up.clone()
+    two_up[0] += 1  # a tie's code two above its lower neighbour: no rounding reaches it
+    with pytest.raises(CheckFailure, match="at 1 of them neither"):
+        judge_codes(two_up, codes_input, perturbed)
