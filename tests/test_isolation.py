@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from xml.etree import ElementTree
 
 import pytest
@@ -341,6 +342,42 @@ def test_interrupt_writes_an_incomplete_report_and_exits_130(tmp_path, signum, m
     worker = int(marker.read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(worker, 0)
+
+
+def test_an_interrupt_keeps_the_results_a_worker_sent_before_it(tmp_path, monkeypatch):
+    # Seen in a loaded suite run: Ctrl-C came while the parent was an event behind, and the result the worker had
+    # finished before hanging was missing from the incomplete report. Here the parent reads nothing until the op
+    # hangs, then is interrupted.
+    from opforge.engine import isolated
+
+    marker = tmp_path / "hanging"
+    real_select = isolated.select.select
+    interrupted = []
+
+    def behind_then_interrupted(readers, writers, errors, timeout):
+        if interrupted:
+            return real_select(readers, writers, errors, timeout)
+        if not marker.exists():
+            time.sleep(0.05)
+            return [], [], []
+        interrupted.append(True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(isolated, "select", SimpleNamespace(select=behind_then_interrupted))
+    run = RunReport(environment={})
+    environ = {**os.environ, "OPFORGE_TEST_MARKER": str(marker)}
+    supervisor = isolated.Supervisor(
+        [load_spec(FIXTURES / "hangs.yaml")],
+        Filters(),
+        RunSettings(),
+        Isolation(jobs=1, timeout=300),
+        run,
+        Events(),
+        environ,
+    )
+    with pytest.raises(KeyboardInterrupt):
+        supervisor.execute()
+    assert [r.status for r in run.ops[0].results] == [Status.PASS]
 
 
 def _wait_for(marker: Path, proc: subprocess.Popen, limit: float = 120) -> None:

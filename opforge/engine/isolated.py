@@ -59,6 +59,9 @@ from opforge.spec.model import OpSpec
 DEFAULT_CHECK_TIMEOUT = 300.0
 # How often the supervisor looks whether such a dying worker has exited, while it goes on serving the others.
 EXIT_POLL = 0.05
+# Seconds an interrupted run spends reading the events its workers sent before the interrupt: a batch of results is
+# read in milliseconds; the cap keeps a worker that goes on writing from delaying the stop a user asked for.
+INTERRUPT_READ_LIMIT = 1.0
 # Seconds a child may take to import torch and count the GPUs (about 2 s on CI's 2-core VM); past it the run
 # treats the machine as having none, which only costs -j its GPU split.
 GPU_PROBE_TIMEOUT = 60
@@ -239,6 +242,9 @@ class Supervisor:
                     # -x: the ops still running stop too (what they finished is kept).
                     for op in list(self.active.values()):
                         self._finish(op)
+        except KeyboardInterrupt:
+            self._read_what_was_sent()
+            raise
         finally:
             for op in self.active.values():
                 op.worker.close()
@@ -299,9 +305,26 @@ class Supervisor:
         """This process's fork server, asked for once per run, with the first worker that can be forked."""
         return shared_server(self.env)
 
+    def _read_what_was_sent(self) -> None:
+        """On Ctrl-C or SIGTERM: the events the workers wrote before it and this process had not read yet, so that
+        a result a worker finished is in the incomplete report (under load the parent may be an event behind)."""
+        until = time.monotonic() + INTERRUPT_READ_LIMIT
+        while self._read_ready(0.0) and time.monotonic() < until:
+            pass
+
     def _step(self) -> None:
-        by_fd = {op.worker.fileno(): op for op in self.active.values() if op.dying_since is None}
         wait = max(0.0, min(op.deadline() for op in self.active.values()) - time.monotonic())
+        self._read_ready(wait)
+        now = time.monotonic()
+        for op in list(self.active.values()):
+            if op.dying_since is not None:
+                self._reap(op, now)
+            elif not op.done and op.deadline() <= now:
+                self._timed_out(op)
+
+    def _read_ready(self, wait: float) -> bool:
+        """Handles the events of the workers readable within `wait` seconds; whether any was."""
+        by_fd = {op.worker.fileno(): op for op in self.active.values() if op.dying_since is None}
         readable, _, _ = select.select(list(by_fd), [], [], wait)
         for fd in readable:
             op = by_fd[fd]
@@ -313,12 +336,7 @@ class Supervisor:
                 if self.active.get(op.slot) is not op:
                     break  # the op ended on an earlier event of this batch
                 self._handle(op, event)
-        now = time.monotonic()
-        for op in list(self.active.values()):
-            if op.dying_since is not None:
-                self._reap(op, now)
-            elif not op.done and op.deadline() <= now:
-                self._timed_out(op)
+        return bool(readable)
 
     # ------------------------------------------------------------------------------------------ events from a worker
 
