@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 from helpers import FIXTURES, REPO, describe, failures_by_check, requires_cuda, run_spec, spec_variant
@@ -508,6 +509,25 @@ def test_kernel_on_the_legacy_default_stream_fails_stream():
     assert {r.device for r in failed["stream"]} == {"cuda"}
     assert all("caller's stream order" in r.message for r in failed["stream"]), failed["stream"][0].message
     assert "correctness" not in failed, "on the default stream alone the bug does not show"
+
+
+@requires_cuda
+def test_a_side_stream_run_whose_inputs_were_written_before_the_launch_judges_nothing(monkeypatch):
+    # Seen on an H200 under `pytest -n 8`: the host was descheduled past the producer's wait, the default-stream
+    # kernel read written inputs, and its side-stream run passed. Here the host waits past the producer each time.
+    from opforge.checks import stream
+
+    call = stream.with_arguments
+
+    def late(*args, **kwargs):
+        time.sleep(1.0)  # longer than every wait in stream.PRODUCER_SLEEPS_S
+        return call(*args, **kwargs)
+
+    monkeypatch.setattr(stream, "with_arguments", late)
+    report = run_spec(CUDA_OPS / "clean_swish.yaml", checks=("stream",), dtypes=("float32",))
+    results = [r for r in report.results if r.check == "stream" and r.implementation == "native"]
+    assert results and all(r.status == Status.ERROR for r in results), [(r.status, r.message) for r in results]
+    assert all("stream order was not tested" in r.message for r in results)
 
 
 @requires_cuda
