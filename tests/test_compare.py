@@ -333,3 +333,15 @@ def test_an_integer_code_at_a_rounding_tie_may_go_either_way_but_a_code_off_else
     two_up[0] += 1  # a tie's code two above its lower neighbour: no rounding reaches it
     with pytest.raises(CheckFailure, match="at 1 of them neither"):
         judge_codes(two_up, codes_input, perturbed)
+
+
+def test_an_unread_element_s_infinite_error_leaves_the_estimated_rms_a_number():
+    # Seen on an H200: a default-stream kernel's NaN outputs, judged with a sampled sum allowance, gave "RMS error
+    # nan": the unread elements' weight 0 times their infinite error.
+    got = torch.tensor([1.5, math.nan, 2.0], dtype=torch.float32)
+    expected = torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64)
+    weights = torch.tensor([3.0, 0.0, 0.0], dtype=torch.float64)
+    errors = compare.lowp_errors(
+        got, expected, expected.to(torch.float32), Tolerance(1e-5, 1.3e-6), "x", 1, None, weights
+    )
+    assert errors is not None and errors.rms_error == pytest.approx(0.5)
