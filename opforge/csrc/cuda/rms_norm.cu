@@ -77,12 +77,22 @@ __device__ __forceinline__ acc_t warp_sum(acc_t v) {
   return v;
 }
 
-// Waits for the threads of the caller's row group alone: named barrier 1 + group (__syncthreads is barrier 0, and a
-// block has 16), so that a path one group takes and the others do not can still sum across the group's warps.
-template <class S>
-__device__ __forceinline__ void group_barrier() {
-  const int group = threadIdx.x / S::kGroupThreads;
-  asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "r"(S::kGroupThreads) : "memory");
+// Waits for the threads of the caller's row group alone, so that a path one group takes and the others do not can
+// still sum across the group's warps: named barrier 1 + group (__syncthreads is barrier 0), the block's own barrier
+// where the group is the block. Each id is an immediate, reached by a branch per group: with the id in a register,
+// ptxas reserves all 16 of a block's barriers, and the SM then holds fewer blocks than their registers allow (the
+// float32 and bfloat16 forward at 4096 x 4096: 50% theoretical occupancy against float16's 75%, ncu on an H200).
+template <class S, int kGroup = 0>
+__device__ __forceinline__ void group_barrier(int group) {
+  if constexpr (S::kGroups == 1) {
+    __syncthreads();
+  } else if constexpr (kGroup < S::kGroups) {
+    if (group == kGroup) {
+      asm volatile("bar.sync %0, %1;" ::"n"(1 + kGroup), "n"(S::kGroupThreads) : "memory");
+    } else {
+      group_barrier<S, kGroup + 1>(group);
+    }
+  }
 }
 
 // Sums each of v[] over the row group; every thread of the group gets the sums, with the same bits (the xor
@@ -110,7 +120,7 @@ __device__ __forceinline__ void group_sum(acc_t (&v)[kValues], acc_t* scratch) {
     if constexpr (kWholeBlock) {
       __syncthreads();
     } else {
-      group_barrier<S>();
+      group_barrier<S>(threadIdx.x / S::kGroupThreads);
     }
 #pragma unroll
     for (int k = 0; k < kValues; ++k) {
@@ -294,8 +304,8 @@ __device__ __forceinline__ void forward_resummed_row(const T* __restrict__ xr, c
 
 // The float32 and bfloat16 forward's resident blocks per SM, for __launch_bounds__: the register budget the shapes
 // had before the overflowing rows' path (kResumOverflow), which would otherwise cost occupancy; they fit it without
-// spills (docs/measurements/kernel-notes.md, "rms_norm forward register budget"). No minimum for the other dtypes,
-// which have no such path.
+// spills but for one 8-byte value in the float32 shapes of 2 and 4 row groups (docs/measurements/kernel-notes.md,
+// "rms_norm forward register budget"). No minimum for the other dtypes, which have no such path.
 constexpr int kForwardRegistersFewUnits = 32;
 constexpr int kForwardRegisters = 40;
 template <typename T, class S>
