@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from opforge.checks.catalog import CATALOG
@@ -309,8 +309,13 @@ class Supervisor:
         """On Ctrl-C or SIGTERM: the events the workers wrote before it and this process had not read yet, so that
         a result a worker finished is in the incomplete report (under load the parent may be an event behind)."""
         until = time.monotonic() + INTERRUPT_READ_LIMIT
-        while self._read_ready(0.0) and time.monotonic() < until:
+        while self._read_ready(0.0, self._keep_result) and time.monotonic() < until:
             pass
+
+    def _keep_result(self, op: _OpRun, event: Event) -> None:
+        """An interrupted run's handling of an event: its results are kept; nothing else happens (no worker starts)."""
+        if isinstance(event, Result):
+            self._add(op, event.result)
 
     def _step(self) -> None:
         wait = max(0.0, min(op.deadline() for op in self.active.values()) - time.monotonic())
@@ -322,8 +327,10 @@ class Supervisor:
             elif not op.done and op.deadline() <= now:
                 self._timed_out(op)
 
-    def _read_ready(self, wait: float) -> bool:
-        """Handles the events of the workers readable within `wait` seconds; whether any was."""
+    def _read_ready(self, wait: float, handle: Callable[[_OpRun, Event], None] | None = None) -> bool:
+        """Handles the events of the workers readable within `wait` seconds (by `handle`, default _handle); whether
+        any was."""
+        handle = handle or self._handle
         by_fd = {op.worker.fileno(): op for op in self.active.values() if op.dying_since is None}
         readable, _, _ = select.select(list(by_fd), [], [], wait)
         for fd in readable:
@@ -335,7 +342,7 @@ class Supervisor:
             for event in events:
                 if self.active.get(op.slot) is not op:
                     break  # the op ended on an earlier event of this batch
-                self._handle(op, event)
+                handle(op, event)
         return bool(readable)
 
     # ------------------------------------------------------------------------------------------ events from a worker
