@@ -345,3 +345,25 @@ def test_an_unread_element_s_infinite_error_leaves_the_estimated_rms_a_number():
         got, expected, expected.to(torch.float32), Tolerance(1e-5, 1.3e-6), "x", 1, None, weights
     )
     assert errors is not None and errors.rms_error == pytest.approx(0.5)
+
+
+def test_an_infinite_error_fails_without_running_the_reference_for_allowances():
+    # Found by `opforge fuzz` on torchvision's roi_pool: -FLT_MAX for the reference's -inf (a declared defect) spent
+    # 40 s reading Jacobian rows for an allowance that cannot make an infinite error finite: reported as a hang.
+    expected = torch.tensor([-math.inf, 1.0, 2.0], dtype=torch.float64)
+    got = torch.tensor([torch.finfo(torch.float32).min, 1.0, 2.5], dtype=torch.float32)
+    calls = []
+
+    def perturbed(scale, draw):
+        calls.append("perturbed")
+        return {"result": expected}
+
+    def tracked():
+        calls.append("tracked")
+        return {}, []
+
+    float32 = Rule(Tolerance(atol=1e-5, rtol=1.3e-6), lowp=True)
+    baseline = Baseline("float32", lambda: {"result": expected.to(torch.float32)}, 3, perturbed, tracked)
+    with pytest.raises(CheckFailure, match="RMS error inf"):
+        check_result("result", got, expected, float32, torch.float32, "cpu", baseline=baseline)
+    assert calls == []
