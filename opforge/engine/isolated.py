@@ -319,7 +319,7 @@ class Supervisor:
 
     def _step(self) -> None:
         wait = max(0.0, min(op.deadline() for op in self.active.values()) - time.monotonic())
-        self._read_ready(wait)
+        self._read_ready(wait, self._handle)
         now = time.monotonic()
         for op in list(self.active.values()):
             if op.dying_since is not None:
@@ -327,10 +327,8 @@ class Supervisor:
             elif not op.done and op.deadline() <= now:
                 self._timed_out(op)
 
-    def _read_ready(self, wait: float, handle: Callable[[_OpRun, Event], None] | None = None) -> bool:
-        """Handles the events of the workers readable within `wait` seconds (by `handle`, default _handle); whether
-        any was."""
-        handle = handle or self._handle
+    def _read_ready(self, wait: float, handle: Callable[[_OpRun, Event], None]) -> bool:
+        """Passes `handle` the events of the workers readable within `wait` seconds; whether any was."""
         by_fd = {op.worker.fileno(): op for op in self.active.values() if op.dying_since is None}
         readable, _, _ = select.select(list(by_fd), [], [], wait)
         for fd in readable:
