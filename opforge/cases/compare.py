@@ -454,11 +454,9 @@ def _check_rounded_integers(
 ) -> None:
     """An integer (or bool) output of a floating case, off the float64 reference: each element must be a value that
     the reference computed in the case's dtype or the float64 reference on inputs rounded once more gives
-    (Baseline.rounded_values). A quantization code at a rounding tie may go either way; a code off where nothing is
-    near a tie (a floor for a round, a lost scale) still fails. Found by `opforge fuzz` on fbgemm's
-    FloatToFused8BitRowwiseQuantized (seed 1, t 2x82x534): (x - min) * 255 / (range + 1e-8) is exactly 232.5 in the
-    reference's float32 steps, which rounds to 232, and the kernel's own float32 order lands just above it: 233,
-    one code of 87,576."""
+    (Baseline.rounded_values). A quantization code at a rounding tie goes either way in a kernel that rounds at other
+    steps than the reference (an FMA, a reciprocal then a multiply: one unit of roundoff moves 223.5 to 223.49998);
+    a code off where nothing is near a tie (a floor for a round, a lost scale) still fails."""
     import torch
 
     own = got.detach().to("cpu")
