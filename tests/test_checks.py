@@ -530,6 +530,23 @@ def test_a_side_stream_run_whose_inputs_were_written_before_the_launch_judges_no
     assert all("stream order was not tested" in r.message for r in results)
 
 
+def test_the_stream_check_looks_at_its_producer_after_the_launches_and_before_the_wait(monkeypatch):
+    # The wait for the op's kernels idles every stream: a producer looked at after it is always done, and every
+    # side-stream run judged nothing (an H100, 2026-12-07: each stream result an ERROR, the default-stream kernel
+    # unflagged). So the look comes between the op's return and that wait.
+    from opforge.building.op import Implementation
+    from opforge.cases.arguments import CaseInputs
+    from opforge.checks import op_and_reference
+
+    order: list[str] = []
+    monkeypatch.setattr(op_and_reference, "wait_for_cuda_kernels", lambda inputs: order.append("wait"))
+    monkeypatch.setattr(op_and_reference, "pending_launch_error", lambda inputs: None)
+    implementation = Implementation("native", lambda x: order.append("op") or x, None)
+    inputs = CaseInputs((1.0,), {}, (1.0,), {}, ())
+    op_and_reference.call_implementation(implementation, inputs, lambda: order.append("producer looked at"))
+    assert order == ["op", "producer looked at", "wait"]
+
+
 @requires_cuda
 def test_stream_says_an_op_wrong_on_every_stream_is_not_a_stream_order_bug():
     failed = failures_by_check(run_spec(CUDA_OPS / "disagreeing_swish.yaml", checks=("stream",)))

@@ -33,9 +33,15 @@ def inputs_for(loaded: LoadedOp, case: Case, base_seed: int, requires_grad: bool
         raise ReferenceFailure(f"could not make the inputs: {short(exc)}") from exc
 
 
-def call_implementation(implementation: Implementation, inputs: CaseInputs) -> Any:
+def call_implementation(
+    implementation: Implementation, inputs: CaseInputs, after_launch: Callable[[], None] | None = None
+) -> Any:
+    """`after_launch`: called once the op returned, before its kernels are waited for (the stream check looks at
+    its producer stream there: after the wait every stream is idle)."""
     try:
         returned = implementation.fn(*inputs.args, **inputs.kwargs)
+        if after_launch is not None:
+            after_launch()
         wait_for_cuda_kernels(inputs)
     except Exception as exc:
         raise CheckFailure(f"{implementation.name} raised {short(exc)}") from exc
@@ -86,9 +92,14 @@ def pending_launch_error(inputs: CaseInputs) -> str | None:
     return None
 
 
-def outputs_of(loaded: LoadedOp, implementation: Implementation, inputs: CaseInputs) -> tuple[Any, ...]:
+def outputs_of(
+    loaded: LoadedOp,
+    implementation: Implementation,
+    inputs: CaseInputs,
+    after_launch: Callable[[], None] | None = None,
+) -> tuple[Any, ...]:
     """What the op returned, one value per schema return: () for an op that returns nothing (it only mutates)."""
-    return op_outputs(loaded, call_implementation(implementation, inputs))
+    return op_outputs(loaded, call_implementation(implementation, inputs, after_launch))
 
 
 def op_outputs(loaded: LoadedOp, returned: Any) -> tuple[Any, ...]:

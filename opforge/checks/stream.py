@@ -122,8 +122,9 @@ def _side_stream_run(
     `sleep` seconds. None when the producer had finished before the op was launched (the host was descheduled for
     longer than the wait: seen on an H200 under `pytest -n 8`): the op then read written inputs whatever stream it
     used, and the run proves nothing. An op that may synchronize with the host (claims.cuda_graphs: false) waits
-    for the producer inside its call, so for it the producer is looked at before the call; for the others after it,
-    which covers every launch the call made."""
+    for the producer inside its call, so for it the producer is looked at before the call; for the others once the
+    call returned and before its kernels are waited for (the wait idles every stream), which covers every launch
+    the call made."""
     import torch
 
     pending = {name: _sentinel_like(t) for name, t in ready.items()}
@@ -136,10 +137,11 @@ def _side_stream_run(
     consumer.wait_stream(producer)
     with torch.cuda.stream(consumer):
         args, kwargs = with_arguments(loaded, inputs, pending)
-        producer_busy = not producer.query()
-        got = outputs_of(loaded, implementation, _replaced(inputs, args, kwargs))
-        if loaded.spec.cuda_graphs:  # no host synchronization inside: busy now means busy at every launch
-            producer_busy = not producer.query()
+        busy_at = [not producer.query()]
+        # No host synchronization inside the call: busy once it returned means busy at every launch.
+        after_launch = (lambda: busy_at.append(not producer.query())) if loaded.spec.cuda_graphs else None
+        got = outputs_of(loaded, implementation, _replaced(inputs, args, kwargs), after_launch)
+        producer_busy = busy_at[-1]
         # Read on the consumer, as the caller's next op would. Every tensor stays referenced until the synchronize
         # below, so none needs record_stream.
         seen = tuple(map_tensors(lambda o: o.clone(), o) for o in got)
