@@ -547,6 +547,26 @@ def test_the_stream_check_looks_at_its_producer_after_the_launches_and_before_th
     assert order == ["op", "producer looked at", "wait"]
 
 
+def test_a_side_stream_run_that_judged_nothing_still_leaves_the_capture_its_say(monkeypatch):
+    # syncing_swish reads .item() inside its call: the producer is done by the look after its launches, so no
+    # side-stream run is judged (an H100, 2026-12-07), and only the CUDA-graph capture, which refuses the
+    # synchronization, flags it. Without a capture the result is the ERROR, never a pass.
+    from types import SimpleNamespace
+
+    from opforge.checks import stream
+    from opforge.core.outcomes import CheckFailure
+
+    def refused(*args):
+        raise CheckFailure("capture: operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(stream, "_on_side_streams", lambda *args: False)
+    monkeypatch.setattr(stream, "_in_cuda_graph", refused)
+    for claims_graphs, raised, said in [(True, CheckFailure, "not permitted"), (False, RuntimeError, "not tested")]:
+        ctx = SimpleNamespace(loaded=SimpleNamespace(spec=SimpleNamespace(cuda_graphs=claims_graphs)))
+        with pytest.raises(raised, match=said):
+            stream.stream(ctx, None, None)
+
+
 @requires_cuda
 def test_stream_says_an_op_wrong_on_every_stream_is_not_a_stream_order_bug():
     failed = failures_by_check(run_spec(CUDA_OPS / "disagreeing_swish.yaml", checks=("stream",)))
