@@ -143,7 +143,13 @@ class FuzzWorker(ChildProcess):
         limit = self.time_limit + ORACLE_CALLS * cost + _extra_seconds(oracles)
         answer = self._within(limit)
         if answer is None:
-            return self._abandoned(Status.FAIL, f"the op ran past the {limit:.3g} s limit of this example")
+            # This limit covers the judging too (the comparison's allowances run the reference again), so the
+            # message does not blame the op alone.
+            return self._abandoned(
+                Status.FAIL,
+                f"the example's oracles ran past their {limit:.3g} s limit: a later call of the op or its judging "
+                f"hung (the reference and the op's first call took {cost:.3g} s)",
+            )
         return answer
 
     def _within(self, limit: float) -> Message | None:
