@@ -323,6 +323,20 @@ def test_an_op_that_never_returns_is_a_hang_and_the_next_example_gets_a_fresh_ch
 
 
 @pytest.mark.slow
+def test_an_op_that_hangs_after_its_timed_call_is_a_hang_of_the_oracles_not_of_its_first_call():
+    # The first call returned in time; a later one (determinism calls the op again) never does. The limit there
+    # covers the judging too, so the message names both.
+    worker = FuzzWorker(FIXTURES / "hangs_later.yaml", None, time_limit=FRESH_CHILD_TIME_LIMIT)
+    try:
+        verdict = worker.run(SEVEN, ("correctness", "determinism"))
+        assert (verdict.status, verdict.oracle) == ("fail", "hang"), verdict
+        assert "a later call of the op or its judging hung" in verdict.message, verdict.message
+        assert worker.run(replace(SEVEN, shapes=(("x", (5,)),)), ("correctness", "determinism")).status == "pass"
+    finally:
+        worker.close()
+
+
+@pytest.mark.slow
 def test_a_reference_too_slow_to_judge_discards_the_example_and_is_no_hang_of_the_op(tmp_path):
     # Found on torchvision's roi_align: its float64 reference on 36.7 M outputs ran past the example's limit, and
     # fuzz called the op (a second's work) hung.
