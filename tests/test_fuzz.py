@@ -330,8 +330,20 @@ def test_an_op_that_hangs_after_its_timed_call_is_a_hang_of_the_oracles_not_of_i
     try:
         verdict = worker.run(SEVEN, ("correctness", "determinism"))
         assert (verdict.status, verdict.oracle) == ("fail", "hang"), verdict
-        assert "a later call of the op or its judging hung" in verdict.message, verdict.message
+        assert "in a later call of the op" in verdict.message, verdict.message
         assert worker.run(replace(SEVEN, shapes=(("x", (5,)),)), ("correctness", "determinism")).status == "pass"
+    finally:
+        worker.close()
+
+
+@pytest.mark.slow
+def test_an_example_still_being_judged_past_the_limit_is_discarded_not_called_a_hang_of_the_op():
+    # The op returns at once, off by 1%; judging that needs the reference in float16 (the low-precision rule's
+    # baseline), which never returns. The child's stack shows the comparison, not a call of the op.
+    worker = FuzzWorker(FIXTURES / "judged_slowly.yaml", None, time_limit=FRESH_CHILD_TIME_LIMIT)
+    try:
+        verdict = worker.run(replace(SEVEN, dtype="float16"), ("correctness",))
+        assert verdict.status == "discard" and "judging the example ran past" in verdict.message, verdict
     finally:
         worker.close()
 

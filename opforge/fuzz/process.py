@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from opforge.checks.catalog import CATALOG
-from opforge.core.child import EXIT_GRACE, LOAD_TIME_LIMIT, ChildProcess, describe_exit, with_this_opforge
+from opforge.core.child import (
+    EXIT_GRACE,
+    LOAD_TIME_LIMIT,
+    ChildProcess,
+    describe_exit,
+    file_tail,
+    with_this_opforge,
+)
 from opforge.core.errors import OpforgeError, WorkerInternalError
 from opforge.core.protocol import (
     Died,
@@ -49,6 +56,13 @@ COSTLY_SHARE = 1 / 3
 # cause) and, for correctness, the reference and its baseline once more (an integer output the dtype cannot decide).
 # The rest of the example may take the limit plus that many times the first calls' time.
 ORACLE_CALLS = 26
+# A child past the oracles' limit is asked for its Python stack (faulthandler, on SIGUSR1) before it is killed;
+# this is how long its account may take to reach its stderr (written at once from the signal handler, even in C code).
+STACK_WAIT_S = 0.5
+# A stack whose innermost opforge frames are the comparison's and not an op call's: the example is still being
+# judged (an allowance rerunning the reference), which is no hang of the op.
+JUDGING_FRAMES = ("opforge/cases/compare.py",)
+OP_CALL_FRAMES = ("call_implementation",)
 
 
 class LoadFailed(OpforgeError):
@@ -142,15 +156,26 @@ class FuzzWorker(ChildProcess):
             return self._abandoned(Status.DISCARD, f"the reference and one call of the op took {cost:.3g} s")
         limit = self.time_limit + ORACLE_CALLS * cost + _extra_seconds(oracles)
         answer = self._within(limit)
-        if answer is None:
-            # This limit covers the judging too (the comparison's allowances run the reference again), so the
-            # message does not blame the op alone.
-            return self._abandoned(
-                Status.FAIL,
-                f"the example's oracles ran past their {limit:.3g} s limit: a later call of the op or its judging "
-                f"hung (the reference and the op's first call took {cost:.3g} s)",
-            )
-        return answer
+        if answer is not None:
+            return answer
+        # This limit covers the judging too (the comparison's allowances run the reference again): the child's stack
+        # tells an example still being judged from an op that hangs.
+        if self._judging():
+            return self._abandoned(Status.DISCARD, f"judging the example ran past the oracles' {limit:.3g} s limit")
+        return self._abandoned(
+            Status.FAIL,
+            f"the example's oracles ran past their {limit:.3g} s limit in a later call of the op (the reference and "
+            f"the op's first call took {cost:.3g} s)",
+        )
+
+    def _judging(self) -> bool:
+        """Whether the child, asked for its stack, is inside the comparison and not inside a call of the op."""
+        mark = self.stderr_size()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.child, signal.SIGUSR1)
+        time.sleep(STACK_WAIT_S)
+        stack = file_tail(self.stderr, mark)
+        return any(f in stack for f in JUDGING_FRAMES) and not any(f in stack for f in OP_CALL_FRAMES)
 
     def _within(self, limit: float) -> Message | None:
         """The child's next event, or None when it sent none within `limit` seconds."""

@@ -51,6 +51,8 @@ def main() -> None:
     channel = os.dup(1)
     os.dup2(2, 1)  # whatever the op prints goes to stderr, not into the protocol
     faulthandler.enable()
+    # The parent asks a child past its oracles' limit where it is (FuzzWorker._judging); the forked children inherit it.
+    faulthandler.register(signal.SIGUSR1, all_threads=False)
     # is_available() without creating a CUDA context, which a forked child could not use.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     job = FuzzJob.from_line(_read_line(0))
