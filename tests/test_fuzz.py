@@ -336,6 +336,28 @@ def test_an_op_that_hangs_after_its_timed_call_is_a_hang_of_the_oracles_not_of_i
         worker.close()
 
 
+def test_only_a_stack_in_the_comparison_and_in_no_call_of_the_op_is_still_judging():
+    from opforge.fuzz.process import still_judging
+
+    def stack(*frames: str) -> str:  # faulthandler's account, most recent call first
+        return "Current thread 0x00007f (most recent call first):\n" + "\n".join(
+            f'  File "{path}", line 1 in {name}' for path, name in frames
+        )
+
+    reference = ("/x/broken_ops.py", "reference_stuck_in_float16")
+    compare = ("/x/opforge/cases/compare.py", "value")
+    op_call = ("/x/opforge/checks/op_and_reference.py", "call_implementation")
+    own_reference = ("/x/opforge/building/self_reference.py", "__call__")
+    assert still_judging(stack(reference, compare))
+    assert not still_judging(stack(("/x/broken_ops.py", "_hang"), op_call))
+    assert not still_judging(stack(("/x/broken_ops.py", "_hang"), own_reference, compare))  # the op as reference
+    assert not still_judging(
+        stack(
+            ("/x/torch/library.py", "opcheck"),
+        )
+    )  # an op hung elsewhere: a hang
+
+
 @pytest.mark.slow
 def test_an_example_still_being_judged_past_the_limit_is_discarded_not_called_a_hang_of_the_op():
     # The op returns at once, off by 1%; judging that needs the reference in float16 (the low-precision rule's

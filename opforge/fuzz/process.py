@@ -59,10 +59,11 @@ ORACLE_CALLS = 26
 # A child past the oracles' limit is asked for its Python stack (faulthandler, on SIGUSR1) before it is killed;
 # this is how long its account may take to reach its stderr (written at once from the signal handler, even in C code).
 STACK_WAIT_S = 0.5
-# A stack whose innermost opforge frames are the comparison's and not an op call's: the example is still being
-# judged (an allowance rerunning the reference), which is no hang of the op.
+# A stack inside the comparison and inside no call of the op: the example is still being judged (an allowance
+# rerunning the reference), which is no hang of the op. A spec without `reference:` has the op itself as its
+# reference (self_reference.py), so the comparison's reference runs are calls of the op there.
 JUDGING_FRAMES = ("opforge/cases/compare.py",)
-OP_CALL_FRAMES = ("call_implementation",)
+OP_CALL_FRAMES = ("in call_implementation", "opforge/building/self_reference.py")
 
 
 class LoadFailed(OpforgeError):
@@ -174,8 +175,7 @@ class FuzzWorker(ChildProcess):
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.child, signal.SIGUSR1)
         time.sleep(STACK_WAIT_S)
-        stack = file_tail(self.stderr, mark)
-        return any(f in stack for f in JUDGING_FRAMES) and not any(f in stack for f in OP_CALL_FRAMES)
+        return still_judging(file_tail(self.stderr, mark))
 
     def _within(self, limit: float) -> Message | None:
         """The child's next event, or None when it sent none within `limit` seconds."""
@@ -221,6 +221,11 @@ class FuzzWorker(ChildProcess):
         # What `opforge check` quotes of a dead worker (faulthandler's account of a fatal signal, else the last
         # lines: a traceback's exception), on one line.
         return " | ".join(line.strip() for line in self.stderr_excerpt(mark).splitlines() if line.strip())
+
+
+def still_judging(stack: str) -> bool:
+    """Whether a child's stack (faulthandler's account) is inside the comparison and inside no call of the op."""
+    return any(f in stack for f in JUDGING_FRAMES) and not any(f in stack for f in OP_CALL_FRAMES)
 
 
 def _extra_seconds(oracles: tuple[str, ...]) -> float:
