@@ -59,10 +59,10 @@ ORACLE_CALLS = 26
 # A child past the oracles' limit is asked for its Python stack (faulthandler, on SIGUSR1) before it is killed;
 # this is how long its account may take to reach its stderr (written at once from the signal handler, even in C code).
 STACK_WAIT_S = 0.5
-# A stack inside the comparison and inside no call of the op: the example is still being judged (an allowance
-# rerunning the reference), which is no hang of the op. A spec without `reference:` has the op itself as its
-# reference (self_reference.py), so the comparison's reference runs are calls of the op there.
-JUDGING_FRAMES = ("opforge/cases/compare.py",)
+# A stack inside the comparison or a call of the reference, and inside no call of the op: the example is still
+# being judged (an oracle's reference run, an allowance rerunning it), which is no hang of the op. A spec without
+# `reference:` has the op itself as its reference (self_reference.py), so its reference runs are calls of the op.
+JUDGING_FRAMES = ("opforge/cases/compare.py", "in call_reference")
 OP_CALL_FRAMES = ("in call_implementation", "opforge/building/self_reference.py")
 
 
@@ -170,7 +170,7 @@ class FuzzWorker(ChildProcess):
         )
 
     def _judging(self) -> bool:
-        """Whether the child, asked for its stack, is inside the comparison and not inside a call of the op."""
+        """Whether the child, asked for its stack, is judging (still_judging)."""
         mark = self.stderr_size()
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.child, signal.SIGUSR1)
@@ -224,7 +224,8 @@ class FuzzWorker(ChildProcess):
 
 
 def still_judging(stack: str) -> bool:
-    """Whether a child's stack (faulthandler's account) is inside the comparison and inside no call of the op."""
+    """Whether a child's stack (faulthandler's account) is inside the comparison or a reference call, and inside no
+    call of the op."""
     return any(f in stack for f in JUDGING_FRAMES) and not any(f in stack for f in OP_CALL_FRAMES)
 
 
