@@ -16,8 +16,9 @@ from test_bench_stats import noisy
 from typer.testing import CliRunner
 
 from opforge.bench import peak as peak_module
-from opforge.bench.model import BENCH_SCHEMA_VERSION
+from opforge.bench.model import BASELINE, BENCH_SCHEMA_VERSION, IMPLEMENTATION, OK, BenchResult
 from opforge.bench.timing import Timing, TimingOptions
+from opforge.bench.trailing import trailing
 from opforge.cli import app
 from opforge.engine.events import Events
 
@@ -206,6 +207,11 @@ def test_plot_without_matplotlib_is_refused_before_timing(tmp_path, monkeypatch)
         (["bench", BENCH_GOOD, "--min-reps", "0"], "--min-reps: expected an integer >= 1, got 0"),
         (["bench", BENCH_GOOD, "--threads", "0"], "--threads: expected an integer >= 1, got 0"),
         (["bench", BENCH_GOOD, "--max-regression", "-2"], "--max-regression: expected a percentage >= 0, got -2.0"),
+        (["bench", BENCH_GOOD, "--max-slower", "-1"], "--max-slower: expected a percentage >= 0, got -1.0"),
+        (
+            ["bench", BENCH_GOOD, "--fail-slower-than", "native"],
+            "--fail-slower-than: expected one of eager, compile, got 'native'",
+        ),
         (["bench", BENCH_GOOD, "--contender-limit", "-1"], "--contender-limit: expected seconds >= 0, got -1.0"),
         (["bench", BENCH_GOOD, "--layout", "channels_last"], "--layout: expected one of contiguous (what good's spec"),
         (["bench", BENCH_GOOD, "--layout", "nhwc"], "--layout: expected one of contiguous, channels_last, got 'nhwc'"),
@@ -1198,3 +1204,97 @@ def test_a_bench_task_that_fails_still_ends_for_its_subscribers(tmp_path):
     with pytest.raises(OpforgeError):
         run_bench([load_spec(path)], BenchFilters(), TimingOptions(), events=recorded)
     assert recorded.heard == [("started", "loading good"), ("finished", "loading good")]
+
+
+# ------------------------------------------------------------------------------ slower than a baseline
+
+
+def timed(contender: str, median_s: float, spread: float = 0.02, seed: int = 1) -> BenchResult:
+    role = BASELINE if contender in ("eager", "compile") else IMPLEMENTATION
+    samples = tuple(noisy(median_s, spread, n=40, seed=seed))
+    return BenchResult(
+        "good", contender, role, "cpu", "float32", "fwd", "n=2^8", 256, OK, timing=Timing(samples, "fake", 1, "noise")
+    )
+
+
+@pytest.mark.parametrize(
+    ("native_s", "spread", "tolerance_pct", "slower"),
+    [
+        (1.2e-3, 0.02, 0.0, True),  # 20% slower, 2% noise
+        (1.0e-3, 0.02, 0.0, False),  # the same time, other samples
+        (0.8e-3, 0.02, 0.0, False),  # faster
+        (1.03e-3, 0.3, 0.0, False),  # slower by less than the noise explains
+        (1.2e-3, 0.02, 30.0, False),  # slower by less than the tolerance
+    ],
+)
+def test_a_point_is_slower_than_a_baseline_only_beyond_the_noise_and_the_tolerance(
+    native_s, spread, tolerance_pct, slower
+):
+    results = [timed("native", native_s, spread, seed=1), timed("compile", 1e-3, spread, seed=2)]
+    trails = trailing(results, tolerance_pct)
+    assert [t.baseline for t in trails] == (["compile"] if slower else [])
+    if slower:
+        assert trails[0].result == "good/native[fwd-float32-cpu-n=2^8]"
+        assert trails[0].interval.ratio == pytest.approx(native_s / 1e-3, rel=0.02) and trails[0].interval.low > 1
+
+
+def test_only_implementations_are_judged_a_baseline_slower_than_another_is_not_listed():
+    assert trailing([timed("native", 1e-3), timed("eager", 2e-3, seed=2), timed("compile", 1e-3, seed=3)]) == []
+
+
+@pytest.fixture
+def timer_in_order(monkeypatch):
+    """Replaces the timers: the n-th contender timed gets 40 samples around medians[n % len(medians)], 2% noise."""
+    state = {"medians": [1e-3], "calls": 0}
+
+    def fake(call, device, options, reset=None):
+        call()
+        median_s = state["medians"][state["calls"] % len(state["medians"])]
+        state["calls"] += 1
+        return Timing(tuple(noisy(median_s, 0.02, n=40, seed=state["calls"])), "fake", 1, "noise")
+
+    monkeypatch.setattr("opforge.bench.runner.time_callable", fake)
+    return state
+
+
+def bench_native_and_eager(tmp_path, *extra: str):
+    args = ["bench", BENCH_GOOD, "--sizes", "256", "--mode", "fwd", "--contender", "native", "--contender", "eager"]
+    return invoke(*args, "--json", str(tmp_path / "run.json"), "--junit", str(tmp_path / "run.xml"), *extra)
+
+
+def test_fail_slower_than_fails_a_point_slower_than_that_baseline_and_says_by_how_much(tmp_path, timer_in_order):
+    timer_in_order["medians"] = [1.3e-3, 1e-3]  # native, then eager
+    result = bench_native_and_eager(tmp_path, "--fail-slower-than", "eager")
+    assert result.exit_code == 1, result.output
+    assert "slower than a baseline of this run, beyond its noise:" in result.output
+    assert "good/native[fwd-float32-cpu-n=2^8]: 1.3" in result.output and "x the time of eager" in result.output
+    assert "FAILED: 2 timed, 1 slower than a baseline" in result.output
+    run = json.loads((tmp_path / "run.json").read_text())
+    [trail] = run["trailing"]
+    assert trail["baseline"] == "eager" and trail["low"] > 1 and trail["ratio"] == pytest.approx(1.3, rel=0.02)
+    failure = junit_cases(tmp_path / "run.xml")["good.native.bench", "fwd-float32-cpu-n=2^8"].find("failure")
+    assert failure is not None and failure.get("message", "").startswith("slower than eager: 1.3"), result.output
+
+
+def test_a_point_slower_than_a_baseline_not_gated_is_listed_and_passes(tmp_path, timer_in_order):
+    timer_in_order["medians"] = [1.3e-3, 1e-3]
+    result = bench_native_and_eager(tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "good/native[fwd-float32-cpu-n=2^8]: 1.3" in result.output and "OK: 2 timed, 1 slower" in result.output
+
+
+def test_fail_slower_than_passes_an_implementation_that_keeps_up(tmp_path, timer_in_order):
+    timer_in_order["medians"] = [0.9e-3, 1e-3]
+    result = bench_native_and_eager(tmp_path, "--fail-slower-than", "eager")
+    assert result.exit_code == 0, result.output
+    assert "slower than a baseline" not in result.output
+    assert json.loads((tmp_path / "run.json").read_text())["trailing"] == []
+
+
+def test_the_commands_default_tolerance_is_the_named_one():
+    import inspect
+
+    from opforge.bench.trailing import DEFAULT_MAX_SLOWER_PCT
+    from opforge.commands.bench import bench
+
+    assert inspect.signature(bench).parameters["max_slower"].default == DEFAULT_MAX_SLOWER_PCT

@@ -150,6 +150,21 @@ def test_bench_shards_split_points_and_merge_into_one_baseline(tmp_path):
     assert "of the baseline were not run" not in gated.output, gated.output
 
 
+def test_merged_bench_shards_keep_every_shards_points_slower_than_a_baseline(tmp_path):
+    base = ("bench", BENCH_GOOD, "--contender", "native", "--contender", "eager", "--mode", "fwd", "--sizes", "64,128")
+    for k in (1, 2):
+        assert invoke(*base, "--shard", f"{k}/2", "--json", str(tmp_path / f"b{k}.json"), *QUICK).exit_code == 0
+        path = tmp_path / f"b{k}.json"
+        data = json.loads(path.read_text())
+        native = next(r["id"] for r in data["results"] if r["contender"] == "native")
+        data["trailing"] = [{"result": native, "baseline": "eager", "ratio": 1.5, "low": 1.4, "high": 1.6}]
+        path.write_text(json.dumps(data))
+    paths = [str(tmp_path / f"b{k}.json") for k in (1, 2)]
+    assert invoke("merge-reports", *paths, "--json", str(tmp_path / "b.json")).exit_code == 0
+    merged = json.loads((tmp_path / "b.json").read_text())["trailing"]
+    assert len(merged) == 2 and merged[0]["result"] != merged[1]["result"]
+
+
 def test_check_and_bench_reports_do_not_merge_together(tmp_path):
     invoke("check", GOOD, "--check", "correctness", "--json", str(tmp_path / "c.json"))
     invoke(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from opforge.bench.stats import iqr, median
+from opforge.bench.stats import RatioInterval, iqr, median
 from opforge.bench.timing import Timing
 from opforge.core.results import CaseResult, Mismatch, OpReport, RunReport, Status, Verdict, case_result
 
@@ -48,7 +48,8 @@ class BenchResult:
     mismatch: Mismatch | None = None
     timing: Timing | None = None
     peak_gbps: float | None = None
-    # Why the regression gate (opforge.bench.baseline.gate) failed this result, when it did.
+    # Why a gate failed this result, when one did: the regression gate (opforge.bench.baseline.gate) or
+    # --fail-slower-than (opforge.bench.trailing.fail_slower).
     regression: str = ""
 
     @property
@@ -114,6 +115,35 @@ def speedups(result: BenchResult, results: list[BenchResult]) -> dict[str, float
     return ratios
 
 
+@dataclass(frozen=True)
+class Trail:
+    """One implementation's point slower than one baseline's, beyond the noise (opforge.bench.trailing)."""
+
+    result: str  # the implementation's result id
+    baseline: str  # the baseline contender: eager, compile
+    interval: RatioInterval  # implementation median / baseline median
+    tolerance_pct: float
+
+    def describe(self) -> str:
+        i = self.interval
+        return (
+            f"{i.ratio:.3f}x the time of {self.baseline}, its {round(100 * i.confidence)}% interval "
+            f"[{i.low:.3f}, {i.high:.3f}] above {1 + self.tolerance_pct / 100:.3g}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        i = self.interval
+        return {
+            "result": self.result,
+            "baseline": self.baseline,
+            "ratio": i.ratio,
+            "low": i.low,
+            "high": i.high,
+            "confidence": i.confidence,
+            "tolerance_pct": self.tolerance_pct,
+        }
+
+
 @dataclass
 class BenchRun:
     environment: dict[str, Any]
@@ -125,6 +155,8 @@ class BenchRun:
     seconds: float = 0.0
     # Why the regression gate failed the run as a whole (it compared nothing), when it did.
     gate_failure: str = ""
+    # The implementations' points slower than a baseline beyond the noise (opforge.bench.trailing).
+    trailing: list[Trail] = field(default_factory=list)
 
     @property
     def nothing_timed(self) -> bool:
@@ -133,7 +165,7 @@ class BenchRun:
 
     @property
     def failed(self) -> bool:
-        """A WRONG or ERROR result, one the regression gate failed, or a gate that compared nothing."""
+        """A WRONG or ERROR result, one a gate failed, or a regression gate that compared nothing."""
         return any(r.status.failed or r.regression for r in self.results) or bool(self.gate_failure)
 
     def ops(self) -> list[str]:
@@ -150,6 +182,7 @@ class BenchRun:
             "skipped": self.skipped,
             "seconds": self.seconds,
             "results": [r.to_json() for r in self.results],
+            "trailing": [t.to_json() for t in self.trailing],
         }
 
     def run_report(self) -> RunReport:

@@ -63,6 +63,24 @@ def bench(
     max_regression: Annotated[
         float, typer.Option("--max-regression", help="Percent slower (beyond noise) that fails.", metavar="FLOAT")
     ] = 5.0,
+    fail_slower_than: Annotated[
+        list[str],
+        typer.Option(
+            "--fail-slower-than",
+            help="Fail each point where an implementation is slower than this baseline (eager, compile) beyond the "
+            "noise and --max-slower (repeatable).",
+            metavar="NAME",
+        ),
+    ] = [],  # noqa: B006
+    max_slower: Annotated[
+        float,
+        typer.Option(
+            "--max-slower",
+            help="Percent slower than a baseline, beyond the noise, that is not yet listed as slower or failed "
+            "(the spread between runs, which one run's noise does not show).",
+            metavar="FLOAT",
+        ),
+    ] = 2.0,  # opforge.bench.trailing.DEFAULT_MAX_SLOWER_PCT, written out: importing it would import torch
     markdown_path: Annotated[
         Path | None,
         typer.Option(
@@ -109,20 +127,25 @@ def bench(
     *,
     reports: dict[ReportFormat, Path | None],
 ) -> None:
-    """Time an op's implementations against its eager reference and torch.compile of it; gate regressions.
+    """Time an op's implementations against its eager reference and torch.compile of it; gate regressions and
+    points slower than a baseline.
 
     Examples:
       opforge bench leaky_swish
       opforge bench rms_norm --device cuda --dtype bfloat16 --mode bwd --contender native --contender compile
       opforge bench --all --baseline main.json --max-regression 5 --markdown summary.md
+      opforge bench leaky_swish --device cuda --fail-slower-than compile
     """
 
     def body() -> int:
+        from opforge.bench.plan import COMPILE, EAGER
         from opforge.bench.runner import run_bench
         from opforge.bench.timing import TimingOptions
+        from opforge.bench.trailing import fail_slower
         from opforge.reporters import bench_terminal
 
-        _check_bench_options(budget, warmup, noise, min_reps, max_regression, threads, contender_limit)
+        _check_bench_options(budget, warmup, noise, min_reps, max_regression, max_slower, threads, contender_limit)
+        gated_baselines = validated(fail_slower_than, (EAGER, COMPILE), "--fail-slower-than")
         filters = bench_filters(device, dtype, mode, contender, sizes, seed)
         filters = dataclasses.replace(
             filters,
@@ -164,6 +187,8 @@ def bench(
                 from opforge.core.files import write_atomically
 
                 write_atomically(markdown_path, summary)
+        run = fail_slower(run, gated_baselines, max_slower)
+        bench_terminal.render_trailing(run, gated_baselines)
         written = finish_files(files, run)
         bench_terminal.render_bench_totals(run, comparison)
         code = EXIT_FAILED if run.failed else EXIT_NOTHING_RAN if run.nothing_timed else EXIT_OK
@@ -194,6 +219,7 @@ def _check_bench_options(
     noise: float,
     min_reps: int,
     max_regression: float,
+    max_slower: float,
     threads: int | None,
     contender_limit: float,
 ) -> None:
@@ -203,6 +229,7 @@ def _check_bench_options(
         ("--noise", 0 < noise < 1, "a fraction 0 < F < 1", noise, "Pass e.g. --noise 0.02 (2% IQR/median)."),
         ("--min-reps", min_reps >= 1, "an integer >= 1", min_reps, "Pass e.g. --min-reps 25."),
         ("--max-regression", max_regression >= 0, "a percentage >= 0", max_regression, "Pass e.g. --max-regression 5."),
+        ("--max-slower", max_slower >= 0, "a percentage >= 0", max_slower, "Pass e.g. --max-slower 3."),
         (
             "--threads",
             threads is None or threads >= 1,

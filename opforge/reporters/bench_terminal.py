@@ -1,5 +1,5 @@
 """The terminal format of `opforge bench`: a progress bar over (point, contender) pairs on a terminal, a table per
-op, the regression gate's summary and the totals."""
+op, the regression gate's summary, the points slower than a baseline and the totals."""
 
 from __future__ import annotations
 
@@ -248,11 +248,24 @@ def render_comparison(comparison: Comparison, markdown: str) -> None:
     console.print(markdown, markup=False, highlight=False, soft_wrap=True)
 
 
+def render_trailing(run: BenchRun, gated: tuple[str, ...]) -> None:
+    """The implementations' points slower than a baseline beyond the noise: failures for a baseline named by
+    --fail-slower-than, the others for the reader."""
+    if not run.trailing:
+        return
+    console.print(Text("slower than a baseline of this run, beyond its noise:", style="bold"))
+    for trail in run.trailing:
+        style = "red" if trail.baseline in gated else "yellow"
+        console.print(Text(f"  {trail.result}: ", style=style) + Text(trail.describe()), soft_wrap=True)
+
+
 def render_bench_totals(run: BenchRun, comparison: Comparison | None = None) -> None:
     from opforge.bench.model import ERROR, OK, SKIP, WRONG, status_word
 
     counts = {s: sum(r.status == s for r in run.results) for s in (OK, WRONG, ERROR, SKIP)}
     parts = [f"{counts[OK]} timed"] + [f"{counts[s]} {status_word(s)}" for s in (WRONG, ERROR, SKIP) if counts[s]]
+    if run.trailing:
+        parts.append(f"{len(run.trailing)} slower than a baseline")
     if comparison is not None:
         parts.append(f"{len(comparison.regressions)} regression(s)")
         if comparison.nothing_compared:

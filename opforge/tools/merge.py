@@ -138,4 +138,6 @@ def merge_bench_reports(reports: Sequence[Report]) -> dict[str, Any]:
         "skipped": {k: v for r in reports for k, v in r.data.get("skipped", {}).items()},
         "seconds": max(r.data.get("seconds", 0.0) for r in reports),
         "results": list(results.values()),
+        # A shard holds every contender of its points, so each point slower than a baseline is in one shard's list.
+        "trailing": [t for r in reports for t in r.data.get("trailing", [])],
     }
