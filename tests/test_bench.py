@@ -1298,3 +1298,15 @@ def test_the_commands_default_tolerance_is_the_named_one():
     from opforge.commands.bench import bench
 
     assert inspect.signature(bench).parameters["max_slower"].default == DEFAULT_MAX_SLOWER_PCT
+
+
+def test_fail_slower_than_a_baseline_that_was_not_timed_judges_nothing_and_fails(tmp_path, timer_in_order):
+    timer_in_order["medians"] = [1e-3, 1e-3]
+    result = bench_native_and_eager(tmp_path, "--fail-slower-than", "compile")
+    assert result.exit_code == 1, result.output
+    assert (
+        "--fail-slower-than compile: expected points where an implementation and compile were both timed, got none"
+        in (" ".join(result.output.split()))
+    )
+    gate = junit_cases(tmp_path / "run.xml")["baseline.-.regression_gate", "-"].find("failure")
+    assert gate is not None and "--fail-slower-than compile" in gate.get("message", "")

@@ -153,7 +153,7 @@ class BenchRun:
     # Device (no GPU here) or op (its inputs cannot take the sizes asked for) -> why it was not benchmarked.
     skipped: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
-    # Why the regression gate failed the run as a whole (it compared nothing), when it did.
+    # Why a gate failed the run as a whole (the regression gate or --fail-slower-than compared nothing), when one did.
     gate_failure: str = ""
     # The implementations' points slower than a baseline beyond the noise (opforge.bench.trailing).
     trailing: list[Trail] = field(default_factory=list)
@@ -165,7 +165,7 @@ class BenchRun:
 
     @property
     def failed(self) -> bool:
-        """A WRONG or ERROR result, one a gate failed, or a regression gate that compared nothing."""
+        """A WRONG or ERROR result, one a gate failed, or a gate that compared nothing."""
         return any(r.status.failed or r.regression for r in self.results) or bool(self.gate_failure)
 
     def ops(self) -> list[str]:

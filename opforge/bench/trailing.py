@@ -44,15 +44,31 @@ def trailing(results: list[BenchResult], tolerance_pct: float = DEFAULT_MAX_SLOW
 
 
 def fail_slower(run: BenchRun, names: tuple[str, ...], tolerance_pct: float) -> BenchRun:
-    """`run` with its trails listed, and each result that trails a baseline in `names` failed with the reason (what
-    the JUnit report and the exit code read)."""
+    """`run` with its trails listed, each result that trails a baseline in `names` failed with the reason, and the
+    run failed for each of `names` that no point could be compared with (a gate that judged nothing must not pass);
+    what the JUnit report and the exit code read."""
     trails = trailing(run.results, tolerance_pct)
     reasons: dict[str, list[str]] = {}
     for t in trails:
         if t.baseline in names:
             reasons.setdefault(t.result, []).append(f"slower than {t.baseline}: {t.describe()}")
     results = [_failed(r, reasons[r.id]) if r.id in reasons else r for r in run.results]
-    return replace(run, results=results, trailing=trails)
+    failures = [run.gate_failure] if run.gate_failure else []
+    failures += [nothing_compared(name) for name in uncompared(run.results, names)]
+    return replace(run, results=results, trailing=trails, gate_failure="; ".join(failures))
+
+
+def uncompared(results: list[BenchResult], names: tuple[str, ...]) -> list[str]:
+    """The baselines in `names` that no implementation was timed beside, on any point."""
+    implemented = {r.case_key for r in results if r.role == IMPLEMENTATION and r.timed}
+    return [n for n in names if not any(r.contender == n and r.timed and r.case_key in implemented for r in results)]
+
+
+def nothing_compared(name: str) -> str:
+    return (
+        f"--fail-slower-than {name}: expected points where an implementation and {name} were both timed, got none. "
+        f"Time {name} too (--contender {name}), or leave the option out."
+    )
 
 
 def _failed(result: BenchResult, reasons: list[str]) -> BenchResult:

@@ -250,7 +250,11 @@ def render_comparison(comparison: Comparison, markdown: str) -> None:
 
 def render_trailing(run: BenchRun, gated: tuple[str, ...]) -> None:
     """The implementations' points slower than a baseline beyond the noise: failures for a baseline named by
-    --fail-slower-than, the others for the reader."""
+    --fail-slower-than, the others for the reader; and each such baseline that nothing was compared with."""
+    from opforge.bench.trailing import nothing_compared, uncompared
+
+    for name in uncompared(run.results, gated):
+        error(nothing_compared(name))
     if not run.trailing:
         return
     console.print(Text("slower than a baseline of this run, beyond its noise:", style="bold"))
