@@ -31,11 +31,13 @@ def trailing(results: list[BenchResult], tolerance_pct: float = DEFAULT_MAX_SLOW
             baselines.setdefault(r.case_key, []).append(r)
     trails = []
     for r in results:
-        if r.role != IMPLEMENTATION or not r.timed:
+        mine = r.median_s  # None when not timed
+        if r.role != IMPLEMENTATION or mine is None:
             continue
         for b in baselines.get(r.case_key, []):
+            theirs = b.median_s
             # The bootstrap costs up to a third of a second per pair: only where the medians already say slower.
-            if r.median_s is None or b.median_s is None or r.median_s <= limit * b.median_s:
+            if theirs is None or mine <= limit * theirs:
                 continue
             interval = ratio_of_medians(r.samples, b.samples)
             if interval.low > limit:
