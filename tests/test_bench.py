@@ -282,6 +282,32 @@ def test_an_op_whose_inputs_share_no_shape_is_skipped_by_a_sized_run_and_the_oth
     assert unsized(with_sizes, BenchFilters()).startswith("bench.sizes: expected tensor inputs that share a shape")
 
 
+@pytest.mark.slow
+def test_all_leaves_out_an_op_claiming_none_of_the_asked_choices_and_times_the_others(tmp_path, fake_timer):
+    # `.ci/gpu bench`'s `opforge bench --all --device cuda` ended in a usage error (exit 2) on an H100 before timing
+    # anything, because row_crc32 is CPU-only. With --all a choice narrows each op to what it claims; a named op that
+    # does not claim it is still an error (test_bad_usage_exits_2).
+    from opforge.bench.plan import BenchFilters, selected, unclaimed
+    from opforge.loading.spec import load_spec
+
+    crc, swish = load_spec(SPECS / "row_crc32.yaml"), load_spec(SPECS / "leaky_swish.yaml")
+    asked = BenchFilters(devices=("cuda",), dtypes=("float32", "uint8"), every_spec=True)
+    assert unclaimed(crc, asked) == "--device cuda: its spec claims cpu"
+    assert unclaimed(swish, asked) == ""
+    assert selected(swish, asked)[:2] == (("cuda",), ("float32",))
+    on_cpu = BenchFilters(devices=("cpu",), dtypes=("float32", "uint8"), every_spec=True)
+    assert (unclaimed(crc, on_cpu), selected(crc, on_cpu)[1]) == ("", ("uint8",))
+
+    report = tmp_path / "bench.json"
+    result = invoke("bench", "--all", "--dtype", "uint8", "--contender", "native", "--json", str(report), *QUICK)
+    assert result.exit_code == 0, result.output
+    assert "skip leaky_swish: --dtype uint8: its spec claims float32, float64, float16, bfloat16" in result.output
+    timed = json.loads(report.read_text())["results"]
+    assert {(r["op"], r["status"]) for r in timed} == {("row_crc32", "ok")}, timed
+    named = invoke("bench", str(SPECS / "leaky_swish.yaml"), "--dtype", "uint8")
+    assert named.exit_code == 2 and "--dtype: expected one of float32" in named.output, named.output
+
+
 def test_a_file_that_is_no_bench_run_is_refused_as_baseline(tmp_path):
     bad = tmp_path / "check.json"
     bad.write_text(json.dumps({"schema_version": 1, "tool": "opforge", "ops": []}))

@@ -7,7 +7,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opforge.bench.model import BASELINE, IMPLEMENTATION, point_key
 from opforge.building.op import Implementation, LoadedOp
@@ -17,9 +17,6 @@ from opforge.core.errors import UsageError
 from opforge.core.shard import Shard, owns
 from opforge.spec.bench import POWER_OF_TWO
 from opforge.spec.model import BENCH_LAYOUTS, FLOATING_DTYPES, BenchSpec, OpSpec, ScalarInput
-
-if TYPE_CHECKING:
-    pass
 
 EAGER, COMPILE = "eager", "compile"
 
@@ -36,6 +33,10 @@ class BenchFilters:
     layouts: tuple[str, ...] = ()
     seed: int = 0
     shard: Shard | None = None  # --shard K/N: only the points whose key hashes to this shard
+    # --all: a choice above that an op does not claim narrows it to what it does claim, and an op left with none is
+    # left out with the reason (`opforge bench --all --device cuda` beside a CPU-only op); a named op that does not
+    # claim a choice is a usage error.
+    every_spec: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,17 +80,41 @@ def selected(spec: OpSpec, filters: BenchFilters) -> tuple[tuple[str, ...], tupl
     """(devices, dtypes, modes): the command line's choice, checked against what the op claims, else the bench
     section's, else the spec's."""
     bench = bench_section(spec, filters)
-    devices = _choose(filters.devices, bench.devices or spec.devices, spec.devices, "--device", spec)
+    devices = _choose(filters.devices, bench.devices or spec.devices, spec.devices, "--device", spec, filters)
     default_dtypes = bench.dtypes or tuple(d for d in spec.dtypes if d in FLOATING_DTYPES) or spec.dtypes
-    dtypes = _choose(filters.dtypes, default_dtypes, spec.dtypes, "--dtype", spec)
+    dtypes = _choose(filters.dtypes, default_dtypes, spec.dtypes, "--dtype", spec, filters)
     default_modes = bench.modes or tuple(m for m in ("fwd", "bwd") if m in spec.bench_modes)
-    modes = _choose(filters.modes, default_modes, spec.bench_modes, "--mode", spec)
+    modes = _choose(filters.modes, default_modes, spec.bench_modes, "--mode", spec, filters)
     return devices, dtypes, modes
 
 
+def unclaimed(spec: OpSpec, filters: BenchFilters) -> str:
+    """Why `--all` leaves the op out: none of the asked devices, dtypes, modes or layouts is one it claims; "" when
+    it has something to time, or the run names its ops (a choice one does not claim is a usage error there)."""
+    if not filters.every_spec:
+        return ""
+    asked = (
+        ("--device", filters.devices, spec.devices),
+        ("--dtype", filters.dtypes, spec.dtypes),
+        ("--mode", filters.modes, spec.bench_modes),
+        ("--layout", filters.layouts, _claimed_layouts(spec)),
+    )
+    for option, given, claimed in asked:
+        if given and not set(given) & set(claimed):
+            return f"{option} {', '.join(given)}: its spec claims {', '.join(claimed)}"
+    return ""
+
+
 def _choose(
-    given: tuple[str, ...], default: tuple[str, ...], claimed: tuple[str, ...], option: str, spec: OpSpec
+    given: tuple[str, ...],
+    default: tuple[str, ...],
+    claimed: tuple[str, ...],
+    option: str,
+    spec: OpSpec,
+    filters: BenchFilters,
 ) -> tuple[str, ...]:
+    if filters.every_spec and given:
+        return tuple(value for value in given if value in claimed)
     for value in given:
         if value not in claimed:
             raise UsageError(
@@ -158,9 +183,12 @@ def _size_label(n: int) -> str:
 def selected_layouts(spec: OpSpec, filters: BenchFilters) -> tuple[str, ...]:
     """The memory formats to time: --layout, checked against the spec's claimed ones, else `bench.layouts`, else
     contiguous."""
-    claimed = tuple(layout for layout in BENCH_LAYOUTS if layout == "contiguous" or layout in spec.layouts)
     default = spec.bench.layouts if spec.bench and spec.bench.layouts else ("contiguous",)
-    return _choose(filters.layouts, default, claimed, "--layout", spec)
+    return _choose(filters.layouts, default, _claimed_layouts(spec), "--layout", spec, filters)
+
+
+def _claimed_layouts(spec: OpSpec) -> tuple[str, ...]:
+    return tuple(layout for layout in BENCH_LAYOUTS if layout == "contiguous" or layout in spec.layouts)
 
 
 def plan_points(spec: OpSpec, filters: BenchFilters, devices: tuple[str, ...]) -> list[BenchPoint]:

@@ -39,6 +39,7 @@ from opforge.bench.plan import (
     runnable_devices,
     selected,
     size_points,
+    unclaimed,
     unsized,
 )
 from opforge.bench.timing import Timing, TimingOptions, graph_input_copies, l2_bytes, time_callable
@@ -93,11 +94,13 @@ def run_bench(
     start = time.perf_counter()
     for spec in specs:
         selected(spec, filters)  # a missing bench section or an unclaimed choice is an error before any build
-    # Sizes an op's inputs cannot take are left out with the reason; an op left with no point is not built, and
-    # `--all --sizes` times the others.
-    skipped = {spec.name: why for spec in specs if (why := unsized(spec, filters))}
+    # `--all` leaves out an op that claims none of the asked devices, dtypes, modes or layouts, and sizes an op's
+    # inputs cannot take, each with the reason; an op left with no point is not built, and the others are timed.
+    left_out = {spec.name: why for spec in specs if (why := unclaimed(spec, filters))}
+    kept = [spec for spec in specs if spec.name not in left_out]
+    skipped = left_out | {spec.name: why for spec in kept if (why := unsized(spec, filters))}
     plans = []
-    for spec in (s for s in specs if s.name not in skipped or size_points(s, filters)):
+    for spec in (s for s in kept if s.name not in skipped or size_points(s, filters)):
         with _task(events, f"loading {spec.name}"):
             loaded = load_checked(spec, cuda_arch, on_step=events.step)
         devices, skips = runnable_devices(spec, filters)

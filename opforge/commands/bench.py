@@ -151,6 +151,7 @@ def bench(
             filters,
             layouts=validated(layout, BENCH_LAYOUTS, "--layout"),
             shard=parse_shard(shard) if shard else None,
+            every_spec=all_specs,
         )
         files = file_reporters(reports)
         timing = TimingOptions(
