@@ -1336,3 +1336,62 @@ def test_fail_slower_than_a_baseline_that_was_not_timed_judges_nothing_and_fails
     )
     gate = junit_cases(tmp_path / "run.xml")["baseline.-.regression_gate", "-"].find("failure")
     assert gate is not None and "--fail-slower-than compile" in gate.get("message", "")
+
+
+def with_slower(tmp_path, entry: str):
+    """bench_good.yaml with one `bench.slower` entry (YAML flow mapping)."""
+    return copy_fixture(
+        tmp_path,
+        "bench_good.yaml",
+        lambda text: text.replace("  modes: [fwd, bwd]\n", f"  modes: [fwd, bwd]\n  slower: [{entry}]\n"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("entry", "gated"),
+    [
+        ("{than: eager, case: 'fwd-*-n=2^8', reason: reads one more tensor}", False),  # covers the point
+        ("{than: eager, reason: reads one more tensor}", False),  # every point
+        ("{than: eager, case: 'bwd-*', reason: reads one more tensor}", True),  # another mode
+        ("{than: compile, reason: reads one more tensor}", True),  # another baseline
+        ("{than: eager, implementation: scaled, reason: reads one more tensor}", True),  # another implementation
+    ],
+)
+def test_a_point_the_spec_declares_slower_is_listed_with_its_reason_and_not_failed(
+    tmp_path, timer_in_order, entry, gated
+):
+    timer_in_order["medians"] = [1.3e-3, 1e-3]  # native, then eager
+    spec = with_slower(tmp_path, entry)
+    args = ["bench", str(spec), "--sizes", "256", "--mode", "fwd", "--contender", "native", "--contender", "eager"]
+    result = invoke(*args, "--json", str(tmp_path / "run.json"), "--fail-slower-than", "eager")
+    assert result.exit_code == (1 if gated else 0), result.output
+    [trail] = json.loads((tmp_path / "run.json").read_text())["trailing"]
+    assert trail["declared"] == ("" if gated else "reads one more tensor"), trail
+    if not gated:
+        assert "declared in its spec: reads one more tensor" in result.output
+        assert "OK: 2 timed, 1 slower than a baseline (1 declared)" in result.output
+
+
+@pytest.mark.parametrize(
+    ("entry", "fragment"),
+    [
+        ("{than: inductor, reason: x}", "bench.slower[0].than: expected one of eager, compile, got str 'inductor'"),
+        ("{than: eager}", "bench.slower[0].reason: expected a 'reason' entry, got none"),
+        (
+            "{than: eager, reason: x, case: '*', why: y}",
+            "bench.slower[0].why: expected one of than, case, implementation, reason, got unknown key 'why'",
+        ),
+        (
+            "{than: eager, reason: x, implementation: fast}",
+            "bench.slower[0].implementation: expected one of native, scaled",
+        ),
+    ],
+)
+def test_a_bench_slower_entry_is_checked_at_load(tmp_path, entry, fragment):
+    from opforge.core.errors import SpecError
+    from opforge.loading.spec import load_spec
+
+    with pytest.raises(SpecError) as raised:
+        load_spec(with_slower(tmp_path, entry))
+    message = " ".join(str(raised.value).split())
+    assert fragment in message and "bench_good.yaml:" in message, message

@@ -123,6 +123,7 @@ class Trail:
     baseline: str  # the baseline contender: eager, compile
     interval: RatioInterval  # implementation median / baseline median
     tolerance_pct: float
+    declared: str = ""  # the spec's reason when its `bench.slower` covers the point: listed, never failed
 
     def describe(self) -> str:
         i = self.interval
@@ -141,6 +142,7 @@ class Trail:
             "high": i.high,
             "confidence": i.confidence,
             "tolerance_pct": self.tolerance_pct,
+            "declared": self.declared,
         }
 
 

@@ -4,15 +4,18 @@ A point trails a baseline when its median time is above the baseline's by more t
 interval of the ratio (implementation median / baseline median, opforge.bench.stats.ratio_of_medians: the
 regression gate's statistic) lies wholly above 1 + tolerance, so neither contender's own samples explain it.
 `opforge bench` lists every such point; `--fail-slower-than NAME` fails the ones that trail NAME, a CI gate that an
-op keeps up with torch.compile (or eager) at every point it declares.
+op keeps up with torch.compile (or eager) at every point it declares, but for the points its spec's `bench.slower`
+declares slower, with the reason (listed, not failed).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from opforge.bench.model import BASELINE, IMPLEMENTATION, BenchResult, BenchRun, Trail
 from opforge.bench.stats import ratio_of_medians
+from opforge.spec.model import BenchSlower
 
 # Percent slower than a baseline that is not yet called slower. One run's bootstrap interval sees only that run's
 # samples, not where in the run each contender was timed: back-to-back runs of the same code agreed within +-0.7%
@@ -45,19 +48,35 @@ def trailing(results: list[BenchResult], tolerance_pct: float = DEFAULT_MAX_SLOW
     return trails
 
 
-def fail_slower(run: BenchRun, names: tuple[str, ...], tolerance_pct: float) -> BenchRun:
-    """`run` with its trails listed, each result that trails a baseline in `names` failed with the reason, and the
-    run failed for each of `names` that no point could be compared with (a gate that judged nothing must not pass);
-    what the JUnit report and the exit code read."""
-    trails = trailing(run.results, tolerance_pct)
+def fail_slower(
+    run: BenchRun,
+    names: tuple[str, ...],
+    tolerance_pct: float,
+    declared: Mapping[str, tuple[BenchSlower, ...]] | None = None,
+) -> BenchRun:
+    """`run` with its trails listed, each result that trails a baseline in `names` failed with the reason unless
+    its op's spec declares that point slower (`declared`: op name -> its `bench.slower`), and the run failed for
+    each of `names` that no point could be compared with (a gate that judged nothing must not pass); what the JUnit
+    report and the exit code read."""
+    by_id = {r.id: r for r in run.results}
+    trails = [
+        _with_declaration(t, by_id[t.result], (declared or {}).get(by_id[t.result].op, ()))
+        for t in trailing(run.results, tolerance_pct)
+    ]
     reasons: dict[str, list[str]] = {}
     for t in trails:
-        if t.baseline in names:
+        if t.baseline in names and not t.declared:
             reasons.setdefault(t.result, []).append(f"slower than {t.baseline}: {t.describe()}")
     results = [_failed(r, reasons[r.id]) if r.id in reasons else r for r in run.results]
     failures = [run.gate_failure] if run.gate_failure else []
     failures += [nothing_compared(name) for name in uncompared(run.results, names)]
     return replace(run, results=results, trailing=trails, gate_failure="; ".join(failures))
+
+
+def _with_declaration(trail: Trail, result: BenchResult, entries: tuple[BenchSlower, ...]) -> Trail:
+    point = f"{result.mode}-{result.dtype}-{result.device}-{result.case}"
+    reason = next((e.reason for e in entries if e.covers(result.contender, trail.baseline, point)), "")
+    return replace(trail, declared=reason) if reason else trail
 
 
 def uncompared(results: list[BenchResult], names: tuple[str, ...]) -> list[str]:

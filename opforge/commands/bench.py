@@ -188,7 +188,8 @@ def bench(
                 from opforge.core.files import write_atomically
 
                 write_atomically(markdown_path, summary)
-        run = fail_slower(run, gated_baselines, max_slower)
+        declared = {spec.name: spec.bench.slower for spec in specs if spec.bench is not None}
+        run = fail_slower(run, gated_baselines, max_slower, declared)
         bench_terminal.render_trailing(run, gated_baselines)
         written = finish_files(files, run)
         bench_terminal.render_bench_totals(run, comparison)

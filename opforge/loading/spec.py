@@ -182,7 +182,9 @@ def load_spec(path: Path | str) -> OpSpec:
         special_values=r.get("special_values", list_of(one_of(SPECIAL_VALUES)), SPECIAL_VALUES),
         cuda_graphs=claims["cuda_graphs"],
         timeout=r.get("timeout", read_seconds),
-        bench=read_bench_section(r, inputs, schema, bench_modes(differentiable, inputs), dtypes, devices, layouts),
+        bench=read_bench_section(
+            r, inputs, schema, bench_modes(differentiable, inputs), dtypes, devices, layouts, implementations
+        ),
         lines=lines,
         device_dtypes=device_dtypes,
         samples=samples,

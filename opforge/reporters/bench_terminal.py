@@ -259,8 +259,9 @@ def render_trailing(run: BenchRun, gated: tuple[str, ...]) -> None:
         return
     console.print(Text("slower than a baseline of this run, beyond its noise:", style="bold"))
     for trail in run.trailing:
-        style = "red" if trail.baseline in gated else "yellow"
-        console.print(Text(f"  {trail.result}: ", style=style) + Text(trail.describe()), soft_wrap=True)
+        style = "yellow" if trail.declared or trail.baseline not in gated else "red"
+        known = Text(f"; declared in its spec: {trail.declared}", style="dim") if trail.declared else Text("")
+        console.print(Text(f"  {trail.result}: ", style=style) + Text(trail.describe()) + known, soft_wrap=True)
 
 
 def render_bench_totals(run: BenchRun, comparison: Comparison | None = None) -> None:
@@ -269,7 +270,8 @@ def render_bench_totals(run: BenchRun, comparison: Comparison | None = None) -> 
     counts = {s: sum(r.status == s for r in run.results) for s in (OK, WRONG, ERROR, SKIP)}
     parts = [f"{counts[OK]} timed"] + [f"{counts[s]} {status_word(s)}" for s in (WRONG, ERROR, SKIP) if counts[s]]
     if run.trailing:
-        parts.append(f"{len(run.trailing)} slower than a baseline")
+        declared = sum(bool(t.declared) for t in run.trailing)
+        parts.append(f"{len(run.trailing)} slower than a baseline" + (f" ({declared} declared)" if declared else ""))
     if comparison is not None:
         parts.append(f"{len(comparison.regressions)} regression(s)")
         if comparison.nothing_compared:

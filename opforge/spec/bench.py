@@ -7,10 +7,21 @@ import re
 
 from opforge.core.schema import return_names
 from opforge.spec.bytes_expr import ExpressionError, parse
-from opforge.spec.model import BENCH_LAYOUTS, BENCH_MODES, KNOWN_DEVICES, KNOWN_DTYPES, BenchSpec, Input, TensorInput
+from opforge.spec.model import (
+    BENCH_LAYOUTS,
+    BENCH_MODES,
+    KNOWN_DEVICES,
+    KNOWN_DTYPES,
+    BenchSlower,
+    BenchSpec,
+    Input,
+    TensorInput,
+)
 from opforge.spec.reader import Node, Reader, describe, list_of, one_of, read_shape, read_str
 
-_BENCH_KEYS = ("sizes", "shapes", "dtypes", "devices", "modes", "layouts", "bytes")
+_BENCH_KEYS = ("sizes", "shapes", "dtypes", "devices", "modes", "layouts", "bytes", "slower")
+# The baselines a `bench.slower` entry can name (opforge.bench.plan's EAGER and COMPILE).
+_BASELINES = ("eager", "compile")
 POWER_OF_TWO = re.compile(r"^\s*2\s*(?:\*\*|\^)\s*(\d+)\s*$")
 
 
@@ -22,6 +33,7 @@ def read_bench_section(
     dtypes: tuple[str, ...],
     devices: tuple[str, ...],
     layouts: tuple[str, ...],
+    implementations: tuple[tuple[str, str], ...] = (),
 ) -> BenchSpec | None:
     if not r.has("bench"):
         return None
@@ -55,8 +67,33 @@ def read_bench_section(
         modes=modes,
         layouts=_bench_claimed(b, "layouts", BENCH_LAYOUTS, layouts),
         bytes=expressions,
+        slower=_bench_slower(b, ("native",) + tuple(name for name, _ in implementations)) if b.has("slower") else (),
         lines=lines,
         keys=keys,
+    )
+
+
+def _bench_slower(b: Reader, known: tuple[str, ...]) -> tuple[BenchSlower, ...]:
+    entries: tuple[BenchSlower, ...] = b.get("slower", list_of(_read_slower))
+    for index, entry in enumerate(entries):
+        if entry.implementation is not None and entry.implementation not in known:
+            raise b.fail(
+                b.child("slower").value[index],
+                f"bench.slower[{index}].implementation",
+                f"one of {', '.join(known)}",
+                repr(entry.implementation),
+                "Name the op (native) or one of the spec's implementations, or drop the key for all of them.",
+            )
+    return entries
+
+
+def _read_slower(r: Reader, key: str, node: Node) -> BenchSlower:
+    x = Reader(r.path, node, key, ("than", "case", "implementation", "reason"), required=("than", "reason"))
+    return BenchSlower(
+        than=x.get("than", one_of(_BASELINES)),
+        reason=x.get("reason", read_str),
+        case=x.get("case", read_str),
+        implementation=x.get("implementation", read_str),
     )
 
 

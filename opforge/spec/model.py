@@ -181,6 +181,26 @@ BENCH_MODES = ("fwd", "bwd", "fwd+bwd")
 
 
 @dataclass(frozen=True)
+class BenchSlower:
+    """A point where an implementation is known to be slower than a baseline, and why (`bench.slower`): it is
+    listed, but `--fail-slower-than` does not fail on it. `case` is a glob (fnmatch) on the point as a result id
+    shows it (`bwd-float32-cuda-n=2^24`); none: every point. An entry that matches no slower point is not an error:
+    a launch-bound point is slower on one GPU and faster on another."""
+
+    than: str
+    reason: str
+    case: str | None = None
+    implementation: str | None = None
+
+    def covers(self, implementation: str, baseline: str, point: str) -> bool:
+        return (
+            self.than == baseline
+            and self.implementation in (None, implementation)
+            and (self.case is None or fnmatch.fnmatchcase(point, self.case))
+        )
+
+
+@dataclass(frozen=True)
 class BenchSpec:
     """What `opforge bench` times. Empty fields take defaults from the rest of the spec (see opforge.bench.runner).
 
@@ -196,6 +216,7 @@ class BenchSpec:
     modes: tuple[str, ...] = ()
     layouts: tuple[str, ...] = ()
     bytes: tuple[tuple[str, str], ...] = ()
+    slower: tuple[BenchSlower, ...] = ()
     # Line and key (`bench.bytes` or `bench.bytes.<mode>`) of each `bench.bytes` expression, for errors found when
     # it is evaluated.
     lines: tuple[tuple[str, int], ...] = field(default=(), compare=False)
