@@ -39,7 +39,12 @@ from opforge.spec.model import BENCH_LAYOUTS, BENCH_MODES, KNOWN_DEVICES, KNOWN_
 def bench(
     ops: OpsOrSpecs = None,
     all_specs: Annotated[
-        bool, typer.Option("--all", help="Benchmark every bundled spec that has a bench: section.")
+        bool,
+        typer.Option(
+            "--all",
+            help="Benchmark every bundled spec that has a bench: section; --device, --dtype, --mode and --layout then "
+            "narrow each to what it claims, and leave out (with the reason) one that claims none of them.",
+        ),
     ] = False,
     device: Devices = [],  # noqa: B006 (typer copies it)
     dtype: Dtypes = [],  # noqa: B006
