@@ -69,6 +69,13 @@ BAD = [
     ),
     ("x: {shapes: [[], [7]], low: -2, high: 2}", "x: {shapes: [[7]], values: [1]}", 7, "inputs.x", "both"),
     ("dtypes: [float32]", "dtypes: [float32]\nxfail: [{check: nope, reason: r}]", 9, "xfail[0].check", "one of"),
+    (
+        "dtypes: [float32]",
+        "dtypes: [float32]\nxfail: [{check: correctness, implementation: fast, reason: r}]",
+        9,
+        "xfail[0].implementation",
+        "one of native, got 'fast'",
+    ),
     ("dtypes: [float32]", "dtypes: [float32]\nchecks: [correctness, vmap]", 9, "checks", "a `vmap:` entry"),
     ("dtypes: [float32]", "dtypes: [float32]\nchecks: [large_index]", 9, "checks", "a `large_index:` entry"),
     (

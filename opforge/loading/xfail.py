@@ -5,21 +5,21 @@ from __future__ import annotations
 
 from opforge.checks.catalog import CATALOG
 from opforge.spec.model import KNOWN_DEVICES, KNOWN_DTYPES, XFAIL_LAYOUTS, XFail
-from opforge.spec.reader import Node, Reader, list_of, one_of, read_bool, read_str, suggest
+from opforge.spec.reader import (
+    Node,
+    Reader,
+    check_implementation_names,
+    list_of,
+    one_of,
+    read_bool,
+    read_str,
+    suggest,
+)
 
 
 def read_xfails(r: Reader, implementations: tuple[tuple[str, str], ...]) -> tuple[XFail, ...]:
     xfails: tuple[XFail, ...] = r.get("xfail", list_of(_read_xfail, allow_empty=True), ())
-    known = ("native",) + tuple(name for name, _ in implementations)
-    for i, x in enumerate(xfails):
-        if x.implementation is not None and x.implementation not in known:
-            raise r.fail(
-                r.child("xfail").value[i],
-                f"xfail[{i}].implementation",
-                f"one of {', '.join(known)}",
-                repr(x.implementation),
-                "Name the op (native) or one of the spec's implementations.",
-            )
+    check_implementation_names(r, "xfail", tuple(x.implementation for x in xfails), implementations)
     return xfails
 
 

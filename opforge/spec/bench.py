@@ -17,7 +17,16 @@ from opforge.spec.model import (
     Input,
     TensorInput,
 )
-from opforge.spec.reader import Node, Reader, describe, list_of, one_of, read_shape, read_str
+from opforge.spec.reader import (
+    Node,
+    Reader,
+    check_implementation_names,
+    describe,
+    list_of,
+    one_of,
+    read_shape,
+    read_str,
+)
 
 _BENCH_KEYS = ("sizes", "shapes", "dtypes", "devices", "modes", "layouts", "bytes", "slower")
 # The baselines a `bench.slower` entry can name (opforge.bench.plan's EAGER and COMPILE).
@@ -67,23 +76,15 @@ def read_bench_section(
         modes=modes,
         layouts=_bench_claimed(b, "layouts", BENCH_LAYOUTS, layouts),
         bytes=expressions,
-        slower=_bench_slower(b, ("native",) + tuple(name for name, _ in implementations)) if b.has("slower") else (),
+        slower=_bench_slower(b, implementations) if b.has("slower") else (),
         lines=lines,
         keys=keys,
     )
 
 
-def _bench_slower(b: Reader, known: tuple[str, ...]) -> tuple[BenchSlower, ...]:
+def _bench_slower(b: Reader, implementations: tuple[tuple[str, str], ...]) -> tuple[BenchSlower, ...]:
     entries: tuple[BenchSlower, ...] = b.get("slower", list_of(_read_slower))
-    for index, entry in enumerate(entries):
-        if entry.implementation is not None and entry.implementation not in known:
-            raise b.fail(
-                b.child("slower").value[index],
-                f"bench.slower[{index}].implementation",
-                f"one of {', '.join(known)}",
-                repr(entry.implementation),
-                "Name the op (native) or one of the spec's implementations, or drop the key for all of them.",
-            )
+    check_implementation_names(b, "slower", tuple(e.implementation for e in entries), implementations)
     return entries
 
 

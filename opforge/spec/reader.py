@@ -160,6 +160,23 @@ class Reader:
         return kind(self, self._key(key), self.node.value[key])
 
 
+def check_implementation_names(
+    r: Reader, key: str, named: tuple[str | None, ...], implementations: tuple[tuple[str, str], ...]
+) -> None:
+    """Each entry of the list under `key` that names an `implementation` (None: every one) names the op (native) or
+    one of the spec's `implementations:`."""
+    known = ("native",) + tuple(name for name, _ in implementations)
+    for index, name in enumerate(named):
+        if name is not None and name not in known:
+            raise r.fail(
+                r.child(key).value[index],
+                f"{r._key(key)}[{index}].implementation",
+                f"one of {', '.join(known)}",
+                repr(name),
+                "Name the op (native) or one of the spec's implementations, or drop the key for every one of them.",
+            )
+
+
 def describe(value: Any) -> str:
     if isinstance(value, dict):
         return "a mapping"
