@@ -51,7 +51,7 @@ def make_inputs(
     `samples`: the spec's `samples:` function, resolved, which makes a sample case's tensors."""
     shapes = dict(case.shapes)
     present = [t for t in spec.tensor_inputs() if t.name in shapes]  # an optional one a sample leaves None is not
-    values64 = _values_of(spec, case, base_seed, present, generators, samples)
+    values64 = _values_of(_Draw(spec, generators, samples, case, base_seed), present)
     given = {i.name: i for i in spec.inputs}
     scalars = dict(case.values)
     args, kwargs, ref_args, ref_kwargs, positional = [], {}, [], {}, True
@@ -86,62 +86,48 @@ def make_inputs(
 MEMO_MAX_ELEMENTS = 2**24
 
 
-@dataclass
-class _Memo:
-    """The last case's values, with what made them: reused only for the same spec, generators, samples function,
-    case and seed (compared by identity, which holding them keeps unique)."""
+@dataclass(frozen=True, eq=False)
+class _Draw:
+    """What a case's values are drawn from: the spec, its generators and samples function, the case and the seed."""
 
     spec: OpSpec
     generators: dict[str, Callable[..., Any]] | None
     samples: Callable[..., Any] | None
     case: Case
     base_seed: int
-    values64: dict[str, torch.Tensor]
 
-    def holds(self, spec: OpSpec, generators: Any, samples: Any, case: Case, base_seed: int) -> bool:
-        same_makers = self.spec is spec and self.generators is generators and self.samples is samples
-        return same_makers and self.case == case and self.base_seed == base_seed
-
-
-_memo: list[_Memo] = []  # at most one
+    def same_as(self, other: _Draw) -> bool:
+        """The same draw: the same makers (by identity, which the memo holding them keeps unique), case and seed."""
+        makers = self.spec is other.spec and self.generators is other.generators and self.samples is other.samples
+        return makers and self.case == other.case and self.base_seed == other.base_seed
 
 
-def _values_of(
-    spec: OpSpec,
-    case: Case,
-    base_seed: int,
-    present: list[TensorInput],
-    generators: dict[str, Callable[..., Any]] | None,
-    samples: Callable[..., Any] | None,
-) -> dict[str, torch.Tensor]:
+_memo: list[tuple[_Draw, dict[str, torch.Tensor]]] = []  # the last draw kept, at most one
+
+
+def _values_of(draw: _Draw, present: list[TensorInput]) -> dict[str, torch.Tensor]:
     """Each present tensor input's values in float64, as the op will see them (rounded to its dtype), drawn from the
     case's seed; never written by the caller, so the next build of the same case can reuse them."""
-    if _memo and _memo[0].holds(spec, generators, samples, case, base_seed):
-        return _memo[0].values64
-    values64 = _drawn_values(spec, case, base_seed, present, generators, samples)
+    if _memo and _memo[0][0].same_as(draw):
+        return _memo[0][1]
+    values64 = _drawn_values(draw, present)
     _memo.clear()
     if sum(v.numel() for v in values64.values()) <= MEMO_MAX_ELEMENTS:
-        _memo.append(_Memo(spec, generators, samples, case, base_seed, values64))
+        _memo.append((draw, values64))
     return values64
 
 
-def _drawn_values(
-    spec: OpSpec,
-    case: Case,
-    base_seed: int,
-    present: list[TensorInput],
-    generators: dict[str, Callable[..., Any]] | None,
-    samples: Callable[..., Any] | None,
-) -> dict[str, torch.Tensor]:
+def _drawn_values(draw: _Draw, present: list[TensorInput]) -> dict[str, torch.Tensor]:
     import torch
 
-    generator = torch.Generator().manual_seed(case.seed(base_seed))
+    spec, case = draw.spec, draw.case
+    generator = torch.Generator().manual_seed(case.seed(draw.base_seed))
     shapes = dict(case.shapes)
-    values64 = sampled_tensors(spec, samples, case, generator) if case.sample and samples else {}
+    values64 = sampled_tensors(spec, draw.samples, case, generator) if case.sample and draw.samples else {}
     for t in present:
         if t.name in values64:
             continue  # made by the sample function
-        make = (generators or {}).get(t.name)
+        make = (draw.generators or {}).get(t.name)
         values64[t.name] = (
             generated(t, make, shapes, case, generator) if make else sample(t, shapes[t.name], case.dtype, generator)
         )
