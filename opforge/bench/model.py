@@ -53,8 +53,13 @@ class BenchResult:
     regression: str = ""
 
     @property
+    def point(self) -> str:
+        """The point as ids show it and `bench.slower` globs match it: mode-dtype-device-case."""
+        return f"{self.mode}-{self.dtype}-{self.device}-{self.case}"
+
+    @property
     def id(self) -> str:
-        return f"{self.op}/{self.contender}[{self.mode}-{self.dtype}-{self.device}-{self.case}]"
+        return f"{self.op}/{self.contender}[{self.point}]"
 
     @property
     def case_key(self) -> tuple[str, str, str, str, str]:

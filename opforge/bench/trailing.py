@@ -25,8 +25,13 @@ from opforge.spec.model import BenchSlower
 DEFAULT_MAX_SLOWER_PCT = 2.0
 
 
-def trailing(results: list[BenchResult], tolerance_pct: float = DEFAULT_MAX_SLOWER_PCT) -> list[Trail]:
-    """Every (implementation point, baseline) where the implementation is slower beyond noise and tolerance."""
+def trailing(
+    results: list[BenchResult],
+    tolerance_pct: float = DEFAULT_MAX_SLOWER_PCT,
+    declared: Mapping[str, tuple[BenchSlower, ...]] | None = None,
+) -> list[Trail]:
+    """Every (implementation point, baseline) where the implementation is slower beyond noise and tolerance, with the
+    reason its op's spec gives where it declares that point slower (`declared`: op name -> its `bench.slower`)."""
     limit = 1 + tolerance_pct / 100
     baselines: dict[tuple[str, ...], list[BenchResult]] = {}
     for r in results:
@@ -44,7 +49,8 @@ def trailing(results: list[BenchResult], tolerance_pct: float = DEFAULT_MAX_SLOW
                 continue
             interval = ratio_of_medians(r.samples, b.samples)
             if interval.low > limit:
-                trails.append(Trail(r.id, b.contender, interval, tolerance_pct))
+                reason = _declared_reason(r, b.contender, (declared or {}).get(r.op, ()))
+                trails.append(Trail(r.id, b.contender, interval, tolerance_pct, reason))
     return trails
 
 
@@ -58,11 +64,7 @@ def fail_slower(
     its op's spec declares that point slower (`declared`: op name -> its `bench.slower`), and the run failed for
     each of `names` that no point could be compared with (a gate that judged nothing must not pass); what the JUnit
     report and the exit code read."""
-    by_id = {r.id: r for r in run.results}
-    trails = [
-        _with_declaration(t, by_id[t.result], (declared or {}).get(by_id[t.result].op, ()))
-        for t in trailing(run.results, tolerance_pct)
-    ]
+    trails = trailing(run.results, tolerance_pct, declared)
     reasons: dict[str, list[str]] = {}
     for t in trails:
         if t.baseline in names and not t.declared:
@@ -73,10 +75,8 @@ def fail_slower(
     return replace(run, results=results, trailing=trails, gate_failure="; ".join(failures))
 
 
-def _with_declaration(trail: Trail, result: BenchResult, entries: tuple[BenchSlower, ...]) -> Trail:
-    point = f"{result.mode}-{result.dtype}-{result.device}-{result.case}"
-    reason = next((e.reason for e in entries if e.covers(result.contender, trail.baseline, point)), "")
-    return replace(trail, declared=reason) if reason else trail
+def _declared_reason(result: BenchResult, baseline: str, entries: tuple[BenchSlower, ...]) -> str:
+    return next((e.reason for e in entries if e.covers(result.contender, baseline, result.point)), "")
 
 
 def uncompared(results: list[BenchResult], names: tuple[str, ...]) -> list[str]:
