@@ -16,9 +16,9 @@ from opforge.core.environment import device_unavailable
 from opforge.core.errors import UsageError
 from opforge.core.shard import Shard, owns
 from opforge.spec.bench import POWER_OF_TWO
-from opforge.spec.model import BENCH_LAYOUTS, FLOATING_DTYPES, BenchSpec, OpSpec, ScalarInput
+from opforge.spec.model import BENCH_BASELINES, BENCH_LAYOUTS, FLOATING_DTYPES, BenchSpec, OpSpec, ScalarInput
 
-EAGER, COMPILE = "eager", "compile"
+EAGER, COMPILE = BENCH_BASELINES
 
 
 @dataclass(frozen=True)

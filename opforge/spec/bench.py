@@ -8,6 +8,7 @@ import re
 from opforge.core.schema import return_names
 from opforge.spec.bytes_expr import ExpressionError, parse
 from opforge.spec.model import (
+    BENCH_BASELINES,
     BENCH_LAYOUTS,
     BENCH_MODES,
     KNOWN_DEVICES,
@@ -29,8 +30,6 @@ from opforge.spec.reader import (
 )
 
 _BENCH_KEYS = ("sizes", "shapes", "dtypes", "devices", "modes", "layouts", "bytes", "slower")
-# The baselines a `bench.slower` entry can name (opforge.bench.plan's EAGER and COMPILE).
-_BASELINES = ("eager", "compile")
 POWER_OF_TWO = re.compile(r"^\s*2\s*(?:\*\*|\^)\s*(\d+)\s*$")
 
 
@@ -91,7 +90,7 @@ def _bench_slower(b: Reader, implementations: tuple[tuple[str, str], ...]) -> tu
 def _read_slower(r: Reader, key: str, node: Node) -> BenchSlower:
     x = Reader(r.path, node, key, ("than", "case", "implementation", "reason"), required=("than", "reason"))
     return BenchSlower(
-        than=x.get("than", one_of(_BASELINES)),
+        than=x.get("than", one_of(BENCH_BASELINES)),
         reason=x.get("reason", read_str),
         case=x.get("case", read_str),
         implementation=x.get("implementation", read_str),

@@ -178,6 +178,8 @@ def layout_kind(layout: str) -> str:
 
 
 BENCH_MODES = ("fwd", "bwd", "fwd+bwd")
+# The contenders opforge bench times beside an op: its eager reference and torch.compile of it.
+BENCH_BASELINES = ("eager", "compile")
 
 
 @dataclass(frozen=True)
