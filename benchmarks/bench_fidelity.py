@@ -6,12 +6,14 @@ Both subcommands run from the repository root.
         Per case timed in every run: how far each run's median is from the runs' mean (±%), and the summary.
 
     python benchmarks/bench_fidelity.py gpu --out DIR [--op leaky_swish] [--sizes 2**24,2**26,2**28]
-            [--dtype float32 --dtype bfloat16] [--contender native --contender eager] [--runs 3]
+            [--dtype float32 --dtype bfloat16] [--contender native --contender eager] [--runs 3] [--reuse-runs]
         Runs `opforge bench OP --device cuda --sizes ... --json DIR/run<i>.json` RUNS times back to back, each in a
         fresh process; then times the same cases in this process with triton.testing.do_bench (median; do_bench
         flushes L2 itself) and writes DIR/fidelity.md: the spread (target: every case within ±3%) and opforge's
         median over do_bench's (target: within 5%; a case whose host time outlasts do_bench's rep on the GPU is
-        shown but not counted: do_bench then times the CPU, see do_bench_comparison).
+        shown but not counted: do_bench then times the CPU, see do_bench_comparison). With --reuse-runs a
+        DIR/run<i>.json already there is read, not timed again: a machine that cuts a call at its time limit can
+        finish the runs in one call and do_bench in the next.
 
 Exit status: 0 when every target is met; 1 when a run failed (its log is named), a run file is missing or is not an
 `opforge bench --json`, or a target is missed (each miss is printed).
@@ -111,6 +113,10 @@ def gpu(args) -> list[str]:
     paths = []
     for i in range(1, args.runs + 1):
         path = out / f"run{i}.json"
+        if args.reuse_runs and path.exists():
+            print(f"reusing {path}", flush=True)
+            paths.append(path)
+            continue
         command = [sys.executable, "-m", "opforge", "bench", args.op, *common, "--json", str(path)]
         print("$", " ".join(command), flush=True)
         log_path = out / f"run{i}.txt"
@@ -184,17 +190,14 @@ def do_bench_comparison(
 
 
 def do_bench_medians(
-    op: str, sizes: str, dtypes: tuple[str, ...], impls: tuple[str, ...]
+    op: str, sizes: str, dtypes: tuple[str, ...], contenders: tuple[str, ...]
 ) -> tuple[dict[str, tuple[float, float]], float]:
     """do_bench's median and the host time of the very calls `opforge bench` times, by result id (opforge's own
     run with do_bench as its timer), and the GPU time of do_bench's L2 flush."""
     import torch
     from triton.testing import do_bench
 
-    from opforge.bench.plan import BenchFilters, parse_sizes
-    from opforge.bench.runner import run_bench
-    from opforge.bench.timing import Timing, TimingOptions, host_launch_seconds
-    from opforge.loading.spec import find_spec, load_spec
+    from opforge.bench.timing import Timing, host_launch_seconds
 
     def timer(call, device, options, reset) -> Timing:
         if reset is not None:  # do_bench has no hook between reps to restore the arguments
@@ -208,11 +211,24 @@ def do_bench_medians(
             host_s=host_launch_seconds(call, torch.cuda.synchronize),
         )
 
-    filters = BenchFilters(devices=("cuda",), dtypes=dtypes, impls=impls, sizes=parse_sizes([sizes]))
+    return medians_timed_by(timer, op, sizes, dtypes, contenders, "cuda"), do_bench_flush_seconds()
+
+
+def medians_timed_by(
+    timer, op: str, sizes: str, dtypes: tuple[str, ...], contenders: tuple[str, ...], device: str
+) -> dict[str, tuple[float, float | None]]:
+    """The median and host time `timer` gives each case of an `opforge bench` run, by result id: the same cases,
+    inputs and verification as the runs it is compared with, only the timer swapped."""
+    from opforge.bench.plan import BenchFilters, parse_sizes
+    from opforge.bench.runner import run_bench
+    from opforge.bench.timing import TimingOptions
+    from opforge.loading.spec import find_spec, load_spec
+
+    filters = BenchFilters(devices=(device,), dtypes=dtypes, contenders=contenders, sizes=parse_sizes([sizes]))
     run = run_bench([load_spec(find_spec(op))], filters, TimingOptions(), timer=timer)
     for r in run.results:
         print(f"{r.id}: {r.median_s * 1e3:.4g} ms" if r.timed else f"{r.id}: {r.status} {r.message}", flush=True)
-    return {r.id: (r.median_s, r.timing.host_s) for r in run.results if r.timed}, do_bench_flush_seconds()
+    return {r.id: (r.median_s, r.timing.host_s) for r in run.results if r.timed}
 
 
 def do_bench_flush_seconds() -> float:
@@ -245,6 +261,7 @@ def main() -> None:
     g.add_argument("--sizes", default="2**24,2**26,2**28")
     g.add_argument("--dtype", action="append", default=None)
     g.add_argument("--runs", type=int, default=3)
+    g.add_argument("--reuse-runs", action="store_true")
     # torch.compile is left out by default: its compilations (two per point) would push three runs of 2^24..2^28
     # past ten minutes; the eager reference is the other, very different, kernel to compare.
     g.add_argument("--contender", action="append", default=None)

@@ -1080,6 +1080,39 @@ def test_fidelity_do_bench_target_leaves_out_only_cases_do_bench_timed_on_the_cp
     assert misses == ["do_bench: expected cases timed by both where do_bench times the GPU, got none (1 host-bound)"]
 
 
+def test_fidelity_times_the_same_cases_as_opforge_bench_with_its_timer_swapped():
+    """The do_bench half runs only on a GPU; its opforge side (filters, run_bench, ids) runs here with a fake
+    timer, so a renamed field of BenchFilters fails on CPU CI instead of after a device call."""
+    from opforge.bench.timing import Timing
+
+    script = load_benchmark("bench_fidelity")
+    timed = []
+
+    def timer(call, device, options, reset):
+        call()
+        timed.append(device)
+        return Timing((2e-3,), "fake", 1, "noise", host_s=1e-5)
+
+    medians = script.medians_timed_by(timer, "leaky_swish", "2**4", ("float32",), ("native",), "cpu")
+    assert medians == {
+        "leaky_swish/native[fwd-float32-cpu-n=2^4]": (2e-3, 1e-5),
+        "leaky_swish/native[bwd-float32-cpu-n=2^4]": (2e-3, 1e-5),
+    }
+    assert timed == ["cpu", "cpu"]
+
+
+def test_fidelity_reuses_runs_already_in_its_folder(tmp_path):
+    """--reuse-runs reads run<i>.json that a cut call left and times only the missing ones; here none is missing,
+    so it goes straight to do_bench (which then stops here: it needs triton and a GPU)."""
+    for i in (1, 2, 3):
+        fake_run(tmp_path / f"run{i}.json", 1e-3)
+    result = fidelity("gpu", "--out", str(tmp_path), "--reuse-runs")
+    assert [line for line in result.stdout.splitlines() if line.startswith("reusing")] == [
+        f"reusing {tmp_path / f'run{i}.json'}" for i in (1, 2, 3)
+    ]
+    assert "opforge bench" not in result.stdout
+
+
 # ------------------------------------------------------------------------------------ the peers script
 
 
