@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,6 +210,26 @@ def plan_points(spec: OpSpec, filters: BenchFilters, devices: tuple[str, ...]) -
             elements = max((math.prod(s) for _, s in shapes), default=1)
             points.append(BenchPoint(mode, case, label, elements))
     return points
+
+
+def replayable(
+    spec: OpSpec, points: list[BenchPoint], mutated: Sequence[str], cuda_graph: bool
+) -> tuple[list[BenchPoint], dict[str, str]]:
+    """The points --cuda-graph can time, and why the others are left out. A graph replays many calls per sample
+    with nothing between them, so the arguments an op writes cannot be restored before each call as a rep needs
+    (time_cuda refuses it): its CUDA forwards are left out with the reason, its backward (which does not call the
+    op) is kept, and a CPU point is timed as always."""
+    if not cuda_graph or not mutated:
+        return points, {}
+    written = [p for p in points if p.case.device == "cuda" and p.mode != "bwd"]
+    if not written:
+        return points, {}
+    modes = ", ".join(dict.fromkeys(p.mode for p in written))
+    why = (
+        f"--cuda-graph: its {modes} on cuda writes {', '.join(mutated)}, which a graph's replays cannot restore "
+        "between calls; time it without --cuda-graph"
+    )
+    return [p for p in points if p not in written], {spec.name: why}
 
 
 def contenders(loaded: LoadedOp, filters: BenchFilters) -> list[Contender]:

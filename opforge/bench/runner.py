@@ -36,13 +36,21 @@ from opforge.bench.plan import (
     Contender,
     contenders,
     plan_points,
+    replayable,
     runnable_devices,
     selected,
     size_points,
     unclaimed,
     unsized,
 )
-from opforge.bench.timing import Timing, TimingOptions, graph_input_copies, l2_bytes, time_callable
+from opforge.bench.timing import (
+    Timing,
+    TimingOptions,
+    graph_input_copies,
+    l2_bytes,
+    on_graph_stream,
+    time_callable,
+)
 from opforge.building.op import Implementation, LoadedOp
 from opforge.cases.arguments import CaseInputs, make_inputs
 from opforge.cases.compare import leaves
@@ -104,8 +112,11 @@ def run_bench(
         with _task(events, f"loading {spec.name}"):
             loaded = load_checked(spec, cuda_arch, on_step=events.step)
         devices, skips = runnable_devices(spec, filters)
-        skipped.update(skips)
-        plans.append((loaded, plan_points(spec, filters, devices), contenders(loaded, filters)))
+        points, unreplayable = replayable(
+            spec, plan_points(spec, filters, devices), loaded.mutated_arguments, timing.cuda_graph
+        )
+        skipped.update(skips | unreplayable)
+        plans.append((loaded, points, contenders(loaded, filters)))
     used = tuple(dict.fromkeys(p.device for _, points, _ in plans for p in points))
     env = fingerprint(used)
     options = {**vars(timing), "seed": filters.seed, "shard": shard_text(filters.shard)}
@@ -287,20 +298,21 @@ def _run_contender(
             return status, fields
     try:
         fn = contender.fn if contender.fn is not None else compiled_reference(loaded)
-        case_inputs = inputs()
-        call = mode_callable(loaded, fn, case_inputs, point.mode, seed)
-        reset = argument_restorer(loaded, case_inputs, point.mode)
-        copies = 1
-        if timing.cuda_graph and point.device == "cuda" and reset is None:
-            copies = graph_input_copies(nbytes, l2_bytes(point.device))
-            call = graph_rotation(
-                call,
-                [
-                    mode_callable(loaded, fn, _fresh_inputs(loaded, point, seed), point.mode, seed)
-                    for _ in range(copies - 1)
-                ],
-            )
-        measured = timer(call, point.device, timing, reset)
+        with on_graph_stream(timing, point.device):
+            case_inputs = inputs()
+            call = mode_callable(loaded, fn, case_inputs, point.mode, seed)
+            reset = argument_restorer(loaded, case_inputs, point.mode)
+            copies = 1
+            if timing.cuda_graph and point.device == "cuda" and reset is None:
+                copies = graph_input_copies(nbytes, l2_bytes(point.device))
+                call = graph_rotation(
+                    call,
+                    [
+                        mode_callable(loaded, fn, _fresh_inputs(loaded, point, seed), point.mode, seed)
+                        for _ in range(copies - 1)
+                    ],
+                )
+            measured = timer(call, point.device, timing, reset)
         if copies > 1:
             measured = replace(measured, method=f"{measured.method}, inputs rotated over {copies} copies")
         return OK, {**fields, "timing": measured}

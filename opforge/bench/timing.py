@@ -9,8 +9,10 @@ same stopping rule (measure_until_stable); the thread count is recorded.
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,6 +20,7 @@ from opforge.bench.stats import relative_iqr
 from opforge.core.cuda_spin import spin
 
 if TYPE_CHECKING:
+    import torch
     from torch.types import Device
 
 # Triton's do_bench flushes with a 256 MB write; never flushing less keeps our medians comparable with its. Above
@@ -230,27 +233,50 @@ def graph_calls_for(seconds_per_call: float) -> int:
     return max(1, min(GRAPH_MAX_CALLS, round(GRAPH_REPLAY_S / seconds_per_call)))
 
 
+@functools.cache
+def _graph_stream(device_index: int) -> torch.cuda.Stream:
+    import torch
+
+    return torch.cuda.Stream(device_index)
+
+
+@contextmanager
+def on_graph_stream(options: TimingOptions, device: Device) -> Iterator[None]:
+    """With --cuda-graph on a GPU, everything a timed call is built from runs on the one stream its graph is
+    captured on. A backward runs on the stream its forward ran on: a bwd call whose forward ran on the default
+    stream, captured on another, makes the capture wait on a stream outside it, and CUDA invalidates the capture
+    (custom_loss's first backward, `opforge bench --all --cuda-graph` on an H100, 2026-12-07)."""
+    import torch
+
+    if not options.cuda_graph or device is None or torch.device(device).type != "cuda":
+        yield
+        return
+    stream = _graph_stream(torch.cuda.current_device())
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        yield
+    torch.cuda.current_stream().wait_stream(stream)
+
+
 def _time_cuda_graph(fn: Callable[[], object], options: TimingOptions) -> Timing:
     """Replays of a graph of k calls, one sample = replay time / k. No L2 flush between the calls (flush_bytes
     None): this mode is for ops whose launch cost rivals their run time. The caller keeps inputs cold by passing
-    an `fn` that goes round copies of them (opforge.bench.runner.graph_rotation)."""
+    an `fn` that goes round copies of them (opforge.bench.runner.graph_rotation), and builds it on_graph_stream.
+    Warm-up, the probe call and the capture run on that stream, a side stream as CUDA graphs require."""
     import torch
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up before capture, on a side stream, as CUDA graphs require
+    with on_graph_stream(options, "cuda"):
         warm_up(fn, options.warmup_s, torch.cuda.synchronize)
-    torch.cuda.current_stream().wait_stream(side)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    calls = graph_calls_for(start.elapsed_time(end) / 1e3)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        calls = graph_calls_for(start.elapsed_time(end) / 1e3)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=torch.cuda.current_stream()):
+            for _ in range(calls):
+                fn()
     graph.replay()
     torch.cuda.synchronize()
 
