@@ -57,8 +57,15 @@ acc_t add_lanes(acc_t (&lanes)[kLanes]) {
   return lanes[0];
 }
 
+// A row is summed in blocks of this many elements: lanes of sum_t within a block, the blocks' sums added in double.
+// A lane thus adds at most kSumBlock / kLanes terms in a row, whatever the width: summed in one float run, a lane of
+// a 1 x 2^22 float32 row added 131,072 squares and the row came out 8.6e-6 off (982,233 of 4,194,304 elements
+// outside float32's tolerance; `opforge bench rms_norm --sizes 2**22`, 2026-12-07). At hidden <= 4096 a row is one
+// block, as before.
+constexpr int64_t kSumBlock = 4096;
+
 template <typename sum_t, typename acc_t>
-sum_t sum_of_squares(const acc_t* x, int64_t n) {
+sum_t block_sum_of_squares(const acc_t* x, int64_t n) {
   sum_t lanes[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
@@ -74,9 +81,18 @@ sum_t sum_of_squares(const acc_t* x, int64_t n) {
   return add_lanes(lanes);
 }
 
-// sum(x^2) and sum(g * w * x) in one pass over the row, in sum_t.
 template <typename sum_t, typename acc_t>
-void backward_sums(const acc_t* g, const acc_t* x, const acc_t* w, int64_t n, sum_t& xx, sum_t& gwx) {
+double sum_of_squares(const acc_t* x, int64_t n) {
+  double total = 0;
+  for (int64_t begin = 0; begin < n; begin += kSumBlock) {
+    total += block_sum_of_squares<sum_t>(x + begin, std::min(kSumBlock, n - begin));
+  }
+  return total;
+}
+
+// sum(x^2) and sum(g * w * x) of one block in one pass, in sum_t, added to xx and gwx.
+template <typename sum_t, typename acc_t>
+void add_block_backward_sums(const acc_t* g, const acc_t* x, const acc_t* w, int64_t n, double& xx, double& gwx) {
   sum_t lanes_xx[kLanes] = {};
   sum_t lanes_gwx[kLanes] = {};
   int64_t i = 0;
@@ -92,26 +108,33 @@ void backward_sums(const acc_t* g, const acc_t* x, const acc_t* w, int64_t n, su
     lanes_xx[l] += xv * xv;
     lanes_gwx[l] += static_cast<sum_t>(g[i + l]) * static_cast<sum_t>(w[i + l]) * xv;
   }
-  xx = add_lanes(lanes_xx);
-  gwx = add_lanes(lanes_gwx);
+  xx += add_lanes(lanes_xx);
+  gwx += add_lanes(lanes_gwx);
 }
 
-template <typename acc_t>
-acc_t inverse_rms(acc_t sum_xx, int64_t n, acc_t eps) {
-  return acc_t(1) / std::sqrt(sum_xx / static_cast<acc_t>(n) + eps);
+// sum(x^2) and sum(g * w * x) of a row, block by block (kSumBlock).
+template <typename sum_t, typename acc_t>
+void backward_sums(const acc_t* g, const acc_t* x, const acc_t* w, int64_t n, double& xx, double& gwx) {
+  xx = 0;
+  gwx = 0;
+  for (int64_t begin = 0; begin < n; begin += kSumBlock) {
+    add_block_backward_sums<sum_t>(g + begin, x + begin, w + begin, std::min(kSumBlock, n - begin), xx, gwx);
+  }
 }
 
-// A row's 1 / rms. Its squares are summed in acc_t and, only when that sum overflows, again in double: a float32 or
-// bfloat16 row holding a value past ~1.8e19 squares to inf in float, and the row came out as zeros (as F.rms_norm's
-// and the spec's reference run in float32 still do), where its norm is finite: rows 3e30 and +-3.4e38 of width 1,
-// weight 1, gave 0 and now +-1 (tests/ops/test_rms_norm.py). An ordinary row pays one isfinite per row.
+inline double inverse_rms(double sum_xx, int64_t n, double eps) {
+  return 1.0 / std::sqrt(sum_xx / static_cast<double>(n) + eps);
+}
+
+// A row's 1 / rms. Its squares are summed in acc_t and, only when a block's sum overflows, again in double: a float32
+// or bfloat16 row holding a value past ~1.8e19 squares to inf in float, and the row came out as zeros (as
+// F.rms_norm's and the spec's reference run in float32 still do), where its norm is finite: rows 3e30 and +-3.4e38
+// of width 1, weight 1, gave 0 and now +-1 (tests/ops/test_rms_norm.py). An ordinary row pays one isfinite per row.
 template <typename acc_t>
 acc_t row_inverse_rms(const acc_t* x, int64_t n, acc_t eps) {
-  const acc_t sum = sum_of_squares<acc_t>(x, n);
-  if (std::isfinite(sum)) {
-    return inverse_rms(sum, n, eps);
-  }
-  return static_cast<acc_t>(inverse_rms(sum_of_squares<double>(x, n), n, static_cast<double>(eps)));
+  const double sum = sum_of_squares<acc_t>(x, n);
+  const double sum_in_range = std::isfinite(sum) ? sum : sum_of_squares<double>(x, n);
+  return static_cast<acc_t>(inverse_rms(sum_in_range, n, static_cast<double>(eps)));
 }
 
 // The weight as acc_t, widened once per call rather than once per row.
@@ -176,18 +199,14 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 // (row_inverse_rms): such a row's gradient came out NaN.
 template <typename acc_t>
 void row_backward_factors(const acc_t* g, const acc_t* x, const acc_t* w, int64_t n, acc_t eps, acc_t& r, acc_t& c) {
-  acc_t xx, gwx;
-  backward_sums(g, x, w, n, xx, gwx);
-  if (std::isfinite(xx)) {
-    r = inverse_rms(xx, n, eps);
-    c = r * r * gwx / static_cast<acc_t>(n);
-    return;
+  double xx, gwx;
+  backward_sums<acc_t>(g, x, w, n, xx, gwx);
+  if (!std::isfinite(xx)) {
+    backward_sums<double>(g, x, w, n, xx, gwx);
   }
-  double wide_xx, wide_gwx;
-  backward_sums(g, x, w, n, wide_xx, wide_gwx);
-  const double wide_r = inverse_rms(wide_xx, n, static_cast<double>(eps));
+  const double wide_r = inverse_rms(xx, n, static_cast<double>(eps));
   r = static_cast<acc_t>(wide_r);
-  c = static_cast<acc_t>(wide_r * wide_r * wide_gwx / static_cast<double>(n));
+  c = static_cast<acc_t>(wide_r * wide_r * gwx / static_cast<double>(n));
 }
 
 // grad_x for the rows [begin, end) and, when `partial` is given, their sum of grad * x * r added to it (in row

@@ -108,6 +108,20 @@ def test_the_gradient_of_a_row_whose_squares_overflow_float_is_finite_and_right(
     assert_close("grad_weight", grad_w, expected_w, atol, rtol)
 
 
+# One row of 2^22: `opforge bench rms_norm --sizes 2**22` grows the spec's 1-D pairing to it. The CPU kernel summed
+# each of its 32 lanes over 131,072 squares in float and was 8.6e-6 off; it now sums blocks of 4096 and adds the
+# blocks in double (so do the backward's sums of a bfloat16 row, which ran in float the same way).
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype, atol, rtol", [DTYPES[0], DTYPES[3]], ids=["float32", "bfloat16"])
+def test_one_very_wide_row_keeps_its_dtypes_accuracy(dtype, atol, rtol, device):
+    torch.manual_seed(0)
+    width = 2**22
+    x, w, grad = (sampled((width,), dtype, device) for _ in range(3))
+    assert_close("y", rms_norm(x, w, EPS), reference(x.double().cpu(), w.double().cpu(), EPS), atol, rtol)
+    grad_x, _ = _backward(grad, x, w, EPS)
+    assert_close("grad_x", grad_x, reference_grads(x, w, grad)[0], atol, rtol)
+
+
 def test_default_eps_is_1e_6():
     x, w = sampled((3, 8), torch.float64), sampled((8,), torch.float64)
     assert torch.equal(rms_norm(x, w), rms_norm(x, w, 1e-6))
