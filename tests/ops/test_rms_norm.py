@@ -9,7 +9,7 @@ from helpers import DTYPE_IDS, DTYPES, SPECS, describe, requires_cuda, run_spec
 from opforge.ops.rms_norm import RMSNorm, _backward, _backward_input, reference, rms_norm
 
 # (x shape, weight shape): a row no multiple of any vector width, odd rows, 3-D, no columns, no rows, a row of one,
-# long rows.
+# long rows, and a few rows wider than a block of the CPU kernel's sums (split by columns).
 SHAPES = [
     ((7,), (7,)),
     ((33, 65), (65,)),
@@ -18,6 +18,7 @@ SHAPES = [
     ((0, 16), (16,)),
     ((5, 1), (1,)),
     ((2, 4096), (4096,)),
+    ((3, 5000), (5000,)),
 ]
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 EPS = 1e-6
@@ -118,8 +119,10 @@ def test_one_very_wide_row_keeps_its_dtypes_accuracy(dtype, atol, rtol, device):
     width = 2**22
     x, w, grad = (sampled((width,), dtype, device) for _ in range(3))
     assert_close("y", rms_norm(x, w, EPS), reference(x.double().cpu(), w.double().cpu(), EPS), atol, rtol)
-    grad_x, _ = _backward(grad, x, w, EPS)
-    assert_close("grad_x", grad_x, reference_grads(x, w, grad)[0], atol, rtol)
+    grad_x, grad_w = _backward(grad, x, w, EPS)
+    expected_x, expected_w = reference_grads(x, w, grad)
+    assert_close("grad_x", grad_x, expected_x, atol, rtol)
+    assert_close("grad_weight", grad_w, expected_w, atol, rtol)
 
 
 def test_default_eps_is_1e_6():
@@ -238,10 +241,13 @@ def test_double_backward_says_it_is_not_implemented():
         gx.sum().backward()
 
 
+# 1000 rows of 300: the weight gradient sums 10 fixed chunks of 110 rows, split 5/5 over two threads. One row of
+# 3 x 4096 + 5: split by columns, its blocks summed on whichever thread, added in block order.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
-def test_results_do_not_depend_on_thread_count(dtype):
-    # 1000 rows of 300: the weight gradient sums 10 fixed chunks of 110 rows, split 5/5 over two threads.
-    x, w, grad = sampled((1000, 300), dtype), sampled((300,), dtype), sampled((1000, 300), dtype)
+@pytest.mark.parametrize("shape", [(1000, 300), (1, 3 * 4096 + 5)], ids=str)
+def test_results_do_not_depend_on_thread_count(dtype, shape):
+    x, w, grad = sampled(shape, dtype), sampled(shape[-1:], dtype), sampled(shape, dtype)
+    x[0, shape[-1] - 7] = 3e30  # the first row's squares overflow float: summed again in double, both ways
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
