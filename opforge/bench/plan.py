@@ -212,6 +212,12 @@ def plan_points(spec: OpSpec, filters: BenchFilters, devices: tuple[str, ...]) -
     return points
 
 
+def restored_each_rep(mutated: Sequence[str], mode: str) -> bool:
+    """Whether each rep of `mode` must first put back the arguments the op writes: it calls the op (fwd, fwd+bwd;
+    bwd runs only the backward) and the op writes some."""
+    return bool(mutated) and mode != "bwd"
+
+
 def replayable(
     spec: OpSpec, points: list[BenchPoint], mutated: Sequence[str], cuda_graph: bool
 ) -> tuple[list[BenchPoint], dict[str, str]]:
@@ -219,9 +225,9 @@ def replayable(
     with nothing between them, so the arguments an op writes cannot be restored before each call as a rep needs
     (time_cuda refuses it): its CUDA forwards are left out with the reason, its backward (which does not call the
     op) is kept, and a CPU point is timed as always."""
-    if not cuda_graph or not mutated:
+    if not cuda_graph:
         return points, {}
-    written = [p for p in points if p.case.device == "cuda" and p.mode != "bwd"]
+    written = [p for p in points if p.case.device == "cuda" and restored_each_rep(mutated, p.mode)]
     if not written:
         return points, {}
     modes = ", ".join(dict.fromkeys(p.mode for p in written))

@@ -37,6 +37,7 @@ from opforge.bench.plan import (
     contenders,
     plan_points,
     replayable,
+    restored_each_rep,
     runnable_devices,
     selected,
     size_points,
@@ -394,7 +395,7 @@ def argument_restorer(loaded: LoadedOp, inputs: CaseInputs, mode: str) -> Callab
     subnormals slow a CPU down). None when the op mutates nothing, and for `bwd`, which does not call the op."""
     import torch
 
-    if not loaded.mutated_arguments or mode == "bwd":
+    if not restored_each_rep(loaded.mutated_arguments, mode):
         return None
     mutated = [argument(inputs, loaded, name) for name in loaded.mutated_arguments]
     saved = [(t, t.detach().clone()) for t in mutated if isinstance(t, torch.Tensor)]

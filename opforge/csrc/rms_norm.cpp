@@ -18,6 +18,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -151,25 +152,6 @@ inline int64_t block_count(int64_t n) {
   return (n + kSumBlock - 1) / kSumBlock;
 }
 
-// The sums `sum_block(first, length, xx, gwx)` adds of each block of a row of n, made in parallel and added in block
-// order: sum_of_squares's and backward_sums's additions, block for block.
-template <typename SumBlock>
-void parallel_block_sums(int64_t n, const SumBlock& sum_block, double& xx, double& gwx) {
-  const int64_t blocks = block_count(n);
-  std::vector<double> block_xx(blocks, 0.0), block_gwx(blocks, 0.0);
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      sum_block(b * kSumBlock, std::min(kSumBlock, n - b * kSumBlock), block_xx[b], block_gwx[b]);
-    }
-  });
-  xx = 0;
-  gwx = 0;
-  for (int64_t b = 0; b < blocks; ++b) {
-    xx += block_xx[b];
-    gwx += block_gwx[b];
-  }
-}
-
 // The weight as acc_t, widened once per call rather than once per row.
 template <typename scalar_t, typename acc_t>
 const acc_t* widened_weight(const at::Tensor& weight, std::vector<acc_t>& storage) {
@@ -198,6 +180,31 @@ void for_column_blocks(int64_t rows, int64_t n, int64_t scratch_blocks, const Fn
   });
 }
 
+// A row's sums of a row split by columns: sum_block(sum_t{}, first, length, scratch, xx, gwx) adds each block's, in
+// sum_t, to its own pair; the pairs are added in block order, as sum_of_squares and backward_sums add them. The blocks
+// are summed in acc_t and, when a block's squares overflow it, again in double, as row_inverse_rms does.
+template <typename acc_t, typename SumBlock>
+void parallel_block_sums(int64_t n, int64_t scratch_blocks, const SumBlock& sum_block, double& xx, double& gwx) {
+  std::vector<double> block_xx(block_count(n)), block_gwx(block_count(n));
+  const auto sums_in = [&](auto sum_type) {
+    std::fill(block_xx.begin(), block_xx.end(), 0.0);
+    std::fill(block_gwx.begin(), block_gwx.end(), 0.0);
+    for_column_blocks<acc_t>(1, n, scratch_blocks, [&](int64_t first, int64_t length, acc_t* scratch) {
+      sum_block(sum_type, first, length, scratch, block_xx[first / kSumBlock], block_gwx[first / kSumBlock]);
+    });
+    xx = 0;
+    gwx = 0;
+    for (size_t b = 0; b < block_xx.size(); ++b) {
+      xx += block_xx[b];
+      gwx += block_gwx[b];
+    }
+  };
+  sums_in(acc_t{});
+  if (!std::isfinite(xx)) {
+    sums_in(double{});
+  }
+}
+
 template <typename scalar_t, typename acc_t>
 void forward_split_rows(const scalar_t* x, const scalar_t* w, scalar_t* y, Rows shape, acc_t eps) {
   constexpr bool kWide = std::is_same_v<scalar_t, acc_t>;
@@ -206,20 +213,12 @@ void forward_split_rows(const scalar_t* x, const scalar_t* w, scalar_t* y, Rows 
     const scalar_t* xr = x + row * n;
     scalar_t* yr = y + row * n;
     double sum, unused;
-    const auto squares_in = [&](auto sum_type) {
-      using sum_t = decltype(sum_type);
-      parallel_block_sums(
-          n,
-          [&](int64_t first, int64_t length, double& block, double&) {
-            std::vector<acc_t> scratch(kWide ? 0 : length);
-            block += block_sum_of_squares<sum_t>(widened(xr + first, length, scratch.data()), length);
-          },
-          sum, unused);
-    };
-    squares_in(acc_t{});
-    if (!std::isfinite(sum)) {
-      squares_in(double{});
-    }
+    parallel_block_sums<acc_t>(
+        n, kWide ? 0 : 1,
+        [&](auto sum_type, int64_t first, int64_t length, acc_t* scratch, double& block, double&) {
+          block += block_sum_of_squares<decltype(sum_type)>(widened(xr + first, length, scratch), length);
+        },
+        sum, unused);
     const auto r = static_cast<acc_t>(inverse_rms(sum, n, static_cast<double>(eps)));
     for_column_blocks<acc_t>(1, n, kWide ? 0 : 2, [&](int64_t first, int64_t length, acc_t* scratch) {
       const acc_t* wb = widened(w + first, length, scratch);
@@ -345,23 +344,16 @@ void backward_split_rows(const scalar_t* g, const scalar_t* x, const scalar_t* w
   std::vector<acc_t> r(shape.rows), c(shape.rows);
   for (int64_t row = 0; row < shape.rows; ++row) {
     double xx, gwx;
-    const auto sums_in = [&](auto sum_type) {
-      using sum_t = decltype(sum_type);
-      parallel_block_sums(
-          n,
-          [&](int64_t first, int64_t length, double& block_xx, double& block_gwx) {
-            std::vector<acc_t> scratch(kWide ? 0 : 3 * length);
-            const acc_t* gb = widened(g + row * n + first, length, scratch.data());
-            const acc_t* xb = widened(x + row * n + first, length, scratch.data() + (kWide ? 0 : length));
-            const acc_t* wb = widened(w + first, length, scratch.data() + (kWide ? 0 : 2 * length));
-            add_block_backward_sums<sum_t>(gb, xb, wb, length, block_xx, block_gwx);
-          },
-          xx, gwx);
-    };
-    sums_in(acc_t{});
-    if (!std::isfinite(xx)) {
-      sums_in(double{});
-    }
+    parallel_block_sums<acc_t>(
+        n, kWide ? 0 : 3,
+        [&](auto sum_type, int64_t first, int64_t length, acc_t* scratch, double& block_xx, double& block_gwx) {
+          // Scratch only where the elements are widened (kWide: none, and no offsets into it).
+          const acc_t* gb = widened(g + row * n + first, length, scratch);
+          const acc_t* xb = widened(x + row * n + first, length, kWide ? scratch : scratch + kSumBlock);
+          const acc_t* wb = widened(w + first, length, kWide ? scratch : scratch + 2 * kSumBlock);
+          add_block_backward_sums<decltype(sum_type)>(gb, xb, wb, length, block_xx, block_gwx);
+        },
+        xx, gwx);
     const double wide_r = inverse_rms(xx, n, static_cast<double>(eps));
     r[row] = static_cast<acc_t>(wide_r);
     c[row] = static_cast<acc_t>(wide_r * wide_r * gwx / static_cast<double>(n));
@@ -372,8 +364,8 @@ void backward_split_rows(const scalar_t* g, const scalar_t* x, const scalar_t* w
     const acc_t* wb = widened(w + first, length, scratch);
     for (int64_t row = 0; row < shape.rows; ++row) {
       const int64_t at = row * n + first;
-      const acc_t* gr = widened(g + at, length, scratch + kSumBlock);
-      const acc_t* xr = widened(x + at, length, scratch + 2 * kSumBlock);
+      const acc_t* gr = widened(g + at, length, kWide ? scratch : scratch + kSumBlock);
+      const acc_t* xr = widened(x + at, length, kWide ? scratch : scratch + 2 * kSumBlock);
       acc_t* out = kWide ? nullptr : scratch + 3 * kSumBlock;
       if constexpr (kWide) {
         out = gx + at;
