@@ -419,6 +419,33 @@ def test_cuda_rows_whose_squares_overflow_float_in_every_kernel(dtype, atol, rto
     assert torch.equal(_backward_input(grad, x, w, EPS), grad_x)
 
 
+# A few wide rows are split across blocks (rms_norm.cu, "wide rows"): 1 and 8 rows at the smallest width that splits
+# (8192 units: 32768 float32, 65536 bfloat16 elements), one unit more, and an odd width (the scalar path's units).
+# Each row holds one value whose square overflows float, which the split kernels' double sums must carry.
+SPLIT_CASES = [
+    pytest.param(dtype, atol, rtol, rows, width, id=f"{dtype_id}-{rows}x{width}")
+    for (dtype, atol, rtol), dtype_id in [(DTYPES[0], "float32"), (DTYPES[3], "bfloat16")]
+    for rows in (1, 8)
+    for width in (8192 * (16 // dtype.itemsize), 8193 * (16 // dtype.itemsize), 8193)
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype, atol, rtol, rows, width", SPLIT_CASES)
+def test_cuda_few_wide_rows_split_across_blocks_match_the_reference(dtype, atol, rtol, rows, width):
+    x, w = sampled((rows, width), dtype, "cuda"), sampled((width,), dtype, "cuda", 0.5, 2.0)
+    grad = sampled((rows, width), dtype, "cuda")
+    x[:, width // 3] = 2e19
+    y = rms_norm(x, w, EPS)
+    grad_x, grad_w = _backward(grad, x, w, EPS)
+    assert_close("y", y, reference(x.double().cpu(), w.double().cpu(), EPS), atol, rtol)
+    expected_x, expected_w = reference_grads(x, w, grad)
+    assert_close("grad_x", grad_x, expected_x, atol, rtol)
+    assert_close("grad_weight", grad_w, expected_w, grad_weight_atol(rows, dtype), rtol)
+    assert torch.equal(_backward_input(grad, x, w, EPS), grad_x)
+    assert torch.equal(rms_norm(x, w, EPS), y), "a second call gave other bits"
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_cuda_unaligned_pointers_take_the_scalar_path(dtype):

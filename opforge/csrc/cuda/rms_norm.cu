@@ -24,7 +24,7 @@
 //
 // Rows longer than the register-resident shapes hold (bfloat16: 65536 forward, 16384 backward) go through loop
 // kernels that read the row twice (the second read mostly from L2) and keep the weight gradient's partial sums in
-// their global row.
+// their global row; a few such rows (at most kSplitMaxRows) are each split across many blocks instead ("wide rows").
 //
 // A row whose squares overflow float (a value past ~1.8e19) is summed again in double, by its group alone, after the
 // float sum came out not finite (kResumOverflow).
@@ -786,11 +786,198 @@ bool vectorizable(int64_t hidden, const Ptr*... p) {
   return hidden % (kVectorBytes / sizeof(T)) == 0 && (aligned(p) && ...);
 }
 
+// ------------------------------------------------------------------------------------------------ wide rows
+
+// A few rows too wide for a block each: one row of 2^20-2^22 elements (`opforge bench rms_norm --sizes`) ran in the
+// loop kernels' one block per row, at 15-28x the time of compile's forward and 108-183x its backward on an H100
+// (2026-12-07). Up to kSplitMaxRows rows of at least kSplitMinUnits units are split across blocks of kSplitUnits
+// units: split_sums_kernel sums each block's share of each row into `partial`, and the second kernel adds a row's
+// partials in block order, the same bits in every block, then writes its share of the row. The sums run in double,
+// which needs no overflow path (the square of float's largest value is 1.2e77) and costs a memory-bound kernel
+// nothing. kSplitMaxRows is not swept: at 8 rows the loop kernels' 8 blocks fill 6% of an H100's SMs.
+constexpr int kSplitThreads = 256;
+constexpr int kSplitWarps = kSplitThreads / kWarp;
+constexpr int64_t kSplitUnits = kSplitThreads * 8;
+constexpr int64_t kSplitMaxRows = 8;
+constexpr int64_t kSplitMinUnits = 4 * kSplitUnits;
+
+bool split_rows(const Rows& shape, int64_t units) {
+  return shape.rows <= kSplitMaxRows && units >= kSplitMinUnits;
+}
+
+// Sums v[0] and v[1] over the block; every thread gets the same bits: warp butterflies, then the warps' sums added
+// in warp order by every thread. `scratch` holds 2 * kSplitWarps values and is free again on return.
+__device__ __forceinline__ void split_block_sum(double (&v)[2], double* scratch) {
+  const int warp = threadIdx.x / kWarp;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    v[k] = warp_sum(v[k]);
+    if (threadIdx.x % kWarp == 0) {
+      scratch[k * kSplitWarps + warp] = v[k];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    double sum = 0;
+    for (int i = 0; i < kSplitWarps; ++i) {
+      sum += scratch[k * kSplitWarps + i];
+    }
+    v[k] = sum;
+  }
+  __syncthreads();
+}
+
+// partial[row][block][0..2): sum(x^2) and (kBackward) sum(grad * weight * x) of the block's units of the row.
+template <typename T, int kVec, bool kBackward>
+__global__ void __launch_bounds__(kSplitThreads)
+    split_sums_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+                      double* __restrict__ partial, int64_t hidden) {
+  using U = Unit<T, kVec>;
+  __shared__ double scratch[2 * kSplitWarps];
+  const int64_t row = blockIdx.y;
+  const int64_t units = hidden / kVec;
+  const int64_t end = std::min<int64_t>(units, (blockIdx.x + 1) * kSplitUnits);
+  double sums[2] = {0.0, 0.0};
+  for (int64_t u = blockIdx.x * kSplitUnits + threadIdx.x; u < end; u += kSplitThreads) {
+    const int64_t at = row * hidden + u * kVec;
+    if constexpr (kBackward) {
+      add_backward_terms<U>(U::load(g + at), U::load(x + at), U::load(w + u * kVec), sums);
+    } else {
+      add_squares<U>(U::load(x + at), sums[0]);
+    }
+  }
+  split_block_sum(sums, scratch);
+  if (threadIdx.x == 0) {
+    double* out = partial + (row * gridDim.x + blockIdx.x) * 2;
+    out[0] = sums[0];
+    out[1] = sums[1];
+  }
+}
+
+// A row's sums: its blocks' partials added in block order (thread t adds partials t, t + kSplitThreads, ... in
+// order, then the block sum), so every block that reads them gets the same bits.
+__device__ __forceinline__ void split_row_sums(const double* __restrict__ partial, int64_t row, int64_t blocks,
+                                               double (&sums)[2], double* scratch) {
+  sums[0] = 0;
+  sums[1] = 0;
+  for (int64_t b = threadIdx.x; b < blocks; b += kSplitThreads) {
+    sums[0] += partial[(row * blocks + b) * 2];
+    sums[1] += partial[(row * blocks + b) * 2 + 1];
+  }
+  split_block_sum(sums, scratch);
+}
+
 template <typename T, int kVec>
-void launch_forward(const T* x, const T* w, T* y, Rows shape, double eps, cudaStream_t stream) {
+__global__ void __launch_bounds__(kSplitThreads)
+    split_forward_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                         const double* __restrict__ partial, int64_t hidden, double eps) {
+  using U = Unit<T, kVec>;
+  using acc_t = opmath_t<T>;
+  __shared__ double scratch[2 * kSplitWarps];
+  const int64_t row = blockIdx.y;
+  double sums[2];
+  split_row_sums(partial, row, gridDim.x, sums, scratch);
+  const auto r = static_cast<acc_t>(inverse_rms(sums[0], hidden, eps));
+  const int64_t end = std::min<int64_t>(hidden / kVec, (blockIdx.x + 1) * kSplitUnits);
+  for (int64_t u = blockIdx.x * kSplitUnits + threadIdx.x; u < end; u += kSplitThreads) {
+    const int64_t at = row * hidden + u * kVec;
+    forward_unit<U>(y + at, U::load(x + at), U::load(w + u * kVec), r);
+  }
+}
+
+// grad_x of every row for the block's units, and their weight gradient (when grad_weight is given), the rows added in
+// row order in sum_t, as backward_kernel adds a group's rows.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kSplitThreads)
+    split_backward_kernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+                          T* __restrict__ gx, T* __restrict__ grad_weight, const double* __restrict__ partial,
+                          int64_t rows, int64_t hidden, double eps) {
+  using U = Unit<T, kVec>;
+  using acc_t = opmath_t<T>;
+  using wide_t = sum_t<T>;
+  __shared__ double scratch[2 * kSplitWarps];
+  __shared__ wide_t r_wide[kSplitMaxRows];
+  __shared__ acc_t r_x[kSplitMaxRows], c_x[kSplitMaxRows];
+  for (int64_t row = 0; row < rows; ++row) {
+    double sums[2];
+    split_row_sums(partial, row, gridDim.x, sums, scratch);
+    if (threadIdx.x == 0) {
+      const double r = inverse_rms(sums[0], hidden, eps);
+      r_wide[row] = static_cast<wide_t>(r);
+      r_x[row] = static_cast<acc_t>(r);
+      c_x[row] = static_cast<acc_t>(r * r * sums[1] / static_cast<double>(hidden));
+    }
+  }
+  __syncthreads();
+  const int64_t end = std::min<int64_t>(hidden / kVec, (blockIdx.x + 1) * kSplitUnits);
+  for (int64_t u = blockIdx.x * kSplitUnits + threadIdx.x; u < end; u += kSplitThreads) {
+    const typename U::Raw wv = U::load(w + u * kVec);
+    wide_t dw[kVec] = {};
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t at = row * hidden + u * kVec;
+      const typename U::Raw gv = U::load(g + at), xv = U::load(x + at);
+      acc_t out[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const acc_t ge = U::get(gv, j);
+        const acc_t xe = U::get(xv, j);
+        out[j] = r_x[row] * (ge * U::get(wv, j) - xe * c_x[row]);
+        dw[j] += static_cast<wide_t>(ge) * (static_cast<wide_t>(xe) * r_wide[row]);
+      }
+      U::store(gx + at, out);
+    }
+    if (grad_weight != nullptr) {
+      acc_t rounded[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        rounded[j] = static_cast<acc_t>(dw[j]);
+      }
+      U::store(grad_weight + u * kVec, rounded);
+    }
+  }
+}
+
+// The forward of rows split across blocks (split_rows).
+template <typename T, int kVec>
+void launch_split_forward(const T* x, const T* w, T* y, Rows shape, double eps, const at::TensorOptions& options,
+                          cudaStream_t stream) {
+  const int64_t blocks = ceil_div(shape.hidden / kVec, kSplitUnits);
+  const at::Tensor partial = at::empty({shape.rows, blocks, 2}, options.dtype(at::kDouble));
+  const dim3 grid(grid_of(blocks), static_cast<unsigned>(shape.rows));
+  split_sums_kernel<T, kVec, false>
+      <<<grid, kSplitThreads, 0, stream>>>(nullptr, x, w, partial.data_ptr<double>(), shape.hidden);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  split_forward_kernel<T, kVec>
+      <<<grid, kSplitThreads, 0, stream>>>(x, w, y, partial.const_data_ptr<double>(), shape.hidden, eps);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The backward of rows split across blocks (split_rows); grad_weight may be undefined.
+template <typename T, int kVec>
+void launch_split_backward(const T* g, const T* x, const T* w, T* gx, at::Tensor& grad_weight, Rows shape, double eps,
+                           const at::TensorOptions& options, cudaStream_t stream) {
+  const int64_t blocks = ceil_div(shape.hidden / kVec, kSplitUnits);
+  const at::Tensor partial = at::empty({shape.rows, blocks, 2}, options.dtype(at::kDouble));
+  split_sums_kernel<T, kVec, true><<<dim3(grid_of(blocks), static_cast<unsigned>(shape.rows)), kSplitThreads, 0,
+                                     stream>>>(g, x, w, partial.data_ptr<double>(), shape.hidden);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  split_backward_kernel<T, kVec><<<grid_of(blocks), kSplitThreads, 0, stream>>>(
+      g, x, w, gx, grad_weight.defined() ? grad_weight.data_ptr<T>() : nullptr, partial.const_data_ptr<double>(),
+      shape.rows, shape.hidden, eps);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, int kVec>
+void launch_forward(const T* x, const T* w, T* y, Rows shape, double eps, const at::TensorOptions& options,
+                    cudaStream_t stream) {
   using acc_t = opmath_t<T>;
   const auto e = static_cast<acc_t>(eps);
   const int64_t units = shape.hidden / kVec;
+  if (split_rows(shape, units)) {
+    launch_split_forward<T, kVec>(x, w, y, shape, eps, options, stream);
+    return;
+  }
   const bool fits = with_forward_shape<kVec>(units, [&](auto s) {
     using S = decltype(s);
     forward_kernel<T, S><<<grid_of(ceil_div(shape.rows, S::kGroups)), S::kThreads, 0, stream>>>(
@@ -835,6 +1022,10 @@ void launch_backward(const T* g, const T* x, const T* w, T* gx, at::Tensor& grad
   const auto e = static_cast<wide_t>(eps);
   const bool weight_grad = grad_weight.defined();
   const int64_t units = shape.hidden / kVec;
+  if (split_rows(shape, units)) {
+    launch_split_backward<T, kVec>(g, x, w, gx, grad_weight, shape, eps, options, stream);
+    return;
+  }
   at::Tensor partial;
   const auto partial_rows = [&](int64_t grid) {
     if (weight_grad) {
@@ -888,9 +1079,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
     const scalar_t* wp = wc.const_data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
     if (vectorizable<scalar_t>(shape.hidden, xp, wp, yp)) {
-      launch_forward<scalar_t, kVec>(xp, wp, yp, shape, eps, stream);
+      launch_forward<scalar_t, kVec>(xp, wp, yp, shape, eps, x.options(), stream);
     } else {
-      launch_forward<scalar_t, 1>(xp, wp, yp, shape, eps, stream);
+      launch_forward<scalar_t, 1>(xp, wp, yp, shape, eps, x.options(), stream);
     }
   });
   return y;
