@@ -788,13 +788,12 @@ bool vectorizable(int64_t hidden, const Ptr*... p) {
 
 // ------------------------------------------------------------------------------------------------ wide rows
 
-// A few rows too wide for a block each: one row of 2^20-2^22 elements (`opforge bench rms_norm --sizes`) ran in the
-// loop kernels' one block per row, at 15-28x the time of compile's forward and 108-183x its backward on an H100
-// (2026-12-07). Up to kSplitMaxRows rows of at least kSplitMinUnits units are split across blocks of kSplitUnits
-// units: split_sums_kernel sums each block's share of each row into `partial`, and the second kernel adds a row's
-// partials in block order, the same bits in every block, then writes its share of the row. The sums run in double,
-// which needs no overflow path (the square of float's largest value is 1.2e77) and costs a memory-bound kernel
-// nothing. kSplitMaxRows is not swept: at 8 rows the loop kernels' 8 blocks fill 6% of an H100's SMs.
+// A few rows too wide for a block each (one row of 2^20 elements, as `opforge bench --sizes` makes) would leave all
+// but a few SMs idle in the loop kernels' one block per row. Up to kSplitMaxRows rows of at least kSplitMinUnits
+// units are split across blocks of kSplitUnits units: split_sums_kernel sums each block's share of each row into
+// `partial`, and the second kernel adds a row's partials in block order, the same bits in every block, then writes
+// its share of the row. The sums run in double, which needs no overflow path (the square of float's largest value
+// is 1.2e77) and costs a memory-bound kernel nothing. Why these sizes: docs/measurements/tuned-constants.md.
 constexpr int kSplitThreads = 256;
 constexpr int kSplitWarps = kSplitThreads / kWarp;
 constexpr int64_t kSplitUnits = kSplitThreads * 8;
