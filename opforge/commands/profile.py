@@ -43,7 +43,9 @@ def profile(
 ) -> None:
     """Profile each implementation of an op: kernels per call, each kernel's time and share, host time, GB/s.
 
-    The points are `opforge bench`'s (the spec's first bench size unless --sizes is given).
+    The points are `opforge bench`'s (the spec's first bench size unless --sizes is given). An op that writes its
+    arguments gets them back before each call, as in `opforge bench`; that copy is left out of the figures and
+    labelled in the trace.
 
     Examples:
       opforge profile leaky_swish --dtype float32 --mode fwd
