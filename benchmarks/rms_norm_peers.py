@@ -261,6 +261,11 @@ def reference_outputs(x: torch.Tensor, w: torch.Tensor, grad: torch.Tensor) -> t
 
 
 def time_point(timer: Timer, peers: list[Peer], rows: int, hidden: int, dtype_name: str, modes: list[str]) -> list[Row]:
+    # compile's graphs start afresh at each point, as a model compiled for one shape gets them. Dynamo keeps the
+    # graphs of one function together and past its recompile limit (8) runs it eagerly without a word: the 18
+    # graphs of 3 shapes x 3 dtypes x fwd/bwd left every point after 32768x4096 float32 timing eager as "compile"
+    # (the 4.0-12.2x speedups over compile of the H100 run of 2026-12-07).
+    torch._dynamo.reset()
     dtype = getattr(torch, dtype_name)
     device = timer.device
     gen = torch.Generator(device=device).manual_seed(0)

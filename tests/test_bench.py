@@ -1483,3 +1483,18 @@ def test_a_bench_slower_entry_is_checked_at_load(tmp_path, entry, fragment):
         load_spec(with_slower(tmp_path, entry))
     message = " ".join(str(raised.value).split())
     assert fragment in message and "bench_good.yaml:" in message, message
+
+
+def test_peers_compile_every_point_afresh_instead_of_falling_back_to_eager_past_dynamos_recompile_limit(monkeypatch):
+    """One compiled reference across 3 shapes x 3 dtypes x fwd/bwd needs 18 graphs; past dynamo's limit of 8 it ran
+    eagerly under the name compile. Counted with a backend that records each graph it is given."""
+    import torch
+    from torch._dynamo.testing import CompileCounter
+
+    script = load_benchmark("rms_norm_peers")
+    counter = CompileCounter()
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: compile_(fn, backend=counter, **options))
+    args = ["--device", "cpu", "--contender", "compile", "--shapes", "4x16,8x16,8x32", "--reps", "2", "--warmup", "1"]
+    assert script.main([*args, "--dtypes", "float32,bfloat16,float16"]) == 0
+    assert counter.frame_count == 18
