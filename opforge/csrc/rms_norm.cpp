@@ -286,6 +286,15 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return y;
 }
 
+// A backward row's factors from its sums in double, sum(x^2) and sum(g * w * x): r = 1 / rms and
+// c = r^2 * sum(g * w * x) / n, in acc_t.
+template <typename acc_t>
+void factors_of_sums(double xx, double gwx, int64_t n, acc_t eps, acc_t& r, acc_t& c) {
+  const double wide_r = inverse_rms(xx, n, static_cast<double>(eps));
+  r = static_cast<acc_t>(wide_r);
+  c = static_cast<acc_t>(wide_r * wide_r * gwx / static_cast<double>(n));
+}
+
 // A row's r = 1 / rms and c = r^2 * sum(g * w * x) / n, from sums in acc_t or, when the squares overflow it (a
 // bfloat16 row past ~1.8e19; float32's backward sums in double already), from sums in double, as the forward does
 // (row_inverse_rms): such a row's gradient came out NaN.
@@ -296,9 +305,7 @@ void row_backward_factors(const acc_t* g, const acc_t* x, const acc_t* w, int64_
   if (!std::isfinite(xx)) {
     backward_sums<double>(g, x, w, n, xx, gwx);
   }
-  const double wide_r = inverse_rms(xx, n, static_cast<double>(eps));
-  r = static_cast<acc_t>(wide_r);
-  c = static_cast<acc_t>(wide_r * wide_r * gwx / static_cast<double>(n));
+  factors_of_sums(xx, gwx, n, eps, r, c);
 }
 
 // grad_x for the rows [begin, end) and, when `partial` is given, their sum of grad * x * r added to it (in row
@@ -354,9 +361,7 @@ void backward_split_rows(const scalar_t* g, const scalar_t* x, const scalar_t* w
           add_block_backward_sums<decltype(sum_type)>(gb, xb, wb, length, block_xx, block_gwx);
         },
         xx, gwx);
-    const double wide_r = inverse_rms(xx, n, static_cast<double>(eps));
-    r[row] = static_cast<acc_t>(wide_r);
-    c[row] = static_cast<acc_t>(wide_r * wide_r * gwx / static_cast<double>(n));
+    factors_of_sums(xx, gwx, n, eps, r[row], c[row]);
   }
   for_column_blocks<acc_t>(shape.rows, n, kWide ? 0 : 4, [&](int64_t first, int64_t length, acc_t* scratch) {
     double partial[kSumBlock];

@@ -425,9 +425,19 @@ __device__ __forceinline__ void load_row(const T* __restrict__ g, const T* __res
   }
 }
 
-// The factors of a backward row whose float sum of squares is not finite (kResumOverflow), from its sums in double
-// over the group (thread t of it), grad, x and the weight read again from memory: r = 1 / rms as the weight
+// A backward row's factors from its sums in double, sum(x^2) and sum(grad * weight * x): r = 1 / rms as the weight
 // gradient's type and as the math type, and c = r^2 * sum(grad * weight * x) / n.
+template <typename wide_t, typename acc_t>
+__device__ __forceinline__ void factors_of_double_sums(const double (&sums)[2], int64_t hidden, double eps, wide_t& r,
+                                                       acc_t& r_x, acc_t& c) {
+  const double wide_r = inverse_rms(sums[0], hidden, eps);
+  r = static_cast<wide_t>(wide_r);
+  r_x = static_cast<acc_t>(wide_r);
+  c = static_cast<acc_t>(wide_r * wide_r * sums[1] / static_cast<double>(hidden));
+}
+
+// The factors of a backward row whose float sum of squares is not finite (kResumOverflow), from its sums in double
+// over the group (thread t of it), grad, x and the weight read again from memory.
 template <class S, typename T, typename wide_t, typename acc_t>
 __device__ __forceinline__ void resummed_backward_factors(const T* __restrict__ gr, const T* __restrict__ xr,
                                                        const T* __restrict__ w, int t, int64_t units, int64_t hidden,
@@ -439,10 +449,7 @@ __device__ __forceinline__ void resummed_backward_factors(const T* __restrict__ 
     add_backward_terms<U>(U::load(gr + u * S::kVec), U::load(xr + u * S::kVec), U::load(w + u * S::kVec), sums);
   }
   group_sum<S, false>(sums, scratch);
-  const double wide_r = inverse_rms(sums[0], hidden, eps);
-  r = static_cast<wide_t>(wide_r);
-  r_x = static_cast<acc_t>(wide_r);
-  c = static_cast<acc_t>(wide_r * wide_r * sums[1] / static_cast<double>(hidden));
+  factors_of_double_sums(sums, hidden, eps, r, r_x, c);
 }
 
 // backward_kernel's row whose float sum of squares is not finite, done by its group from memory: its factors from
@@ -902,10 +909,7 @@ __global__ void __launch_bounds__(kSplitThreads)
     double sums[2];
     split_row_sums(partial, row, gridDim.x, sums, scratch);
     if (threadIdx.x == 0) {
-      const double r = inverse_rms(sums[0], hidden, eps);
-      r_wide[row] = static_cast<wide_t>(r);
-      r_x[row] = static_cast<acc_t>(r);
-      c_x[row] = static_cast<acc_t>(r * r * sums[1] / static_cast<double>(hidden));
+      factors_of_double_sums(sums, hidden, eps, r_wide[row], r_x[row], c_x[row]);
     }
   }
   __syncthreads();
